@@ -1,0 +1,1 @@
+"""LUNA-AD offline pipeline."""

@@ -1,0 +1,1 @@
+"""LUNA-AD bring-up: topology, launchers, the luna command."""

@@ -1,0 +1,1 @@
+"""Thin rclpy nodes of the LUNA-AD stack."""

@@ -1,0 +1,23 @@
+from setuptools import find_packages, setup
+
+PACKAGE = "luna_nodes"
+
+# One executable per node (or composed process); the topology in luna_bringup names these.
+EXECUTABLES = {
+}
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    packages=find_packages(exclude=["test"]),
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+        (f"share/{PACKAGE}", ["package.xml"]),
+    ],
+    install_requires=["luna_core"],
+    zip_safe=False,
+    maintainer="LUNA-AD team",
+    description="Thin rclpy nodes of the LUNA-AD stack",
+    license="Apache-2.0",
+    entry_points={"console_scripts": [f"{k} = {v}" for k, v in EXECUTABLES.items()]},
+)
