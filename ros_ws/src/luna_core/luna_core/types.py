@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -496,3 +496,38 @@ class Trajectory:
     def is_finite(self) -> bool:
         return all(np.all(np.isfinite(a)) for a in (self.t, self.x, self.y, self.heading,
                                                       self.velocity, self.acceleration))
+
+
+# --------------------------------------------------------------------------------------------------
+# Planner interface (shared by the LUNA planner, the baselines, the simulator and the ROS nodes)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PlannerInput:
+    """Everything a planner may use at one call (no access to the future or to logged ego states)."""
+
+    time: float
+    ego_history: list[EgoState]  # oldest first; the last entry is the current state
+    objects: TrackedObjects
+    traffic_lights: TrafficLights
+    lane_graph: LaneGraph
+    route: Route
+    decision: DecisionDistribution | None = None  # latest decision, if a decision source runs
+    vehicle: VehicleParameters = field(default_factory=VehicleParameters)
+
+    @property
+    def ego(self) -> EgoState:
+        return self.ego_history[-1]
+
+
+class Planner(Protocol):
+    """A motion planner: ``plan`` returns a trajectory starting at the current ego state (t[0] = 0)."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget any state kept between calls (new scenario or new route)."""
+
+    def plan(self, planner_input: PlannerInput) -> Trajectory:
+        ...

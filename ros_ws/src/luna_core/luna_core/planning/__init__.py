@@ -1,0 +1,1 @@
+"""Motion planning: shared PDM-style scorer, proposals, Diffusion-ES, decision-guided selection."""
