@@ -52,7 +52,7 @@ msgs_hash=$(cd "$ROOT/ros_ws/src/luna_msgs" && find . -type f | sort | xargs cat
 if ! stamp_ok luna_msgs "$msgs_hash"; then
   say "building luna_msgs"
   build="$VENV/.luna-build/luna_msgs"
-  rm -rf "$build"
+  rm -rf "$build"; mkdir -p "$build"
   generator=()
   command -v ninja >/dev/null 2>&1 || [ -x "$VENV/bin/ninja" ] && generator=(-G Ninja -DCMAKE_MAKE_PROGRAM="$(command -v ninja || echo "$VENV/bin/ninja")")
   (
@@ -73,7 +73,8 @@ if ! stamp_ok packages "$pkgs_hash"; then
   say "installing the project's packages (editable)"
   args=()
   for p in "${PKGS[@]}"; do args+=(-e "$ROOT/$p"); done
-  "${PIP[@]}" install --no-deps --no-build-isolation "${args[@]}"
+  "${PIP[@]}" install --no-deps --no-build-isolation "${args[@]}" > "$VENV/.luna-build-packages.log" 2>&1 \
+    || { cat "$VENV/.luna-build-packages.log" >&2; exit 1; }
   stamp_set packages "$pkgs_hash"
 fi
 

