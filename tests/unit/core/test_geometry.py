@@ -54,6 +54,11 @@ def test_degenerate_boxes_segments_and_points(backend: str) -> None:
     assert boxes_overlap(seg, _box(1.9, 0.0, 0.0, 2.0, 0.0), backend=backend)
     # Zero length instead of zero width: the same segment along y.
     assert not boxes_overlap(_box(0, 0, 0, 0.0, 2.0), _box(0, 2.5, 0, 0.0, 2.0), backend=backend)
+    assert boxes_overlap(_box(0, 0, 0, 0.0, 2.0), _box(0, 1.9, 0, 0.0, 2.0), backend=backend)
+    assert not boxes_overlap(_box(0, 0, 0, 0.0, 2.0), _box(0.5, 0, 0, 0.0, 2.0), backend=backend)
+    # Boxes wider than long (the longer edge is the second one).
+    assert boxes_overlap(_box(0, 0, 0, 1.0, 6.0), _box(0, 3.5, 0, 1.0, 1.0), backend=backend)
+    assert not boxes_overlap(_box(0, 0, 0, 1.0, 6.0), _box(1.5, 0, 0, 1.0, 1.0), backend=backend)
     # Crossing segments and a segment through a box.
     assert boxes_overlap(seg, _box(0.0, 0.0, math.pi / 2, 2.0, 0.0), backend=backend)
     assert boxes_overlap(_box(0, 0, 0.7, 20.0, 0.0), _box(0, 0), backend=backend)

@@ -70,10 +70,11 @@ def default_device() -> torch.device:
 
 
 def _box_frames(xp: ModuleType, corners: Array) -> tuple[Array, Array, Array, Array]:
-    """Centre (..., 2), unit long axis (..., 2) and half extents (...,), (...,) of rectangles.
+    """Centre (..., 2), unit axis along the longer edge (..., 2) and the half extents along it and
+    across it (...,), (...,) of rectangles.
 
-    The axis comes from the longer of the first two edges so that a segment (one zero edge) keeps its
-    direction; a point (both edges zero) gets the x axis, which is as good as any for a point.
+    Taking the longer of the first two edges keeps a segment's direction (one edge has zero length);
+    a point (both edges zero) gets the x axis, which is as good as any for a point.
     """
     v0, v1, v2 = corners[..., 0, :], corners[..., 1, :], corners[..., 2, :]
     centre = (v0 + v2) * 0.5
@@ -81,10 +82,8 @@ def _box_frames(xp: ModuleType, corners: Array) -> tuple[Array, Array, Array, Ar
     e1 = v2 - v1
     len0 = xp.sqrt((e0 * e0).sum(-1))
     len1 = xp.sqrt((e1 * e1).sum(-1))
-    # The long axis: e0 itself, or e1 rotated by -90 degrees (parallel to e0 in a rectangle).
-    e1_rot = xp.stack([e1[..., 1], -e1[..., 0]], -1)
     use0 = (len0 >= len1)[..., None]
-    axis = xp.where(use0, e0, e1_rot)
+    axis = xp.where(use0, e0, e1)  # along the longer edge, whose half length is half_long
     norm = xp.where(use0[..., 0], len0, len1)
     is_point = norm <= 0.0
     safe_norm = xp.where(is_point, xp.ones_like(norm), norm)
