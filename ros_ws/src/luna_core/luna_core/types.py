@@ -348,6 +348,8 @@ class SceneDescriptor:
     recent_decisions: list[str] = field(default_factory=list)  # last decisions, oldest first
     has_left_lane: bool = False
     has_right_lane: bool = False
+    junction_distance: float = math.inf  # m along the route to the next junction; 0 inside one
+    dropped_objects: dict[str, str] = field(default_factory=dict)  # object id -> why it was dropped
 
     @property
     def in_junction(self) -> bool:

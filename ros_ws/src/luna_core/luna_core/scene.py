@@ -1,0 +1,407 @@
+"""The scene descriptor xi_t (LUNA-AD Eq. 4, Table I; CALMM-Drive Table I) and its two renderings.
+
+``build_scene`` turns the ego state, tracked objects, traffic lights, route and lane graph into a
+``SceneDescriptor``; ``render_traffic_state`` writes it as the traffic-state text of the prompts and
+``scene_vector`` as a fixed-length numeric vector for retrieval. ``scene_to_dict`` / ``scene_from_dict``
+give a JSON-safe form (frame files, memory items).
+
+Road-section category from the distance d along the route to the next junction (CALMM-Drive Sec.
+III-A): d = 0 junction, 0 < d <= 20 m near a junction, else normal multi-lane. Object selection per
+category (CALMM-Drive Table I): normal: same lane, adjacent lanes; near a junction: same lane,
+adjacent lanes, junction; in a junction: junction, target road. VRUs in the 30 m, +-75 deg field of
+view always. Static objects follow the vehicle rules (they matter where they block a lane).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from luna_core.lanes import LaneMap, lane_map, route_lanes_from_pose
+from luna_core.types import (ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, Navigation, ObjectClass,
+                             ObjectDescription, RoadSection, Route, SceneDescriptor, TrackedObjects,
+                             TrafficLightPhase, TrafficLights, VehicleParameters, wrap_angle)
+
+# Lane relations (ObjectDescription.lane_relation)
+SAME_LANE = "same lane"
+LEFT_LANE = "left lane"
+RIGHT_LANE = "right lane"
+JUNCTION = "junction"
+TARGET_ROAD = "target road"
+FIELD_OF_VIEW = "field of view"
+
+_SELECTED_RELATIONS = {
+    RoadSection.NORMAL_MULTI_LANE: (SAME_LANE, LEFT_LANE, RIGHT_LANE),
+    RoadSection.NEAR_JUNCTION: (SAME_LANE, LEFT_LANE, RIGHT_LANE, JUNCTION),
+    RoadSection.JUNCTION: (JUNCTION, TARGET_ROAD),
+}
+
+
+class SceneInputError(ValueError):
+    """The inputs cannot describe a scene (e.g. a non-finite ego state)."""
+
+
+@dataclass(frozen=True)
+class SceneConfig:
+    near_junction_distance: float = 20.0  # d-bar of CALMM-Drive (m)
+    vru_range: float = 30.0  # field of view radius (m)
+    vru_half_angle: float = math.radians(75.0)
+    max_object_distance: float = 80.0  # vehicles / static objects further away are not described (m)
+    max_objects: int = 12  # cap on described objects (closest kept), bounds the prompt length
+    light_range: float = 60.0  # a junction's light and distance are stated up to this distance (m)
+    turn_threshold: float = math.radians(30.0)  # connector heading change that counts as a turn
+    lane_match_slack: float = 0.5  # m beyond half the lane width still counted as on the lane
+
+
+# --------------------------------------------------------------------------------------------------
+# Building xi_t
+# --------------------------------------------------------------------------------------------------
+
+
+def _polar(cx: float, cy: float, heading: float, x: float, y: float) -> tuple[float, float]:
+    """(distance, line-of-sight angle) of (x, y) from the ego centre, zero azimuth along the heading."""
+    dx, dy = x - cx, y - cy
+    return math.hypot(dx, dy), float(wrap_angle(math.atan2(dy, dx) - heading))
+
+
+def _road_of(lm: LaneMap, lane_id: str) -> list[str]:
+    """The lanes of a lane's road, left to right: the road_id group, or the neighbour chain."""
+    road_id = lm.graph.lanes[lane_id].road_id
+    if road_id:
+        return lm.road_lanes(road_id)
+    chain = [lane_id]
+    left, right = lm.neighbours(lane_id)
+    while left and left not in chain:
+        chain.insert(0, left)
+        left = lm.neighbours(left)[0]
+    while right and right not in chain:
+        chain.append(right)
+        right = lm.neighbours(right)[1]
+    return chain
+
+
+def _turn(lm: LaneMap, connector: str, threshold: float) -> Navigation:
+    h = lm.centerlines[connector].vertex_headings
+    change = float(wrap_angle(h[-1] - h[0]))
+    if change > threshold:
+        return Navigation.LEFT
+    if change < -threshold:
+        return Navigation.RIGHT
+    return Navigation.STRAIGHT
+
+
+def _reaches(lm: LaneMap, start: str, targets: set[str], max_depth: int = 6) -> bool:
+    """Whether successor edges lead from ``start`` to one of ``targets`` within ``max_depth`` lanes."""
+    frontier, seen = [start], {start}
+    for _ in range(max_depth):
+        nxt = []
+        for lane_id in frontier:
+            for s in lm.graph.lanes[lane_id].successors:
+                if s in targets:
+                    return True
+                if s in lm.graph.lanes and s not in seen:
+                    seen.add(s)
+                    nxt.append(s)
+        frontier = nxt
+    return False
+
+
+@dataclass
+class _Topology:
+    """What the route and the lane graph say about the ego's surroundings."""
+
+    section: RoadSection = RoadSection.NORMAL_MULTI_LANE
+    junction_distance: float = math.inf
+    road: tuple[str, ...] = ()  # current road lanes, left to right
+    ego_lane: str = ""
+    connector: str = ""  # the next (or current) junction lane on the route
+    target_road: tuple[str, ...] = ()  # lanes of the road after the junction, left to right
+    corridor: frozenset[str] = frozenset()  # lanes counted as the ego lane (ahead up to the junction, behind)
+    left: frozenset[str] = frozenset()
+    right: frozenset[str] = frozenset()
+
+
+def _topology(lm: LaneMap, route: Route, ego: EgoState, cfg: SceneConfig) -> _Topology:
+    located = route_lanes_from_pose(lm.graph, route, ego.x, ego.y, ego.heading)
+    if located is None:
+        return _Topology()
+    seq, match = located
+    lanes = lm.graph.lanes
+    d = lm.distance_to_junction(seq, match.s)
+    section = (RoadSection.JUNCTION if d <= 0.0 else
+               RoadSection.NEAR_JUNCTION if d <= cfg.near_junction_distance else RoadSection.NORMAL_MULTI_LANE)
+    k_junction = next((k for k, i in enumerate(seq) if lanes[i].in_junction), None)
+    connector = seq[k_junction] if k_junction is not None else ""
+    target: tuple[str, ...] = ()
+    if k_junction is not None:
+        after = next((i for i in seq[k_junction:] if not lanes[i].in_junction), None)
+        if after is not None:
+            target = tuple(_road_of(lm, after))
+    ahead = seq[:k_junction] if k_junction is not None else seq
+    if section is RoadSection.JUNCTION:
+        ahead = [i for i in seq if lanes[i].in_junction][:1] or seq[:1]
+    corridor = set(ahead) | {p for p in lanes[seq[0]].predecessors if p in lanes}
+    left, right = set(), set()
+    for lane_id in corridor:
+        lft, rgt = lm.neighbours(lane_id)
+        left |= {lft} if lft else set()
+        right |= {rgt} if rgt else set()
+    road = () if section is RoadSection.JUNCTION else tuple(_road_of(lm, seq[0]))
+    return _Topology(section, d, road, seq[0], connector, target, frozenset(corridor),
+                     frozenset(left - corridor), frozenset(right - corridor))
+
+
+def _relation(lm: LaneMap, topo: _Topology, x: float, y: float, heading: float,
+              cfg: SceneConfig) -> str:
+    """The lane relation of an object pose to the ego ("" when it is on no relevant lane)."""
+    lanes = lm.graph.lanes
+    on = [m.lane_id for m in lm.match_lanes(x, y, heading, max_distance=6.0)
+          if abs(m.lateral) <= lanes[m.lane_id].width / 2 + cfg.lane_match_slack]
+    for lane_id in on:  # best match first; the first relevant lane decides
+        if lane_id in topo.corridor:
+            return SAME_LANE
+        if lane_id in topo.left:
+            return LEFT_LANE
+        if lane_id in topo.right:
+            return RIGHT_LANE
+        if lanes[lane_id].in_junction:
+            return JUNCTION
+        if lane_id in topo.target_road:
+            return TARGET_ROAD
+    return ""
+
+
+def build_scene(ego: EgoState, objects: TrackedObjects | None, lights: TrafficLights | None,
+                route: Route, graph: LaneGraph, recent_decisions: Sequence[str] = (),
+                vehicle: VehicleParameters | None = None, config: SceneConfig | None = None) -> SceneDescriptor:
+    """xi_t from the stack's inputs. Raises ``SceneInputError`` for a non-finite ego state; objects with
+    non-finite fields are dropped and listed in ``dropped_objects`` with the reason."""
+    cfg = config or SceneConfig()
+    veh = vehicle or VehicleParameters()
+    if not ego.is_finite():
+        raise SceneInputError(f"ego state at t={ego.stamp} has non-finite fields: {ego}")
+    bad = [c for c in recent_decisions if c not in ACTION_INDEX]
+    if bad:
+        raise SceneInputError(f"recent decisions contain unknown action codes {bad}")
+    cx, cy = veh.center_from_rear_axle(ego.x, ego.y, ego.heading)
+    lm = lane_map(graph)
+    topo = _topology(lm, route, ego, cfg) if graph.lanes else _Topology()
+
+    left_n, right_n = lm.neighbours(topo.ego_lane) if topo.ego_lane else (None, None)
+    navigation = Navigation.NONE
+    if topo.section is not RoadSection.NORMAL_MULTI_LANE and topo.connector:
+        navigation = _turn(lm, topo.connector, cfg.turn_threshold)
+
+    light = TrafficLightPhase.NONE
+    if topo.connector and topo.junction_distance <= cfg.light_range and lights is not None:
+        phases = [s.phase for s in lights.lights if s.lane_id == topo.connector]
+        light = phases[-1] if phases else TrafficLightPhase.NONE
+
+    connects: list[bool] = []
+    exits: list[tuple[float, float]] = []
+    if topo.section is not RoadSection.NORMAL_MULTI_LANE and topo.target_road:
+        targets = set(topo.target_road)
+        if topo.section is RoadSection.NEAR_JUNCTION:
+            connects = [_reaches(lm, lane_id, targets) for lane_id in topo.road]
+        exits = [_polar(cx, cy, ego.heading, *lm.centerlines[t].points[0]) for t in topo.target_road]
+
+    described, dropped = _select_objects(lm, topo, objects, cx, cy, ego.heading, cfg)
+    return SceneDescriptor(
+        stamp=ego.stamp, road_section=topo.section, num_lanes=len(topo.road),
+        ego_lane_index=topo.road.index(topo.ego_lane) + 1 if topo.ego_lane in topo.road else 0,
+        lanes_connect_to_target=connects, exit_points=exits, ego_speed=ego.velocity,
+        ego_acceleration=ego.acceleration, ego_length=veh.length, ego_width=veh.width, objects=described,
+        traffic_light=light, navigation=navigation, recent_decisions=list(recent_decisions)[-2:],
+        has_left_lane=left_n is not None, has_right_lane=right_n is not None,
+        junction_distance=topo.junction_distance, dropped_objects=dropped)
+
+
+def _select_objects(lm: LaneMap, topo: _Topology, objects: TrackedObjects | None, cx: float, cy: float,
+                    heading: float, cfg: SceneConfig) -> tuple[list[ObjectDescription], dict[str, str]]:
+    dropped: dict[str, str] = {}
+    finite = []
+    for obj in (objects.objects if objects is not None else []):
+        if not obj.is_finite():
+            dropped[obj.id] = "non-finite pose, velocity or size"
+        elif obj.length < 0.0 or obj.width < 0.0:
+            dropped[obj.id] = "negative box size"
+        else:
+            finite.append(obj)
+    if not finite:
+        return [], dropped
+    # Vectorised range pre-filter first: huge object lists cost one numpy pass, not a lane query each.
+    xy = np.array([[o.x, o.y] for o in finite])
+    dist = np.hypot(xy[:, 0] - cx, xy[:, 1] - cy)
+    keep = np.flatnonzero(dist <= max(cfg.max_object_distance, cfg.vru_range))
+    wanted = _SELECTED_RELATIONS[topo.section]
+    selected: list[ObjectDescription] = []
+    for k in keep[np.argsort(dist[keep], kind="stable")]:
+        obj = finite[k]
+        d, bearing = _polar(cx, cy, heading, obj.x, obj.y)
+        if d < 1e-6:
+            bearing = 0.0
+        relation = ""
+        if obj.object_class.is_vru:
+            if d <= cfg.vru_range and abs(bearing) <= cfg.vru_half_angle:
+                relation = _relation(lm, topo, obj.x, obj.y, obj.heading, cfg) or FIELD_OF_VIEW
+        elif d <= cfg.max_object_distance and lm.ids:
+            relation = _relation(lm, topo, obj.x, obj.y, obj.heading, cfg)
+            relation = relation if relation in wanted else ""
+        if not relation:
+            continue
+        if len(selected) >= cfg.max_objects:  # sorted by distance, so the closest ones are kept
+            dropped[obj.id] = f"beyond the cap of {cfg.max_objects} described objects"
+            continue
+        speed = 0.0 if obj.object_class is ObjectClass.STATIC else obj.speed
+        selected.append(ObjectDescription(obj.id, obj.object_class, d, bearing,
+                                          float(wrap_angle(obj.heading - heading)), speed,
+                                          obj.length, obj.width, relation))
+    return selected, dropped
+
+
+# --------------------------------------------------------------------------------------------------
+# Text rendering
+# --------------------------------------------------------------------------------------------------
+
+_CLASS_WORD = {ObjectClass.VEHICLE: "vehicle", ObjectClass.PEDESTRIAN: "pedestrian",
+               ObjectClass.BICYCLE: "cyclist", ObjectClass.STATIC: "static object"}
+
+
+def safe_id(object_id: str) -> str:
+    """An object id as it may appear in a prompt: no control characters or markup, at most 24 chars
+    (ids come from perception and must not inject text into prompts)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", str(object_id))[:24]
+    return cleaned or "_"
+
+
+def _deg(angle: float) -> str:
+    return f"{round(math.degrees(angle)):d} deg"
+
+
+def render_traffic_state(scene: SceneDescriptor) -> str:
+    """The traffic-state text of xi_t: distances to 0.01 m, angles in whole degrees."""
+    lines = []
+    section = scene.road_section
+    road = f"Road section: {section.value}"
+    if section is not RoadSection.JUNCTION and math.isfinite(scene.junction_distance):
+        road += f" (junction ahead in {scene.junction_distance:.2f} m)"
+    lines.append(road + ".")
+    if section is not RoadSection.JUNCTION and scene.num_lanes > 0:
+        lines.append(f"Lanes: {scene.num_lanes}, ego in lane {scene.ego_lane_index} counted from the left.")
+    if section is RoadSection.NEAR_JUNCTION and scene.lanes_connect_to_target:
+        conn = ", ".join(f"lane {i} {'yes' if ok else 'no'}"
+                         for i, ok in enumerate(scene.lanes_connect_to_target, start=1))
+        lines.append(f"Lanes leading to the target road: {conn}.")
+    if section is not RoadSection.NORMAL_MULTI_LANE and scene.exit_points:
+        pts = "; ".join(f"lane {i} at {d:.2f} m, {_deg(b)}" for i, (d, b) in enumerate(scene.exit_points, 1))
+        lines.append(f"Exit points of the target road lanes (left to right): {pts}.")
+    lines.append(f"Traffic light: {scene.traffic_light.value}.")
+    lines.append(f"Navigation: {scene.navigation.value}.")
+    lines.append(f"Ego: speed {scene.ego_speed:.2f} m/s, acceleration {scene.ego_acceleration:.2f} m/s^2, "
+                 f"length {scene.ego_length:.2f} m, width {scene.ego_width:.2f} m.")
+    if scene.objects:
+        lines.append("Objects (id, type, relation: distance, line-of-sight angle, heading, speed, length x width):")
+        for o in scene.objects:
+            speed = "" if o.object_class is ObjectClass.STATIC else f", {o.speed:.2f} m/s"
+            lines.append(f"- {safe_id(o.id)} {_CLASS_WORD[o.object_class]}, {o.lane_relation}: "
+                         f"{o.distance:.2f} m, {_deg(o.bearing)}, heading {_deg(o.heading)}{speed}, "
+                         f"{o.length:.2f} x {o.width:.2f} m.")
+    else:
+        lines.append("Objects: none relevant.")
+    recent = ", ".join(scene.recent_decisions) if scene.recent_decisions else "none"
+    lines.append(f"Recent decisions: {recent}.")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Numeric scene vector (retrieval)
+# --------------------------------------------------------------------------------------------------
+
+# Object slots: the nearest object of each kind of relation, ahead (+) and behind (-) where it matters.
+_SLOTS = (("same lane", 1), ("same lane", -1), ("left lane", 1), ("left lane", -1), ("right lane", 1),
+          ("right lane", -1), ("junction", 0), ("target road", 0), ("vru", 0), ("static", 0))
+_SLOT_FEATURES = 6  # present, distance/50, cos(bearing), sin(bearing), speed/20, cos(rel. heading)
+_SECTIONS = tuple(RoadSection)
+_LIGHTS = tuple(TrafficLightPhase)
+_NAVS = tuple(Navigation)
+SCENE_VECTOR_DIM = (len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS) + 2 * len(ACTION_CODES)
+                    + len(_SLOTS) * _SLOT_FEATURES)
+
+
+def _slot_of(o: ObjectDescription) -> tuple[str, int]:
+    if o.object_class.is_vru:
+        return "vru", 0
+    if o.object_class is ObjectClass.STATIC:
+        return "static", 0
+    if o.lane_relation in (JUNCTION, TARGET_ROAD):
+        return o.lane_relation, 0
+    return o.lane_relation, 1 if math.cos(o.bearing) >= 0.0 else -1
+
+
+def scene_vector(scene: SceneDescriptor) -> np.ndarray:
+    """A fixed-length (SCENE_VECTOR_DIM,) float32 summary of xi_t, roughly unit-scaled per feature."""
+    v: list[float] = [float(scene.road_section is s) for s in _SECTIONS]
+    jd = scene.junction_distance
+    v += [min(scene.num_lanes, 6) / 6.0, min(scene.ego_lane_index, 6) / 6.0, float(scene.has_left_lane),
+          float(scene.has_right_lane), min(jd if math.isfinite(jd) else 100.0, 100.0) / 100.0,
+          float(np.clip(scene.ego_speed / 20.0, -1.0, 2.0))]
+    v += [float(scene.traffic_light is p) for p in _LIGHTS]
+    v += [float(scene.navigation is n) for n in _NAVS]
+    recent = list(scene.recent_decisions)[-2:]
+    recent = [""] * (2 - len(recent)) + recent
+    for code in recent:
+        v += [float(code == c) for c in ACTION_CODES]
+    slots: dict[tuple[str, int], ObjectDescription] = {}
+    for o in sorted(scene.objects, key=lambda o: o.distance):
+        slots.setdefault(_slot_of(o), o)
+    for key in _SLOTS:
+        o = slots.get(key)
+        if o is None:
+            v += [0.0] * _SLOT_FEATURES
+        else:
+            v += [1.0, min(o.distance, 100.0) / 50.0, math.cos(o.bearing), math.sin(o.bearing),
+                  min(o.speed, 40.0) / 20.0, math.cos(o.heading)]
+    out = np.asarray(v, dtype=np.float32)
+    assert out.shape == (SCENE_VECTOR_DIM,)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON-safe form
+# --------------------------------------------------------------------------------------------------
+
+
+def scene_to_dict(scene: SceneDescriptor) -> dict[str, Any]:
+    d = asdict(scene)
+    d["road_section"] = scene.road_section.value
+    d["traffic_light"] = scene.traffic_light.value
+    d["navigation"] = scene.navigation.value
+    d["exit_points"] = [list(p) for p in scene.exit_points]
+    d["junction_distance"] = scene.junction_distance if math.isfinite(scene.junction_distance) else None
+    for o in d["objects"]:
+        o["object_class"] = o["object_class"].value
+    return d
+
+
+def scene_from_dict(d: dict[str, Any]) -> SceneDescriptor:
+    """Inverse of ``scene_to_dict``; raises ``SceneInputError`` naming the bad field."""
+    try:
+        objects = [ObjectDescription(**{**o, "object_class": ObjectClass(o["object_class"])})
+                   for o in d.get("objects", [])]
+        jd = d.get("junction_distance")
+        fields = {**d, "road_section": RoadSection(d["road_section"]),
+                  "traffic_light": TrafficLightPhase(d.get("traffic_light", "None")),
+                  "navigation": Navigation(d.get("navigation", "None")),
+                  "exit_points": [tuple(p) for p in d.get("exit_points", [])],
+                  "junction_distance": math.inf if jd is None else float(jd), "objects": objects}
+        scene = SceneDescriptor(**fields)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SceneInputError(f"invalid scene record: {exc}") from exc
+    bad = [c for c in scene.recent_decisions if c not in ACTION_INDEX]
+    if bad:
+        raise SceneInputError(f"invalid scene record: unknown recent decisions {bad}")
+    return scene
