@@ -1,0 +1,93 @@
+"""Reference path per lateral decision: the target lane centreline (x^r)^k of CALMM-Drive Eq. 4.
+
+* ``K`` (lane keep, and Stop): the lane the ego is on, continued along the route (the same
+  Dijkstra-over-successors sequence PDM-Closed uses for its centreline, from ``luna_core.lanes``).
+* ``L`` / ``R``: the same-direction neighbour lane on that side of the ego's lane, continued along
+  the route from there.
+
+A lateral decision whose lane does not exist has no reference path (the action is impossible here and
+the planner drops it). Each path is cropped to a window around the ego and resampled at a fixed
+spacing, so that projecting a whole Diffusion-ES population onto it stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from luna_core.lanes import LaneMap, Polyline, lane_map, route_lanes_from_pose
+from luna_core.types import EgoState, LaneGraph, Route
+
+#: Speed limit assumed where the map gives none (m/s), as PDM-Closed does.
+DEFAULT_SPEED_LIMIT = 15.0
+
+
+class OffMapError(ValueError):
+    """The ego pose is not near any lane of the lane graph (or the graph is empty)."""
+
+
+@dataclass(frozen=True)
+class ReferencePath:
+    """One lateral decision's target lane centreline around the ego."""
+
+    lateral: str  # "K", "L" or "R"
+    lane_ids: tuple[str, ...]  # the lane sequence the path follows, starting at the ego's lane
+    centerline: Polyline  # cropped to [ego - behind, ego + ahead] and resampled
+    ego_s: float  # arc length of the ego's foot point on ``centerline`` (m)
+    speed_limit: float  # m/s of the first lane; DEFAULT_SPEED_LIMIT where the map has none
+
+    def lateral_offset(self, xy: np.ndarray) -> np.ndarray:
+        """Signed offsets (...,) of points (..., 2) from the centreline, positive to the left.
+
+        Beyond the ends of the path the offset is measured from the extended end segments, so a
+        trajectory running past the end of the map window is not penalised for it.
+        """
+        return self.centerline.project(xy).lateral
+
+
+def _crop(lm: LaneMap, lane_ids: list[str], x: float, y: float, behind: float, ahead: float,
+          spacing: float) -> tuple[Polyline, float]:
+    full = lm.route_centerline(lane_ids)
+    s_ego = float(full.project(np.array([x, y])).s)
+    start = max(s_ego - behind, 0.0)
+    end = min(s_ego + ahead, full.length)
+    if end - start < spacing:  # the ego is past the end of its lane sequence: keep the last piece
+        start, end = max(full.length - 2.0 * spacing, 0.0), full.length
+    n = max(int(math.ceil((end - start) / spacing)), 1) + 1
+    path = Polyline(full.interpolate(np.linspace(start, end, n))[:, :2])
+    return path, float(path.project(np.array([x, y])).s)
+
+
+def _speed_limit(graph: LaneGraph, lane_id: str) -> float:
+    limit = graph.lanes[lane_id].speed_limit
+    return float(limit) if math.isfinite(limit) and limit > 0.0 else DEFAULT_SPEED_LIMIT
+
+
+def reference_paths(graph: LaneGraph, route: Route, ego: EgoState, *, behind: float = 10.0,
+                    ahead: float = 200.0, spacing: float = 1.0) -> dict[str, ReferencePath]:
+    """Reference paths keyed by lateral code ("K" always, "L"/"R" where that neighbour exists).
+
+    Raises ``OffMapError`` when the graph is empty or no lane is near the ego pose.
+    """
+    if not graph.lanes:
+        raise OffMapError("the lane graph is empty")
+    if not ego.is_finite():
+        raise OffMapError(f"the ego state is not finite: x={ego.x}, y={ego.y}, heading={ego.heading}")
+    found = route_lanes_from_pose(graph, route, ego.x, ego.y, ego.heading)
+    if found is None:
+        raise OffMapError(f"no lane within reach of the ego at ({ego.x:.1f}, {ego.y:.1f})")
+    keep_ids, match = found
+    lm = lane_map(graph)
+    paths: dict[str, ReferencePath] = {}
+    path, s = _crop(lm, keep_ids, ego.x, ego.y, behind, ahead, spacing)
+    paths["K"] = ReferencePath("K", tuple(keep_ids), path, s, _speed_limit(graph, keep_ids[0]))
+    left, right = lm.neighbours(match.lane_id)
+    for code, neighbour in (("L", left), ("R", right)):
+        if neighbour is None:
+            continue
+        ids = lm.route_lanes(neighbour, list(route.road_ids))
+        path, s = _crop(lm, ids, ego.x, ego.y, behind, ahead, spacing)
+        paths[code] = ReferencePath(code, tuple(ids), path, s, _speed_limit(graph, ids[0]))
+    return paths

@@ -1,0 +1,61 @@
+"""Reference paths per lateral decision on a hand-built three-lane road followed by a one-lane road."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from luna_core.lanes import make_lane
+from luna_core.planning.reference_paths import DEFAULT_SPEED_LIMIT, OffMapError, reference_paths
+from luna_core.types import EgoState, LaneGraph, Route
+
+
+def three_lane_graph() -> LaneGraph:
+    g = LaneGraph()
+    # Road A (x 0..100): A0 left (y 3.5), A1 middle (y 0), A2 right (y -3.5); A1 continues as B1.
+    g.add(make_lane("A0", [[0, 3.5], [100, 3.5]], 3.5, 20.0, "A", right_neighbor="A1", successors=["B0"]))
+    g.add(make_lane("A1", [[0, 0], [100, 0]], 3.5, 15.0, "A", left_neighbor="A0", right_neighbor="A2",
+                    successors=["B1"]))
+    g.add(make_lane("A2", [[0, -3.5], [100, -3.5]], 3.5, 0.0, "A", left_neighbor="A1"))
+    g.add(make_lane("B0", [[100, 3.5], [200, 3.5]], 3.5, 20.0, "B", right_neighbor="B1"))
+    g.add(make_lane("B1", [[100, 0], [200, 0]], 3.5, 15.0, "B", left_neighbor="B0"))
+    return g
+
+
+ROUTE = Route(0.0, road_ids=["A", "B"])
+
+
+def ego_at(x: float, y: float, heading: float = 0.0) -> EgoState:
+    return EgoState(0.0, x, y, heading, 10.0)
+
+
+def test_keep_left_right_follow_their_lanes_along_the_route() -> None:
+    paths = reference_paths(three_lane_graph(), ROUTE, ego_at(20.0, 0.4))
+    assert set(paths) == {"K", "L", "R"}
+    assert paths["K"].lane_ids == ("A1", "B1")
+    assert paths["L"].lane_ids == ("A0", "B0")
+    assert paths["R"].lane_ids == ("A2",)
+    pts = np.array([[30.0, 0.0], [150.0, 1.0]])
+    np.testing.assert_allclose(paths["K"].lateral_offset(pts), [0.0, 1.0], atol=1e-9)
+    np.testing.assert_allclose(paths["L"].lateral_offset(pts), [-3.5, -2.5], atol=1e-9)
+    np.testing.assert_allclose(paths["R"].lateral_offset(pts[:1]), [3.5], atol=1e-9)
+    # Cropped to 10 m behind the ego, ego foot point recorded, speed limits from the first lane.
+    assert paths["K"].centerline.points[0, 0] == pytest.approx(10.0)
+    assert paths["K"].ego_s == pytest.approx(10.0)
+    assert paths["L"].speed_limit == 20.0
+    assert paths["R"].speed_limit == DEFAULT_SPEED_LIMIT  # 0 = unknown in the map
+
+
+def test_no_lane_on_a_side_means_no_path_for_it() -> None:
+    paths = reference_paths(three_lane_graph(), ROUTE, ego_at(20.0, 3.4))
+    assert set(paths) == {"K", "R"}
+    assert paths["R"].lane_ids == ("A1", "B1")
+
+
+def test_empty_graph_and_off_map_raise_named_errors() -> None:
+    with pytest.raises(OffMapError, match="empty"):
+        reference_paths(LaneGraph(), ROUTE, ego_at(0, 0))
+    with pytest.raises(OffMapError, match="no lane"):
+        reference_paths(three_lane_graph(), ROUTE, ego_at(50.0, 80.0))
+    with pytest.raises(OffMapError, match="not finite"):
+        reference_paths(three_lane_graph(), ROUTE, ego_at(float("nan"), 0.0))
