@@ -1,0 +1,190 @@
+"""What every LUNA node shares: validated parameters, 1 Hz diagnostics, guarded callbacks, main().
+
+Nodes stay thin: they declare their interface (``NodeInterface``), convert messages with
+``luna_nodes.convert`` and call luna_core. A bad message never crashes a node: the guarded callback
+logs it (throttled), counts it and shows it in ``/diagnostics``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode
+from rclpy.node import Node
+
+from luna_nodes import qos
+from luna_nodes.params import NodeInterface, ParameterError, declare_parameters
+
+OK, WARN, ERROR, STALE = (DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.ERROR,
+                          DiagnosticStatus.STALE)
+
+
+class Diagnostics:
+    """A node's health: named conditions (each with a level and message) plus key values, published
+    as one ``diagnostic_msgs/DiagnosticStatus`` at 1 Hz. The worst condition sets the level."""
+
+    def __init__(self, node: Node, period: float = 1.0) -> None:
+        self._node = node
+        self._lock = threading.Lock()
+        self._conditions: dict[str, tuple[int, str]] = {}
+        self._values: dict[str, Any] = {}
+        self._pub = node.create_publisher(DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
+        self._timer = node.create_timer(period, self.publish)
+
+    def set_condition(self, name: str, level: int, message: str) -> None:
+        """Raise (or, with OK, clear) a named condition, e.g. ("decision", WARN, "stale: fallback")."""
+        with self._lock:
+            previous = self._conditions.get(name)
+            if level == OK:
+                self._conditions.pop(name, None)
+            else:
+                self._conditions[name] = (level, message)
+        if level != OK and previous != (level, message):
+            log = self._node.get_logger()
+            (log.error if level >= ERROR else log.warning)(f"{name}: {message}")
+
+    def clear(self, name: str) -> None:
+        self.set_condition(name, OK, "")
+
+    def set_value(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._values[key] = value
+
+    def increment(self, key: str, by: int = 1) -> None:
+        with self._lock:
+            self._values[key] = int(self._values.get(key, 0)) + by
+
+    def value(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            return self._values.get(key, default)
+
+    def status(self) -> DiagnosticStatus:
+        with self._lock:
+            conditions = dict(self._conditions)
+            values = dict(self._values)
+        level = max((lvl for lvl, _ in conditions.values()), default=OK)
+        message = "; ".join(f"{n}: {m}" for n, (_, m) in sorted(conditions.items())) or "ok"
+        return DiagnosticStatus(level=level,
+                                name=f"luna: {self._node.get_name()}", message=message,
+                                hardware_id=self._node.get_fully_qualified_name(),
+                                values=[KeyValue(key=str(k), value=_fmt(v)) for k, v in sorted(values.items())])
+
+    def publish(self) -> None:
+        msg = DiagnosticArray()
+        msg.header.stamp = self._node.get_clock().now().to_msg()
+        msg.status = [self.status()]
+        self._pub.publish(msg)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+class LunaNodeMixin:
+    """Shared behaviour of LunaNode and LunaLifecycleNode (call ``_luna_setup`` in ``__init__``)."""
+
+    interface: NodeInterface
+
+    def _luna_setup(self, interface: NodeInterface) -> None:
+        self.interface = interface
+        self.params = declare_parameters(self, interface.params)
+        self.diagnostics = Diagnostics(self)
+        self._last_rejection_log = 0.0
+
+    def now_s(self) -> float:
+        """Node-clock time in seconds (simulation time under use_sim_time)."""
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def _qos_warning(self, kind: str, topic: str) -> Callable:
+        def on_incompatible(event) -> None:
+            self.diagnostics.set_condition(f"qos {topic}", WARN,
+                                           f"incompatible QoS with a {kind} (policy {event.last_policy_kind})")
+        return on_incompatible
+
+    def luna_publisher(self, msg_type, topic: str, profile, lifecycle: bool = False):
+        callbacks = PublisherEventCallbacks(incompatible_qos=self._qos_warning("subscriber", topic))
+        create = self.create_lifecycle_publisher if lifecycle else self.create_publisher
+        return create(msg_type, topic, profile, event_callbacks=callbacks)
+
+    def luna_subscription(self, msg_type, topic: str, callback: Callable, profile, **kwargs):
+        """Subscribe with a guarded callback: exceptions are logged, counted and diagnosed."""
+        def guarded(msg) -> None:
+            try:
+                callback(msg)
+            except Exception as exc:  # noqa: BLE001 - a bad message must never take the node down
+                self.reject(topic, exc)
+        callbacks = SubscriptionEventCallbacks(incompatible_qos=self._qos_warning("publisher", topic))
+        return self.create_subscription(msg_type, topic, guarded, profile, event_callbacks=callbacks, **kwargs)
+
+    def reject(self, topic: str, exc: BaseException) -> None:
+        """Record an input that could not be used (logged at most once per second)."""
+        self.diagnostics.increment("rejected_inputs")
+        self.diagnostics.set_condition(f"input {topic}", WARN, f"rejected: {exc}")
+        now = time.monotonic()
+        if now - self._last_rejection_log > 1.0:
+            self._last_rejection_log = now
+            self.get_logger().warning(f"rejected input on {topic}: {exc}\n"
+                                      f"{''.join(traceback.format_exception_only(type(exc), exc)).strip()}")
+
+
+class LunaNode(LunaNodeMixin, Node):
+    def __init__(self, interface: NodeInterface, **kwargs) -> None:
+        super().__init__(interface.name, **kwargs)
+        self._luna_setup(interface)
+
+
+class LunaLifecycleNode(LunaNodeMixin, LifecycleNode):
+    """A managed node. With the ``autostart`` parameter it configures and activates itself (as
+    nav2's lifecycle manager would), so ``luna up`` needs no lifecycle manager."""
+
+    def __init__(self, interface: NodeInterface, **kwargs) -> None:
+        super().__init__(interface.name, **kwargs)
+        self._luna_setup(interface)
+
+    def autostart(self) -> None:
+        if self.params.get("autostart", True):
+            self.trigger_configure()
+            self.trigger_activate()
+
+
+def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = None, threads: int = 4) -> int:
+    """Create the nodes, spin them on one multi-threaded executor until shutdown; the exit code.
+
+    A node whose parameters are invalid stops the process with exit code 2 and a message naming
+    the parameter and the parameter file.
+    """
+    rclpy.init(args=args)
+    nodes: list[Node] = []
+    code = 0
+    try:
+        for factory in factories:
+            node = factory()
+            nodes.append(node)
+            if isinstance(node, LunaLifecycleNode):
+                node.autostart()
+        executor = MultiThreadedExecutor(num_threads=threads)
+        for node in nodes:
+            executor.add_node(node)
+        executor.spin()
+    except ParameterError as exc:
+        print(f"[FATAL] invalid parameter: {exc}", file=sys.stderr, flush=True)
+        code = 2
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        for node in nodes:
+            close = getattr(node, "close", None)
+            if callable(close):
+                close()
+            node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return code

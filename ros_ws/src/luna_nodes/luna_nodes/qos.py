@@ -1,0 +1,16 @@
+"""QoS profiles: part of each interface (DESIGN Sec. 5), shared by publishers and subscribers."""
+
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+#: Odometry, objects, traffic lights: only the newest matter; reliable so lock-step replay is exact.
+SENSOR = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5, reliability=ReliabilityPolicy.RELIABLE,
+                    durability=DurabilityPolicy.VOLATILE)
+#: Map and route: published once (or on change); late joiners must get the last one.
+LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                     durability=DurabilityPolicy.TRANSIENT_LOCAL)
+#: Scene descriptors, decisions, trajectories, failures, explanations, reflections: every one counts.
+RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.VOLATILE)
+#: /diagnostics, as diagnostic_aggregator expects.
+DIAGNOSTICS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.VOLATILE)
