@@ -37,7 +37,7 @@ def lane_graph() -> T.LaneGraph:
         g.add(T.Lane(id=lid, centerline=np.stack([xs, np.full_like(xs, y)], 1),
                      left_boundary=np.stack([xs, np.full_like(xs, y + 1.75)], 1),
                      right_boundary=np.stack([xs, np.full_like(xs, y - 1.75)], 1), speed_limit=13.9,
-                     road_id="r0", successors=[f"{lid}-next"], predecessors=[],
+                     road_id="r0", successors=["j0"] if lid == "l1" else [], predecessors=[],
                      left_neighbor="" if i == 0 else "l0", right_neighbor="l1" if i == 0 else "",
                      in_junction=False))
     g.add(T.Lane(id="j0", centerline=np.array([[100.0, 0.0], [110.0, 5.0]]),
