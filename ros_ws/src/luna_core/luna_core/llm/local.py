@@ -1,0 +1,108 @@
+"""The in-process transformers backend: runs a local causal LM (default: the packaged SmolLM2-135M-
+Instruct, converted once to a cached HF folder by ``luna_core.model_cache``) with no network at all.
+
+Calls are serialised by a lock (one model instance, one forward at a time); seeds make sampling
+reproducible. ``choose`` scores a fixed set of continuations by their log-likelihood (constrained
+decoding), which the teacher uses as a recorded fallback when a weak model's free text does not parse.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Sequence
+
+import numpy as np
+
+from luna_core.llm.base import Choice, Completion, LLMConfigError, Message, UsageMeter
+
+
+class TransformersChatModel:
+    def __init__(self, model: str = "smollm2-135m-instruct", device: str | None = None,
+                 num_threads: int | None = 2, meter: UsageMeter | None = None) -> None:
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from luna_core.model_cache import resolve
+
+        try:
+            path = resolve(model)
+        except FileNotFoundError as exc:
+            raise LLMConfigError(str(exc)) from exc
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self._torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.name = model
+        self.meter = meter or UsageMeter()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
+        if self.tokenizer.chat_template is None:
+            raise LLMConfigError(f"model {model!r} has no chat template; a chat backend needs one")
+        self._lock = threading.Lock()
+
+    def _encode(self, messages: Sequence[Message], assistant_prefix: str = ""):
+        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        ids = self.tokenizer(text + assistant_prefix, return_tensors="pt", add_special_tokens=False).input_ids
+        return ids.to(self.device)
+
+    def chat(self, messages: Sequence[Message], temperature: float = 0.0, top_k: int | None = None,
+             seed: int | None = None, max_tokens: int = 256) -> Completion:
+        torch = self._torch
+        t0 = time.monotonic()
+        with self._lock, torch.inference_mode():
+            ids = self._encode(messages)
+            if seed is not None:
+                torch.manual_seed(seed)
+            sample = temperature > 0.0
+            kwargs = {"do_sample": sample, "max_new_tokens": max_tokens,
+                      "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id}
+            if sample:
+                kwargs.update(temperature=temperature, top_k=top_k or 0)
+            else:  # greedy: clear sampling defaults from generation_config so none is applied
+                kwargs.update(temperature=None, top_k=None, top_p=None)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        new = out[0, ids.shape[1]:]
+        eos = self.tokenizer.eos_token_id
+        stopped = len(new) > 0 and int(new[-1]) == eos
+        finish = "stop" if stopped or len(new) < max_tokens else "length"
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        pt, ct = int(ids.shape[1]), int(len(new))
+        self.meter.record(self.name, pt, ct)
+        return Completion(text, pt, ct, time.monotonic() - t0, finish, self.name)
+
+    def choose(self, messages: Sequence[Message], choices: Sequence[str], assistant_prefix: str = "",
+               temperature: float = 0.0, seed: int | None = None) -> Choice:
+        """The choice with the highest total log-probability after ``assistant_prefix`` (temperature 0),
+        or a sample from softmax(logprob / temperature)."""
+        if not choices:
+            raise ValueError("choose needs at least one choice")
+        torch = self._torch
+        t0 = time.monotonic()
+        with self._lock, torch.inference_mode():
+            ids = self._encode(messages, assistant_prefix)
+            prompt_out = self.model(ids, use_cache=True)
+            first_logp = torch.log_softmax(prompt_out.logits[0, -1].float(), -1)
+            logprobs: dict[str, float] = {}
+            for choice in choices:
+                cids = self.tokenizer(choice, return_tensors="pt", add_special_tokens=False).input_ids.to(self.device)
+                total = float(first_logp[cids[0, 0]])
+                if cids.shape[1] > 1:
+                    cache = copy.deepcopy(prompt_out.past_key_values)  # the prompt is encoded once
+                    out = self.model(cids[:, :-1], past_key_values=cache, use_cache=True)
+                    lp = torch.log_softmax(out.logits[0].float(), -1)
+                    total += float(lp.gather(1, cids[0, 1:, None]).sum())
+                logprobs[choice] = total
+        values = np.array([logprobs[c] for c in choices])
+        if temperature > 0.0:
+            z = (values - values.max()) / temperature
+            p = np.exp(z) / np.exp(z).sum()
+            pick = int(np.random.default_rng(seed).choice(len(choices), p=p))
+        else:
+            pick = int(np.argmax(values))
+        self.meter.record(self.name, int(ids.shape[1]), 0)
+        return Choice(choices[pick], logprobs, int(ids.shape[1]), time.monotonic() - t0, self.name)
