@@ -1,0 +1,94 @@
+"""``StudentConfig``: everything needed to rebuild the dual-head student (LUNA-AD Sec. III-C, IV-B)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from luna_core.student.errors import StudentConfigError
+from luna_core.types import NUM_ACTIONS
+
+#: How a prompt that does not fit ``max_context_tokens`` is shortened (see ``student.context``).
+TRUNCATION_POLICIES = ("drop_examples_then_objects",)
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "nf4")
+
+
+@dataclass
+class StudentConfig:
+    """Hyper-parameters of the student; saved as JSON next to the adapter and head weights.
+
+    ``base_model`` is a packaged model name known to ``luna_core.model_cache`` (default
+    SmolLM2-135M-Instruct) or a local HF folder (e.g. Qwen3-1.7B on a vehicle).
+    """
+
+    base_model: str = "smollm2-135m-instruct"
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    head_hidden: int = 1024
+    num_actions: int = NUM_ACTIONS
+    max_context_tokens: int = 2048  # prompt budget of predict(); long prompts are shortened first
+    truncation_policy: str = "drop_examples_then_objects"
+    explanation_max_new_tokens: int = 256
+    device: str = "auto"  # "auto" = CUDA when available, else CPU
+    dtype: str = "auto"  # "auto" = bfloat16 on CUDA, float32 on CPU
+    quantization: str = "none"  # "nf4" = bitsandbytes 4-bit base (CUDA)
+    reuse_prefix_cache: bool = True  # keep the KV cache of the static system message between calls
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> StudentConfigError:
+            return StudentConfigError(f"StudentConfig.{name}: {why}")
+
+        if not self.base_model:
+            raise bad("base_model", "empty")
+        for name in ("lora_r", "lora_alpha", "head_hidden", "max_context_tokens",
+                     "explanation_max_new_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise bad(name, f"must be a positive integer, got {value!r}")
+        if self.num_actions != NUM_ACTIONS:
+            raise bad("num_actions", f"must be {NUM_ACTIONS} (the action space), got {self.num_actions}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise bad("lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+        if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
+            raise bad("lora_targets", f"must be a non-empty list of module names, got {self.lora_targets!r}")
+        for name, allowed in (("truncation_policy", TRUNCATION_POLICIES), ("device", DEVICES),
+                              ("dtype", DTYPES), ("quantization", QUANTIZATIONS)):
+            if getattr(self, name) not in allowed:
+                raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "config") -> "StudentConfig":
+        if not isinstance(data, dict):
+            raise StudentConfigError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise StudentConfigError(f"{where}: unknown StudentConfig keys {unknown}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise StudentConfigError(f"{where}: {exc}") from exc
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: Path) -> "StudentConfig":
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise StudentConfigError(f"{path}: missing") from exc
+        except (OSError, ValueError) as exc:
+            raise StudentConfigError(f"{path}: unreadable JSON ({exc})") from exc
+        return cls.from_dict(data, where=str(path))

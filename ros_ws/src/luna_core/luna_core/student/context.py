@@ -1,0 +1,123 @@
+"""Prompt encoding for the student and the context-length policy.
+
+The decision commitment position i* (LUNA-AD Eq. 14-16; conference paper Eq. 7) is the last token of
+the prompt rendered with the chat template's generation prompt, i.e. the token just before the
+assistant's response starts. With ``add_generation_prompt=True`` it is simply the last prompt token.
+
+Context-length policy ``drop_examples_then_objects`` (when the prompt exceeds ``max_tokens``):
+1. drop retrieved examples, least similar first (retrieval returns them most similar first, so the
+   last one goes first), down to zero examples;
+2. then drop object lines of the current query's traffic state from the far end of the list (the
+   scene descriptor lists objects nearest first, so the farthest object goes first);
+3. if the prompt still does not fit, raise ``ContextOverflowError`` naming the sizes.
+Every shortening is reported (``examples_used``, ``objects_dropped``) so callers can log it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from luna_core.student.errors import ContextOverflowError, PromptTemplateError
+from luna_core.types import MemoryItem
+
+Message = dict[str, str]
+MessagesFn = Callable[[str, Sequence[MemoryItem]], list[Message]]
+
+# Object lines of a rendered traffic state (luna_core.scene.render_traffic_state): "- <id> <type>, ...".
+OBJECT_LINE_PREFIX = "- "
+
+
+@dataclass
+class FittedPrompt:
+    """Token ids of a prompt that fits the window, and how it was shortened to fit."""
+
+    input_ids: list[int]
+    examples_used: int
+    examples_given: int
+    objects_dropped: int
+    query: str  # the (possibly shortened) current query
+    messages: list[Message]  # the chat messages the ids were rendered from
+
+    @property
+    def commit_index(self) -> int:
+        """i*: the last prompt token (the chat template's generation prompt is included)."""
+        return len(self.input_ids) - 1
+
+    @property
+    def truncated(self) -> bool:
+        return self.examples_used < self.examples_given or self.objects_dropped > 0
+
+
+def drop_farthest_object(query: str) -> str | None:
+    """The query without its last-listed object line (the farthest object), or None if it has none."""
+    lines = query.split("\n")
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(OBJECT_LINE_PREFIX):
+            return "\n".join(lines[:i] + lines[i + 1:])
+    return None
+
+
+class PromptEncoder:
+    """Messages -> token ids with the chat template, under the context-length policy."""
+
+    def __init__(self, tokenizer, messages_fn: MessagesFn, max_tokens: int) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise PromptTemplateError("the base model's tokenizer has no chat template; the student "
+                                      "needs an instruction-tuned base with one")
+        if tokenizer.eos_token_id is None:
+            raise PromptTemplateError("the base model's tokenizer has no eos token (end of turn)")
+        self.tokenizer = tokenizer
+        self.messages_fn = messages_fn
+        self.max_tokens = max_tokens
+        self._prefix_memo: dict[str, list[int]] = {}
+
+    def render(self, messages: list[Message]) -> list[int]:
+        """Token ids of the messages with the generation prompt (ending at i*)."""
+        if not messages or messages[-1].get("role") != "user":
+            raise PromptTemplateError("the student's prompt must end with the current user query")
+        enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+    def static_prefix(self, messages: list[Message]) -> list[int]:
+        """Token ids of the leading system message alone (the part identical in every call)."""
+        if not messages or messages[0].get("role") != "system":
+            return []
+        key = messages[0].get("content", "")
+        if key not in self._prefix_memo:
+            enc = self.tokenizer.apply_chat_template(messages[:1], add_generation_prompt=False,
+                                                     tokenize=True)
+            self._prefix_memo[key] = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        return self._prefix_memo[key]
+
+    def fit(self, query: str, retrieved: Sequence[MemoryItem], reserve: int = 0) -> FittedPrompt:
+        """Encode ``query`` with ``retrieved`` examples so that it leaves ``reserve`` tokens free."""
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("student prompt: the scene query is empty")
+        budget = self.max_tokens - reserve
+        if budget <= 0:
+            raise ContextOverflowError(f"no room for a prompt: max_context_tokens={self.max_tokens}, "
+                                       f"reserved {reserve}")
+        examples = list(retrieved)
+        messages = self.messages_fn(query, examples)
+        ids = self.render(messages)
+        while len(ids) > budget and examples:
+            examples.pop()  # least similar example first
+            messages = self.messages_fn(query, examples)
+            ids = self.render(messages)
+        dropped = 0
+        while len(ids) > budget:
+            shorter = drop_farthest_object(query)
+            if shorter is None:
+                raise ContextOverflowError(
+                    f"prompt needs {len(ids)} tokens with no retrieved examples and no objects left, more "
+                    f"than the budget of {budget} (max_context_tokens={self.max_tokens}, reserved {reserve})")
+            query, dropped = shorter, dropped + 1
+            messages = self.messages_fn(query, examples)
+            ids = self.render(messages)
+        return FittedPrompt(ids, len(examples), len(retrieved), dropped, query, messages)
+
+    def answer_ids(self, answer: str) -> list[int]:
+        """The assistant answer's tokens followed by the end-of-turn token."""
+        return list(self.tokenizer(answer, add_special_tokens=False)["input_ids"]) + [
+            self.tokenizer.eos_token_id]

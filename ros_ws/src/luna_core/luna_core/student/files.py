@@ -1,0 +1,78 @@
+"""On-disk layout of a saved student and the base-model hash that ties it to its base.
+
+    <dir>/student_config.json   StudentConfig
+    <dir>/student_meta.json     format version, base-model hash, d_model, file checksums
+    <dir>/adapter.safetensors   LoRA adapter weights (peft state dict)
+    <dir>/head.safetensors      DPP head weights
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from luna_core.student.errors import StudentModelFileError
+
+CONFIG_FILE = "student_config.json"
+META_FILE = "student_meta.json"
+ADAPTER_FILE = "adapter.safetensors"
+HEAD_FILE = "head.safetensors"
+FORMAT_VERSION = 1
+
+_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def base_model_hash(folder: Path) -> str:
+    """SHA-256 over the base model's config and weight files (memoised per file size and mtime)."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.iterdir()
+                   if p.name == "config.json" or p.suffix in (".safetensors", ".bin", ".gguf"))
+    if not any(p.suffix in (".safetensors", ".bin", ".gguf") for p in files):
+        raise StudentModelFileError(f"base model folder {folder} has no weight files")
+    h = hashlib.sha256()
+    for p in files:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in _HASH_CACHE:
+            _HASH_CACHE[key] = file_sha256(p)
+        h.update(f"{p.name}:{_HASH_CACHE[key]}\n".encode())
+    return h.hexdigest()
+
+
+def read_meta(directory: Path) -> dict:
+    path = Path(directory) / META_FILE
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise StudentModelFileError(f"{path}: missing (not a saved student directory?)") from exc
+    except (OSError, ValueError) as exc:
+        raise StudentModelFileError(f"{path}: unreadable JSON ({exc})") from exc
+    for key in ("format_version", "base_model_hash", "files"):
+        if key not in meta:
+            raise StudentModelFileError(f"{path}: no {key!r} entry")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise StudentModelFileError(f"{path}: format version {meta['format_version']} is not "
+                                    f"{FORMAT_VERSION}")
+    return meta
+
+
+def check_file(directory: Path, name: str, meta: dict) -> Path:
+    """The path of a weight file, verified against the checksum written at save time."""
+    path = Path(directory) / name
+    if not path.is_file():
+        raise StudentModelFileError(f"{path}: missing")
+    expected = meta["files"].get(name)
+    if expected is None:
+        raise StudentModelFileError(f"{Path(directory) / META_FILE}: no checksum for {name}")
+    if file_sha256(path) != expected:
+        raise StudentModelFileError(f"{path}: corrupt (checksum differs from the one saved)")
+    return path

@@ -1,0 +1,379 @@
+"""The dual-head student (LUNA-AD Sec. III-C, Fig. 3): a causal LM with LoRA adapters plus the DPP head.
+
+- ``predict`` (Eq. 16): one forward pass of the decoder over the prompt, no generation; the head reads
+  the hidden state at the decision commitment position i* (last prompt token after the generation
+  prompt) and returns pi_hat over the 10 actions (optionally masked and renormalised).
+- ``explain`` (Eq. 25-28): the probability-ranked action codes as the answer prefix Delta A_md, then
+  greedy generation; interruptible (stop flag, time budget) and yielding to ``predict`` between
+  tokens, so one shared instance keeps the periodic decision on time while text is generated.
+- ``losses`` (Eq. 15-18): L_LM over the sequence + alpha * KL(pi || pi_hat) for distillation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from luna_core import model_cache
+from luna_core.student import files
+from luna_core.student.config import StudentConfig
+from luna_core.student.context import FittedPrompt, Message, PromptEncoder
+from luna_core.student.errors import BaseModelMismatchError, StudentConfigError, StudentModelFileError
+from luna_core.student.head import DecisionHead
+from luna_core.types import NUM_ACTIONS, MemoryItem, mask_and_renormalise
+
+
+class StudentPrompts(Protocol):
+    """What the student needs from the prompt manager (``luna_core.prompts.PromptManager``)."""
+
+    def md_messages(self, query: str, examples: Sequence[MemoryItem] = ()) -> list[Message]: ...
+
+    def explanation_prefix(self, ranked_codes: Sequence[str]) -> str: ...
+
+
+@dataclass
+class PredictLatency:
+    """Where the time of one ``predict`` call went (seconds) and what the prompt looked like."""
+
+    total: float
+    encode: float
+    forward: float
+    prompt_tokens: int
+    cached_prefix_tokens: int
+    examples_used: int
+    objects_dropped: int
+
+
+@dataclass
+class Explanation:
+    """A_md = Delta A_md || A_md^- (Eq. 28) and how generation ended."""
+
+    text: str
+    prefix: str
+    generated_tokens: int
+    latency: float
+    stop_reason: str  # "eos" | "max_tokens" | "stop_requested" | "max_time"
+    prompt_tokens: int
+    examples_used: int
+
+
+def resolve_device(config: StudentConfig) -> torch.device:
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise StudentConfigError("StudentConfig.device: 'cuda' requested but CUDA is not available")
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
+
+
+def resolve_dtype(config: StudentConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, config.dtype)
+
+
+def default_prompts() -> StudentPrompts:
+    from luna_core.prompts import PromptManager  # the project's prompt manager (P_md, Eq. 13, 26)
+
+    return PromptManager()
+
+
+class DualHeadStudent(nn.Module):
+    """pi_hat and A_md from one fine-tuned language model (see the module docstring)."""
+
+    def __init__(self, config: StudentConfig, lm: nn.Module, tokenizer, head: DecisionHead,
+                 base_hash: str, prompts: StudentPrompts, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        self.lm = lm  # peft model (LoRA on config.lora_targets)
+        self.head = head
+        self.tokenizer = tokenizer
+        self.base_hash = base_hash
+        self.prompts = prompts
+        self.device = device
+        self.encoder = PromptEncoder(tokenizer, prompts.md_messages, config.max_context_tokens)
+        # One model, two callers (periodic predict, event-triggered explain): a lock serialises
+        # forward passes and explain waits between tokens while a predict call is pending.
+        self._lock = threading.Lock()
+        self._pending = threading.Condition()
+        self._pending_predicts = 0
+        self._prefix_ids: tuple[int, ...] = ()
+        self._prefix_cache = None
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_base(cls, config: StudentConfig | None = None,
+                  prompts: StudentPrompts | None = None) -> "DualHeadStudent":
+        """A new student: the base model with freshly initialised LoRA adapters and head."""
+        config = config or StudentConfig()
+        folder = model_cache.resolve(config.base_model)
+        return cls._build(config, prompts or default_prompts(), folder, files.base_model_hash(folder))
+
+    @classmethod
+    def _build(cls, config: StudentConfig, prompts: StudentPrompts, folder: Path,
+               base_hash: str) -> "DualHeadStudent":
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = resolve_device(config)
+        dtype = resolve_dtype(config, device)
+        kwargs: dict = {"dtype": dtype}
+        if config.quantization == "nf4":
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=dtype)
+            kwargs["device_map"] = {"": str(device)}
+        lm = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        if config.quantization == "none":
+            lm.to(device)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        missing = [t for t in config.lora_targets
+                   if not any(name.endswith("." + t) for name, _ in lm.named_modules())]
+        if missing:
+            raise StudentConfigError(f"StudentConfig.lora_targets: {missing} not found in {folder}")
+        lm = get_peft_model(lm, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                           lora_dropout=config.lora_dropout,
+                                           target_modules=list(config.lora_targets),
+                                           task_type="CAUSAL_LM"))
+        head = DecisionHead(lm.config.hidden_size, config.head_hidden, config.num_actions).to(device)
+        student = cls(config, lm, tokenizer, head, base_hash, prompts, device)
+        student.eval()
+        return student
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, prompts: StudentPrompts | None = None,
+                        device: str | None = None, base_model: str | None = None) -> "DualHeadStudent":
+        """Load a saved student; the base model must be the one it was trained on (hash check).
+
+        ``device`` overrides the saved device; ``base_model`` overrides where the base is found (e.g. a
+        local folder on a vehicle): its hash must still match.
+        """
+        from peft import set_peft_model_state_dict
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise StudentModelFileError(f"{directory}: not a directory")
+        config = StudentConfig.load(directory / files.CONFIG_FILE)
+        if device is not None:
+            config.device = device
+        if base_model is not None:
+            config.base_model = base_model
+        config.validate()
+        meta = files.read_meta(directory)
+        adapter_path = files.check_file(directory, files.ADAPTER_FILE, meta)
+        head_path = files.check_file(directory, files.HEAD_FILE, meta)
+        folder = model_cache.resolve(config.base_model)
+        base_hash = files.base_model_hash(folder)
+        if base_hash != meta["base_model_hash"]:
+            raise BaseModelMismatchError(
+                f"{directory} was trained on a base model with hash {meta['base_model_hash'][:16]}..., but "
+                f"{config.base_model!r} ({folder}) has hash {base_hash[:16]}...")
+        student = cls._build(config, prompts or default_prompts(), folder, base_hash)
+        try:
+            adapter = load_file(str(adapter_path), device=str(student.device))
+            head = load_file(str(head_path), device=str(student.device))
+        except (SafetensorError, OSError) as exc:
+            raise StudentModelFileError(f"{directory}: unreadable safetensors ({exc})") from exc
+        result = set_peft_model_state_dict(student.lm, adapter)
+        lora_missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+        if lora_missing or getattr(result, "unexpected_keys", []):
+            raise StudentModelFileError(
+                f"{adapter_path}: adapter does not fit the model (missing {lora_missing[:3]}, unexpected "
+                f"{list(getattr(result, 'unexpected_keys', []))[:3]})")
+        try:
+            student.head.load_state_dict(head, strict=True)
+        except RuntimeError as exc:
+            raise StudentModelFileError(f"{head_path}: head does not fit the model ({exc})") from exc
+        student.eval()
+        return student
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write config, adapter and head (safetensors) atomically: a crash leaves the old copy intact."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        adapter = {k: v.detach().to("cpu").contiguous()
+                   for k, v in get_peft_model_state_dict(self.lm).items()}
+        head = {k: v.detach().to("cpu").contiguous() for k, v in self.head.state_dict().items()}
+        save_file(adapter, str(tmp / files.ADAPTER_FILE))
+        save_file(head, str(tmp / files.HEAD_FILE))
+        self.config.save(tmp / files.CONFIG_FILE)
+        meta = {"format_version": files.FORMAT_VERSION, "base_model_hash": self.base_hash,
+                "base_model": self.config.base_model, "d_model": int(self.lm.config.hidden_size),
+                "files": {name: files.file_sha256(tmp / name)
+                          for name in (files.ADAPTER_FILE, files.HEAD_FILE)}}
+        (tmp / files.META_FILE).write_text(json.dumps(meta, indent=2))
+        old = directory.with_name(directory.name + f".old{os.getpid()}")
+        if directory.exists():
+            directory.rename(old)
+        tmp.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+        return directory
+
+    # ---- model parts ---------------------------------------------------------------------------
+    @property
+    def decoder(self) -> nn.Module:
+        """The transformer body (with LoRA) without the LM head: hidden states only."""
+        return self.lm.get_base_model().get_decoder()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.lm.get_base_model().get_output_embeddings()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def train(self, mode: bool = True) -> "DualHeadStudent":
+        # Weights may change while training: the cached prefix would be stale.
+        self._prefix_cache, self._prefix_ids = None, ()
+        return super().train(mode)
+
+    def dpp_probabilities(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Eq. 16: softmax of the head logits; the head runs in float32 whatever the base dtype."""
+        return torch.softmax(self.head(hidden.float()), dim=-1)
+
+    # ---- training (Eq. 15-18) ------------------------------------------------------------------
+    def losses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, commit_index: torch.Tensor,
+               target: torch.Tensor, alpha: float) -> dict[str, torch.Tensor]:
+        """L_total = L_LM + alpha * KL(pi || pi_hat) on a right-padded batch.
+
+        ``commit_index`` (B,) is i* of each sample, ``target`` (B, 10) the teacher distribution pi.
+        L_LM is next-token cross-entropy over every non-padding token of the sequence (Eq. 15).
+        """
+        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = self.lm_head(hidden[:, :-1]).float()
+        labels = input_ids[:, 1:].masked_fill(attention_mask[:, 1:] == 0, -100)
+        lm = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        h_star = hidden[torch.arange(hidden.shape[0], device=hidden.device), commit_index]
+        log_q = torch.log_softmax(self.head(h_star.float()), dim=-1)
+        kl = F.kl_div(log_q, target.float(), reduction="batchmean")  # sum_a pi log(pi / pi_hat)
+        return {"total": lm + alpha * kl, "lm": lm.detach(), "kl": kl.detach()}
+
+    def encode_training_sample(self, query: str, examples: Sequence[MemoryItem],
+                               answer: str) -> tuple[list[int], int, int]:
+        """(token ids of prompt || answer || end-of-turn, i*, examples used) within the window."""
+        answer_ids = self.encoder.answer_ids(answer)
+        fitted = self.encoder.fit(query, examples, reserve=len(answer_ids))
+        return fitted.input_ids + answer_ids, fitted.commit_index, fitted.examples_used
+
+    # ---- inference -----------------------------------------------------------------------------
+    @contextmanager
+    def _decision_priority(self) -> Iterator[None]:
+        with self._pending:
+            self._pending_predicts += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._pending:
+                self._pending_predicts -= 1
+                self._pending.notify_all()
+
+    def _commitment_hidden(self, fitted: FittedPrompt) -> tuple[torch.Tensor, int]:
+        """h_{i*} of the prompt, reusing the KV cache of the static system message when enabled."""
+        ids = fitted.input_ids
+        prefix = tuple(self.encoder.static_prefix(fitted.messages)) if self.config.reuse_prefix_cache else ()
+        if not prefix or tuple(ids[:len(prefix)]) != prefix or len(prefix) >= len(ids):
+            x = torch.tensor([ids], device=self.device)
+            return self.decoder(input_ids=x, use_cache=False).last_hidden_state[0, -1], 0
+        if self._prefix_ids != prefix or self._prefix_cache is None:
+            x = torch.tensor([list(prefix)], device=self.device)
+            self._prefix_cache = self.decoder(input_ids=x, use_cache=True).past_key_values
+            self._prefix_ids = prefix
+        rest = torch.tensor([ids[len(prefix):]], device=self.device)
+        cache = self._prefix_cache
+        try:
+            out = self.decoder(input_ids=rest, past_key_values=cache, use_cache=True)
+        finally:
+            extra = cache.get_seq_length() - len(prefix)
+            if extra > 0:
+                cache.crop(-extra)  # back to the system message only
+            elif extra < 0:
+                self._prefix_cache, self._prefix_ids = None, ()
+        return out.last_hidden_state[0, -1], len(prefix)
+
+    @torch.inference_mode()
+    def predict(self, scene_query: str, retrieved: Sequence[MemoryItem] = (),
+                mask: np.ndarray | None = None) -> tuple[np.ndarray, PredictLatency]:
+        """pi_hat(.|xi_t) (10,) from one forward pass; masked actions get 0 and the rest renormalise."""
+        if mask is not None:
+            mask = np.asarray(mask, dtype=bool)
+            if mask.shape != (NUM_ACTIONS,) or not mask.any():
+                raise ValueError(f"action mask must be {NUM_ACTIONS} booleans with at least one True, "
+                                 f"got {mask.tolist()}")
+        t0 = time.perf_counter()
+        fitted = self.encoder.fit(scene_query, retrieved)
+        t1 = time.perf_counter()
+        with self._decision_priority():
+            hidden, cached = self._commitment_hidden(fitted)
+            probs = self.dpp_probabilities(hidden).to("cpu", torch.float64).numpy()
+        t2 = time.perf_counter()
+        if mask is not None:
+            probs = mask_and_renormalise(probs, mask)
+        latency = PredictLatency(total=time.perf_counter() - t0, encode=t1 - t0, forward=t2 - t1,
+                                 prompt_tokens=len(fitted.input_ids), cached_prefix_tokens=cached,
+                                 examples_used=fitted.examples_used, objects_dropped=fitted.objects_dropped)
+        return probs, latency
+
+    @torch.inference_mode()
+    def explain(self, scene_query: str, retrieved: Sequence[MemoryItem], ranked_codes: Sequence[str],
+                max_new_tokens: int | None = None, stop: threading.Event | None = None,
+                max_time: float | None = None) -> Explanation:
+        """Eq. 25-28: Delta A_md from the ranked codes, then greedy generation of the rest.
+
+        Stops at the end-of-turn token, after ``max_new_tokens``, when ``stop`` is set, or after
+        ``max_time`` seconds; between tokens it waits while a ``predict`` call is pending.
+        """
+        t0 = time.perf_counter()
+        max_new = self.config.explanation_max_new_tokens if max_new_tokens is None else max_new_tokens
+        prefix_text = self.prompts.explanation_prefix(list(ranked_codes))
+        prefix_ids = list(self.tokenizer(prefix_text, add_special_tokens=False)["input_ids"])
+        fitted = self.encoder.fit(scene_query, retrieved, reserve=len(prefix_ids) + max_new)
+        ids = torch.tensor([fitted.input_ids + prefix_ids], device=self.device)
+        eos = self.tokenizer.eos_token_id
+        generated: list[int] = []
+        reason = "max_tokens"
+        past = None
+        while len(generated) < max_new:
+            if stop is not None and stop.is_set():
+                reason = "stop_requested"
+                break
+            if max_time is not None and time.perf_counter() - t0 > max_time:
+                reason = "max_time"
+                break
+            with self._pending:
+                self._pending.wait_for(lambda: self._pending_predicts == 0)
+            with self._lock:
+                out = self.lm(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
+            past = out.past_key_values
+            token = int(out.logits[0, -1].argmax())
+            if token == eos:
+                reason = "eos"
+                break
+            generated.append(token)
+            ids = torch.tensor([[token]], device=self.device)
+        text = prefix_text + self.tokenizer.decode(generated, skip_special_tokens=True)
+        return Explanation(text=text, prefix=prefix_text, generated_tokens=len(generated),
+                           latency=time.perf_counter() - t0, stop_reason=reason,
+                           prompt_tokens=len(fitted.input_ids) + len(prefix_ids),
+                           examples_used=fitted.examples_used)
