@@ -4,6 +4,7 @@ PACKAGE = "luna_nodes"
 
 # One executable per node (or composed process); the topology in luna_bringup names these.
 EXECUTABLES = {
+    "map_server": "luna_nodes.map_server:main",
 }
 
 setup(

@@ -1,0 +1,121 @@
+"""The stack topology: one declarative description feeding both launchers.
+
+``config/topology.yaml`` lists the processes of the stack; each runs one executable of a package and
+holds one or more nodes (nodes in one process share memory, e.g. one language-model instance for
+``decision_inference`` and ``explainer``). Every node reads ``config/<node>.yaml``. From this file,
+``launch/luna.launch.py`` builds launch_ros ``Node`` actions on full ROS installs and ``luna up``
+starts the same processes on pip-only machines.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PACKAGE = "luna_bringup"
+
+
+class TopologyError(ValueError):
+    """The topology file is malformed or names something that does not exist."""
+
+
+def package_dir() -> Path:
+    """The luna_bringup share directory (installed) or source directory (editable install)."""
+    source = Path(__file__).resolve().parents[1]
+    if (source / "config").is_dir():
+        return source
+    try:
+        from ament_index_python.packages import get_package_share_directory
+        return Path(get_package_share_directory(PACKAGE))
+    except Exception as exc:  # noqa: BLE001 - any failure here means "not installed"
+        raise TopologyError(f"cannot find the {PACKAGE} config directory ({exc})") from None
+
+
+def config_dir() -> Path:
+    return package_dir() / "config"
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    package: str
+    executable: str
+    nodes: list[str]
+    remappings: list[tuple[str, str]] = field(default_factory=list)
+
+    def params_files(self, params_dir: Path) -> list[Path]:
+        return [params_dir / f"{node}.yaml" for node in self.nodes]
+
+
+@dataclass
+class Topology:
+    processes: list[ProcessSpec]
+    remappings: list[tuple[str, str]] = field(default_factory=list)
+    source: Path | None = None
+
+    def select(self, names: list[str]) -> "Topology":
+        """Only the named processes (or processes holding the named nodes)."""
+        chosen = [p for p in self.processes if p.name in names or set(p.nodes) & set(names)]
+        unknown = set(names) - {p.name for p in chosen} - {n for p in chosen for n in p.nodes}
+        if unknown:
+            raise TopologyError(f"unknown process or node name(s): {', '.join(sorted(unknown))}")
+        return Topology(chosen, self.remappings, self.source)
+
+    def ros_arguments(self, process: ProcessSpec, params_dir: Path, use_sim_time: bool = False) -> list[str]:
+        """The ``--ros-args`` part of the command line that starts ``process``."""
+        args = ["--ros-args"]
+        for f in process.params_files(params_dir):
+            if f.exists():
+                args += ["--params-file", str(f)]
+        if use_sim_time:
+            args += ["-p", "use_sim_time:=true"]
+        for src, dst in self.remappings + process.remappings:
+            args += ["-r", f"{src}:={dst}"]
+        return args
+
+
+def _pairs(raw, where: str) -> list[tuple[str, str]]:
+    try:
+        return [(str(a), str(b)) for a, b in (raw or [])]
+    except (TypeError, ValueError):
+        raise TopologyError(f"{where}: remappings must be a list of [from, to] pairs") from None
+
+
+def load_topology(path: str | Path | None = None) -> Topology:
+    path = Path(path) if path else config_dir() / "topology.yaml"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise TopologyError(f"{path}: no such topology file") from None
+    except yaml.YAMLError as exc:
+        raise TopologyError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("processes"), list):
+        raise TopologyError(f"{path}: expected a mapping with a 'processes' list")
+    processes, seen_nodes = [], set()
+    for i, p in enumerate(data["processes"]):
+        where = f"{path}: process #{i}"
+        if not isinstance(p, dict) or not p.get("name") or not p.get("executable"):
+            raise TopologyError(f"{where}: needs 'name' and 'executable'")
+        nodes = p.get("nodes") or [p["name"]]
+        dup = seen_nodes & set(nodes)
+        if dup:
+            raise TopologyError(f"{where}: node(s) {sorted(dup)} appear in more than one process")
+        seen_nodes |= set(nodes)
+        processes.append(ProcessSpec(str(p["name"]), str(p.get("package", "luna_nodes")), str(p["executable"]),
+                                     [str(n) for n in nodes], _pairs(p.get("remappings"), where)))
+    if len({p.name for p in processes}) != len(processes):
+        raise TopologyError(f"{path}: process names must be unique")
+    return Topology(processes, _pairs(data.get("remappings"), str(path)), path)
+
+
+def executable_path(process: ProcessSpec) -> str:
+    """Where a pip (editable) install puts the executable: the venv's bin directory beside python."""
+    import sys
+    candidate = Path(sys.executable).parent / process.executable
+    if candidate.exists() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    raise TopologyError(f"executable '{process.executable}' of process '{process.name}' is not installed "
+                        f"(expected {candidate}; run the bootstrap)")

@@ -1,0 +1,53 @@
+"""map_server: loads the vehicle's map file into ``map/lane_graph`` (transient local, reliable)."""
+
+from __future__ import annotations
+
+import luna_msgs.msg as lm
+
+from luna_core.map_files import MAP_FORMATS, MapLoadError, load_map
+from luna_nodes import convert, qos
+from luna_nodes.base import ERROR, LunaNode, run
+from luna_nodes.params import NodeInterface, ParamSpec
+
+INTERFACE = NodeInterface(
+    name="map_server",
+    summary="Loads the HD map (the project's lane-graph JSON, CommonRoad XML or Lanelet2 OSM) once and "
+            "publishes it as a lane graph to late joiners.",
+    outputs=[("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local, depth 1")],
+    params=[
+        ParamSpec("map_file", str, "", "Path of the map file; empty = publish nothing and report an error."),
+        ParamSpec("map_format", str, "auto", "File format; auto picks it from the extension.",
+                  choices=("auto",) + MAP_FORMATS),
+        ParamSpec("frame_id", str, "map", "Frame of the published lane graph."),
+    ],
+)
+
+
+class MapServer(LunaNode):
+    def __init__(self) -> None:
+        super().__init__(INTERFACE)
+        self.publisher = self.luna_publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED)
+        self.load_and_publish()
+
+    def load_and_publish(self) -> None:
+        path = self.params["map_file"]
+        try:
+            graph = load_map(path, self.params["map_format"])
+        except MapLoadError as exc:
+            self.diagnostics.set_condition("map", ERROR, str(exc))
+            return
+        graph.frame_id = self.params["frame_id"]
+        graph.stamp = self.now_s()
+        self.publisher.publish(convert.lane_graph_to_msg(graph))
+        self.diagnostics.clear("map")
+        self.diagnostics.set_value("lanes", len(graph.lanes))
+        self.diagnostics.set_value("map_file", path)
+        self.get_logger().info(f"published lane graph with {len(graph.lanes)} lanes from {path}")
+
+
+def main(args=None) -> int:
+    return run([MapServer], args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
