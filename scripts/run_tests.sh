@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite (unit, ROS integration, closed loop) in the project venv. `make test` runs the
+# bootstrap first; extra arguments go to pytest (e.g. `scripts/run_tests.sh tests/unit -x`).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${LUNA_VENV:-$ROOT/.venv}"
+export LUNA_COMMONROAD_DIR="${LUNA_COMMONROAD_DIR:-$ROOT/../shared/scenarios/commonroad}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export MPLBACKEND=Agg
+cd "$ROOT"
+exec "$VENV/bin/python" -m pytest "$@"
