@@ -38,7 +38,7 @@ all-pairs and proposal forms process the leading dimension in chunks to bound me
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -69,12 +69,24 @@ def default_device() -> torch.device:
 # --------------------------------------------------------------------------------------------------
 
 
-def _box_frames(xp: ModuleType, corners: Array) -> tuple[Array, Array, Array, Array]:
-    """Centre (..., 2), unit axis along the longer edge (..., 2) and the half extents along it and
-    across it (...,), (...,) of rectangles.
+class _Frames(NamedTuple):
+    """Rectangles in closed form; each field has the boxes' batch shape (+ a trailing 2 for vectors)."""
 
-    Taking the longer of the first two edges keeps a segment's direction (one edge has zero length);
-    a point (both edges zero) gets the x axis, which is as good as any for a point.
+    centre: Array
+    axis: Array  # unit vector along the longer edge
+    half_long: Array  # half extent along ``axis``
+    half_short: Array  # half extent across it
+    radius: Array  # circumradius, for the cheap bounding-circle pre-test
+
+    def map(self, fn) -> "_Frames":
+        return _Frames(*(fn(x) for x in self))
+
+
+def _box_frames(xp: ModuleType, corners: Array) -> _Frames:
+    """Closed-form frames of rectangles given by corners (..., 4, 2).
+
+    Taking the longer of the first two edges as the axis keeps a segment's direction (one edge has
+    zero length); a point (both edges zero) gets the x axis, which is as good as any for a point.
     """
     v0, v1, v2 = corners[..., 0, :], corners[..., 1, :], corners[..., 2, :]
     centre = (v0 + v2) * 0.5
@@ -82,33 +94,32 @@ def _box_frames(xp: ModuleType, corners: Array) -> tuple[Array, Array, Array, Ar
     e1 = v2 - v1
     len0 = xp.sqrt((e0 * e0).sum(-1))
     len1 = xp.sqrt((e1 * e1).sum(-1))
-    use0 = (len0 >= len1)[..., None]
-    axis = xp.where(use0, e0, e1)  # along the longer edge, whose half length is half_long
-    norm = xp.where(use0[..., 0], len0, len1)
-    is_point = norm <= 0.0
-    safe_norm = xp.where(is_point, xp.ones_like(norm), norm)
-    axis = axis / safe_norm[..., None]
+    use0 = len0 >= len1
+    axis = xp.where(use0[..., None], e0, e1)
+    long = xp.where(use0, len0, len1)
+    is_point = long <= 0.0
+    axis = axis / xp.where(is_point, xp.ones_like(long), long)[..., None]
     x_axis = xp.zeros_like(axis)
     x_axis[..., 0] = 1.0
     axis = xp.where(is_point[..., None], x_axis, axis)
-    half_long = xp.where(use0[..., 0], len0, len1) * 0.5
-    half_short = xp.where(use0[..., 0], len1, len0) * 0.5
-    return centre, axis, half_long, half_short
+    half_long = long * 0.5
+    half_short = xp.where(use0, len1, len0) * 0.5
+    radius = xp.sqrt(half_long * half_long + half_short * half_short)
+    return _Frames(centre, axis, half_long, half_short, radius)
 
 
-def _separated(xp: ModuleType, fa: tuple[Array, ...], fb: tuple[Array, ...],
-               tolerance: float) -> Array:
+def _separated(fa: _Frames, fb: _Frames, tolerance: float) -> Array:
     """True where boxes a and b (broadcast frames) are separated by more than ``tolerance``.
 
     SAT on the 4 unit axes u_a, v_a, u_b, v_b (v = u rotated by +90 degrees). The projection radius of
     box b on u_a is hl_b |u_b.u_a| + hw_b |v_b.u_a| = hl_b |c| + hw_b |s| with c = u_a.u_b, s = u_a x u_b.
+    Written with operators only, so it runs on NumPy arrays and torch tensors alike.
     """
-    ca, ua, hla, hwa = fa
-    cb, ub, hlb, hwb = fb
-    d = cb - ca
+    d = fb.centre - fa.centre
     dx, dy = d[..., 0], d[..., 1]
-    uax, uay = ua[..., 0], ua[..., 1]
-    ubx, uby = ub[..., 0], ub[..., 1]
+    uax, uay = fa.axis[..., 0], fa.axis[..., 1]
+    ubx, uby = fb.axis[..., 0], fb.axis[..., 1]
+    hla, hwa, hlb, hwb = fa.half_long, fa.half_short, fb.half_long, fb.half_short
     c = abs(uax * ubx + uay * uby)
     s = abs(uax * uby - uay * ubx)
     sep = abs(dx * uax + dy * uay) > hla + hlb * c + hwb * s + tolerance
@@ -116,6 +127,30 @@ def _separated(xp: ModuleType, fa: tuple[Array, ...], fb: tuple[Array, ...],
     sep |= abs(dx * ubx + dy * uby) > hlb + hla * c + hwa * s + tolerance
     sep |= abs(dy * ubx - dx * uby) > hwb + hla * s + hwa * c + tolerance
     return sep
+
+
+def _overlap(xp: ModuleType, fa: _Frames, fb: _Frames, tolerance: float) -> Array:
+    """Overlap of broadcast frames: a bounding-circle pre-test, then SAT on the remaining pairs only.
+
+    In traffic most pairs are far apart, so the circle test (a few operations per pair) settles them
+    and the SAT test (about 40) runs on the gathered near pairs.
+    """
+    d = fb.centre - fa.centre
+    reach = fa.radius + fb.radius + tolerance
+    near = (d * d).sum(-1) <= reach * reach
+    if near.ndim == 0:  # a single pair: nothing to gather
+        return near & ~_separated(fa, fb, tolerance)
+    idx = np.nonzero(near) if xp is np else torch.nonzero(near, as_tuple=True)
+    if idx[0].shape[0] == 0:
+        return near
+    shape = tuple(near.shape)
+
+    def gather(x: Array) -> Array:
+        full = shape + tuple(x.shape[len(shape):])
+        return (np.broadcast_to(x, full) if xp is np else x.expand(full))[idx]
+
+    near[idx] = ~_separated(fa.map(gather), fb.map(gather), tolerance)
+    return near
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,16 +252,14 @@ def _to_output(x: Array, as_numpy: bool) -> Array:
     return x
 
 
-def _chunked_overlap(xp: ModuleType, fa: tuple[Array, ...], fb: tuple[Array, ...],
-                     tolerance: float, rows: int, pair_size: int) -> Array:
-    """Overlap of broadcast frames, processing the leading dimension (``rows``) in chunks."""
+def _chunked_overlap(xp: ModuleType, fa: _Frames, fb: _Frames, tolerance: float, rows: int,
+                     pair_size: int) -> Array:
+    """:func:`_overlap` with the leading dimension (``rows``) of ``fa`` processed in chunks."""
     step = max(1, _CHUNK_ELEMENTS // max(1, pair_size))
     if step >= rows:
-        return ~_separated(xp, fa, fb, tolerance)
-    parts = []
-    for start in range(0, rows, step):  # chunks of rows, not a loop over individual objects
-        sl = slice(start, start + step)
-        parts.append(~_separated(xp, tuple(f[sl] for f in fa), fb, tolerance))
+        return _overlap(xp, fa, fb, tolerance)
+    parts = [_overlap(xp, fa.map(lambda x: x[start:start + step]), fb, tolerance)
+             for start in range(0, rows, step)]  # chunks of rows, not a loop over individual objects
     return xp.concatenate(parts, 0) if xp is np else torch.cat(parts, 0)
 
 
@@ -245,7 +278,7 @@ def boxes_overlap(a: Array, b: Array, tolerance: float = TOUCH_TOLERANCE, *,
     xp, (ta, _, tb, _), as_numpy = _prepare([a, None, b, None], backend, device)
     ta = _check_boxes(xp, ta, "a", None)
     tb = _check_boxes(xp, tb, "b", None)
-    return _to_output(~_separated(xp, _box_frames(xp, ta), _box_frames(xp, tb), tolerance), as_numpy)
+    return _to_output(_overlap(xp, _box_frames(xp, ta), _box_frames(xp, tb), tolerance), as_numpy)
 
 
 def colliding_objects(boxes: Array, valid: Array | None = None, tolerance: float = TOUCH_TOLERANCE, *,
@@ -268,9 +301,7 @@ def colliding_objects(boxes: Array, valid: Array | None = None, tolerance: float
     xp, (t, m, _, _), _ = _prepare([boxes, valid, None, None], backend, device)
     t = _check_boxes(xp, t, "boxes", m)
     f = _box_frames(xp, t)
-    ego = tuple(x[0:1] for x in f)
-    others = tuple(x[1:] for x in f)
-    hit = ~_separated(xp, ego, others, tolerance)  # (N_obj - 1, T)
+    hit = _overlap(xp, f.map(lambda x: x[0:1]), f.map(lambda x: x[1:]), tolerance)  # (N_obj - 1, T)
     if m is not None:
         hit = hit & m[0:1] & m[1:]
     idx = xp.nonzero(hit.any(1))[0] + 1 if xp is np else torch.nonzero(hit.any(1))[:, 0] + 1
@@ -289,9 +320,8 @@ def pairwise_overlaps(boxes: Array, valid: Array | None = None, tolerance: float
     t = _check_boxes(xp, t, "boxes", m)
     n, steps = t.shape[0], t.shape[1]
     f = _box_frames(xp, t)
-    fa = tuple(x[:, None] for x in f)
-    fb = tuple(x[None] for x in f)
-    hit = _chunked_overlap(xp, fa, fb, tolerance, n, n * steps)
+    hit = _chunked_overlap(xp, f.map(lambda x: x[:, None]), f.map(lambda x: x[None]), tolerance, n,
+                           n * steps)
     eye = np.eye(n, dtype=bool) if xp is np else torch.eye(n, dtype=torch.bool, device=hit.device)
     hit = hit & ~eye[:, :, None]
     if m is not None:
@@ -320,8 +350,8 @@ def proposals_vs_objects(proposals: Array, objects: Array, objects_valid: Array 
     tp = _check_boxes(xp, tp, "proposals", None)
     to = _check_boxes(xp, to, "objects", m)
     p, n, steps = tp.shape[0], to.shape[0], tp.shape[1]
-    fp = tuple(x[:, None] for x in _box_frames(xp, tp))
-    fo = tuple(x[None] for x in _box_frames(xp, to))
+    fp = _box_frames(xp, tp).map(lambda x: x[:, None])
+    fo = _box_frames(xp, to).map(lambda x: x[None])
     hit = _chunked_overlap(xp, fp, fo, tolerance, p, n * steps)
     if m is not None:
         hit = hit & m[None]
