@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from luna_core.lanes import LaneMap, lane_map
+from luna_core.planning import scorer
 from luna_core.types import ObjectClass, box_corners, wrap_angle
 
 from luna_bridge.scenario import SimulationLog
@@ -36,7 +37,6 @@ class LogFrames:
     track_velocity: np.ndarray  # (N, M, 2) map-frame velocity
     track_size: np.ndarray  # (N, M, 2) length, width
     lanes: LaneMap = field(repr=False, default=None)  # type: ignore[assignment]
-    corner_lanes: list[list[list[str]]] = field(default_factory=list)  # (N, 4) lane ids per corner
     center_lanes: list[list[str]] = field(default_factory=list)  # (N,) lane ids containing the centre
 
     @property
@@ -88,15 +88,12 @@ def extract_frames(log: SimulationLog) -> LogFrames:
             size[k, j] = (obj.length, obj.width)
 
     lm = lane_map(log.scenario.lane_graph)
-    flat = lm.lanes_containing(corners.reshape(-1, 2))
-    corner_lanes = [flat[4 * k:4 * k + 4] for k in range(n)]
     center_lanes = lm.lanes_containing(center)
     return LogFrames(t=np.asarray(log.t, dtype=np.float64)[:n], center=center, rear_axle=ego[:, :2].copy(),
                      heading=wrap_angle(heading), speed=np.abs(ego[:, 3]), acceleration=ego[:, 4],
                      yaw_rate=ego[:, 5], corners=corners, ego_length=vp.length, ego_width=vp.width,
                      track_ids=ids, track_class=classes, track_present=present, track_pose=pose,
-                     track_velocity=vel, track_size=size, lanes=lm, corner_lanes=corner_lanes,
-                     center_lanes=center_lanes)
+                     track_velocity=vel, track_size=size, lanes=lm, center_lanes=center_lanes)
 
 
 def in_common_or_connected_lanes(frames: LogFrames) -> np.ndarray:
@@ -104,21 +101,9 @@ def in_common_or_connected_lanes(frames: LogFrames) -> np.ndarray:
 
     nuPlan's ``timestamps_in_common_or_connected_route_objs``: False means the ego straddles lanes
     (e.g. mid lane change) or has a corner outside every lane, which makes lateral collisions its
-    fault and widens the set of tracks its TTC considers.
+    fault and widens the set of tracks its TTC considers. Same test as the planner's scorer.
     """
-    graph = frames.lanes.graph
-    out = np.zeros(frames.num_frames, dtype=bool)
-    for k, per_corner in enumerate(frames.corner_lanes):
-        if any(len(c) == 0 for c in per_corner):
-            continue
-        candidates = set().union(*map(set, per_corner))
-        for lane_id in candidates:
-            lane = graph.lanes[lane_id]
-            family = {lane_id, *lane.successors, *lane.predecessors}
-            if all(family.intersection(c) for c in per_corner):
-                out[k] = True
-                break
-    return out
+    return scorer.in_common_or_connected_lanes(frames.lanes, frames.corners)
 
 
 def driven_lanes(frames: LogFrames) -> list[str | None]:

@@ -1,0 +1,186 @@
+"""IDM proposals along a path (PDM-Closed's proposal generator) and the IDM route-following planner.
+
+A proposal = one lateral offset of a reference path x one IDM policy (target speed). Its ego
+progress along the offset path is rolled out with IDM behind the nearest forecast object in its
+corridor, turned into rear-axle poses on the path, and (for scoring) tracked by the LQR + kinematic
+bicycle of ``luna_core.control`` so the scorer sees what the vehicle would actually drive.
+
+The path is any ``Polyline``: PDM-Closed's route centreline, or an action's reference lane when the
+LUNA planner warm-starts Diffusion-ES (``idm_proposals(ego, reference.centerline, forecast, ...)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from luna_core.control import simulate_proposals, state_from_ego
+from luna_core.idm import IDMParameters, idm_acceleration, pdm_policy
+from luna_core.lanes import Polyline, lane_map
+from luna_core.planning.forecast import constant_velocity_forecast
+from luna_core.planning.reference_paths import ReferencePath, reference_paths
+from luna_core.planning.scorer import ObjectBoxes
+from luna_core.types import EgoState, PlannerInput, Trajectory, VehicleParameters, wrap_angle
+
+
+@dataclass
+class ProposalSet:
+    """P proposals: IDM poses over the full horizon and, if simulated, the tracked states."""
+
+    poses: np.ndarray  # (P, K+1, 3) rear-axle x, y, heading every dt, [:, 0] on the path at the ego
+    velocity: np.ndarray  # (P, K+1) IDM velocity
+    acceleration: np.ndarray  # (P, K+1) IDM acceleration
+    offsets: np.ndarray  # (P,) lateral offset of the path (m, left positive)
+    target_speeds: np.ndarray  # (P,) IDM target velocity (m/s)
+    states: np.ndarray | None = None  # (P, T+1, 8) LQR + bicycle simulation of the first T steps
+    dt: float = 0.1
+
+    def trajectory(self, index: int, stamp: float) -> Trajectory:
+        t = np.arange(self.poses.shape[1]) * self.dt
+        p = self.poses[index]
+        return Trajectory(stamp, t, p[:, 0].copy(), p[:, 1].copy(), p[:, 2].copy(),
+                          self.velocity[index].copy(), self.acceleration[index].copy())
+
+
+def _corridor_leaders(path: Polyline, objects: ObjectBoxes, vehicle: VehicleParameters
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per object and step: arc length of its rear end along the path (N, K+1), whether it blocks
+    the ego's corridor, and its speed along the path; plus its half extent along the path."""
+    pose = objects.pose
+    proj = path.project(pose[..., :2])
+    rel = wrap_angle(pose[..., 2] - proj.heading)
+    length, width = objects.size[:, 0:1], objects.size[:, 1:2]
+    half_along = 0.5 * (np.abs(np.cos(rel)) * length + np.abs(np.sin(rel)) * width)
+    half_across = 0.5 * (np.abs(np.sin(rel)) * length + np.abs(np.cos(rel)) * width)
+    blocks = np.abs(proj.lateral) < half_across + vehicle.width / 2
+    v_along = objects.speed[:, None] * np.cos(rel)
+    return proj.s - half_along, blocks, v_along, half_along
+
+
+def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray, paths: list[Polyline],
+                objects: ObjectBoxes, params: IDMParameters, target_speeds: np.ndarray, steps: int,
+                dt: float, vehicle: VehicleParameters) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IDM progress, velocity and acceleration (P, steps+1) of P policies (one target speed each)
+    on their paths behind the nearest forecast object whose box blocks the corridor ahead (objects
+    hold at their last forecast step)."""
+    p = len(path_index)
+    s = np.zeros((p, steps + 1))
+    v = np.zeros((p, steps + 1))
+    a = np.zeros((p, steps + 1))
+    s[:, 0] = start_s
+    v[:, 0] = max(ego_velocity, 0.0)
+    n = objects.num_objects
+    leaders = [_corridor_leaders(path, objects, vehicle) if n else None for path in paths]
+    front = vehicle.front_length
+    for k in range(steps):
+        gap = np.full(p, np.inf)
+        lead_v = np.zeros(p)
+        if n:
+            kk = min(k, objects.pose.shape[1] - 1)
+            for o, lead in enumerate(leaders):
+                rows = np.flatnonzero(path_index == o)
+                if len(rows) == 0:
+                    continue
+                rear, blocks, v_along, half_along = lead  # type: ignore[misc]
+                centre = rear[:, kk] + half_along[:, kk]
+                ahead = blocks[:, kk][None] & (centre[None] > s[rows, k][:, None])  # (R, N)
+                g = np.where(ahead, rear[:, kk][None] - (s[rows, k][:, None] + front), np.inf)
+                j = np.argmin(g, axis=1)
+                gap[rows] = g[np.arange(len(rows)), j]
+                lead_v[rows] = np.maximum(v_along[j, kk], 0.0)
+        acc = idm_acceleration(v[:, k], gap, lead_v, params, target_speeds)
+        a[:, k] = acc
+        s[:, k + 1] = s[:, k] + v[:, k] * dt
+        v[:, k + 1] = np.maximum(v[:, k] + acc * dt, 0.0)
+    a[:, steps] = a[:, steps - 1] if steps else 0.0
+    return s, v, a
+
+
+def idm_proposals(ego: EgoState, path: Polyline, objects: ObjectBoxes, *,
+                  offsets: tuple[float, ...] = (-1.0, 0.0, 1.0),
+                  target_speeds: tuple[float, ...] = (3.0, 6.0, 9.0, 12.0, 15.0),
+                  steps: int = 80, simulate_steps: int = 40, dt: float = 0.1,
+                  vehicle: VehicleParameters = VehicleParameters(),
+                  idm_params: IDMParameters | None = None) -> ProposalSet:
+    """len(offsets) x len(target_speeds) proposals (offset-major order) over ``steps`` steps.
+
+    IDM parameters are PDM-Closed's (``pdm_policy``) unless ``idm_params`` gives others; the
+    target velocity is always the proposal's own. ``simulate_steps`` > 0 also tracks the first
+    ``simulate_steps`` steps with LQR + bicycle from the ego state (``ProposalSet.states``).
+    """
+    paths = [path if off == 0.0 else path.offset(off) for off in offsets]
+    path_index = np.repeat(np.arange(len(offsets)), len(target_speeds))
+    speeds = np.tile(np.asarray(target_speeds, dtype=np.float64), len(offsets))
+    params = idm_params if idm_params is not None else pdm_policy(float(speeds.max()) if len(speeds) else 1.0)
+    start = np.array([float(paths[o].project(np.array([ego.x, ego.y])).s) for o in range(len(paths))])
+    s, v, a = idm_rollout(ego.velocity, start[path_index], path_index, paths, objects, params, speeds, steps,
+                          dt, vehicle)
+    poses = np.empty(s.shape + (3,))
+    for o, pth in enumerate(paths):
+        rows = path_index == o
+        poses[rows] = pth.interpolate(s[rows])
+    out = ProposalSet(poses, v, a, np.asarray(offsets, dtype=np.float64)[path_index], speeds, dt=dt)
+    if simulate_steps > 0:
+        out.states = simulate_proposals(state_from_ego(ego), poses[:, :simulate_steps + 1], vehicle)
+    return out
+
+
+def stopping_trajectory(ego: EgoState, path: Polyline, deceleration: float, steps: int,
+                        dt: float = 0.1) -> Trajectory:
+    """Brake at ``deceleration`` (m/s^2, positive) along ``path`` from the ego's foot point to a stop."""
+    t = np.arange(steps + 1) * dt
+    v0 = max(ego.velocity, 0.0)
+    v = np.maximum(v0 - deceleration * t, 0.0)
+    t_stop = v0 / deceleration if deceleration > 0 else 0.0
+    tc = np.minimum(t, t_stop)
+    s = float(path.project(np.array([ego.x, ego.y])).s) + v0 * tc - 0.5 * deceleration * tc ** 2
+    poses = path.interpolate(s)
+    acc = np.where(t < t_stop, -deceleration, 0.0)
+    return Trajectory(ego.stamp, t, poses[:, 0], poses[:, 1], poses[:, 2], v, acc)
+
+
+@dataclass
+class PlanningSetup:
+    """What both route-following baselines derive from a ``PlannerInput`` every call."""
+
+    reference: ReferencePath
+    forecast: ObjectBoxes
+
+
+def planning_setup(planner_input: PlannerInput, steps: int, dt: float) -> PlanningSetup:
+    """Route centreline re-planned from the current pose (raises ``OffMapError`` off the map) and
+    the constant-velocity forecast over ``steps`` steps (``steps + 1`` samples)."""
+    ref = reference_paths(planner_input.lane_graph, planner_input.route, planner_input.ego)["K"]
+    forecast = constant_velocity_forecast(planner_input, lane_map(planner_input.lane_graph),
+                                          list(ref.lane_ids), steps + 1, dt)
+    return PlanningSetup(ref, forecast)
+
+
+#: nuPlan's IDMPlanner settings (target velocity 10 m/s, capped by the lane's speed limit).
+NUPLAN_IDM_PLANNER = IDMParameters(target_velocity=10.0, min_gap=1.0, headway=1.5, accel_max=1.0,
+                                   decel_max=3.0)
+
+
+class IDMPlanner:
+    """The IDM baseline: one IDM policy along the route centreline, stopping for forecast objects
+    in its corridor and for red lights on the route (nuPlan's IDMPlanner behaviour)."""
+
+    name = "idm"
+
+    def __init__(self, horizon: float = 8.0, dt: float = 0.1,
+                 params: IDMParameters = NUPLAN_IDM_PLANNER) -> None:
+        self.steps = int(round(horizon / dt))
+        self.dt = dt
+        self.params = params
+
+    def reset(self) -> None:
+        """Stateless: the centreline is re-planned every call."""
+
+    def plan(self, planner_input: PlannerInput) -> Trajectory:
+        setup = planning_setup(planner_input, self.steps, self.dt)
+        target = min(self.params.target_velocity, setup.reference.speed_limit)
+        props = idm_proposals(planner_input.ego, setup.reference.centerline, setup.forecast, offsets=(0.0,),
+                              target_speeds=(target,), steps=self.steps, simulate_steps=0, dt=self.dt,
+                              vehicle=planner_input.vehicle, idm_params=self.params)
+        return props.trajectory(0, planner_input.ego.stamp)

@@ -1,0 +1,364 @@
+"""The PDM-style trajectory scorer: J_gen of the LUNA planner and the PDM-Closed baseline's scorer.
+
+Proposals are simulated ego states ``(P, T+1, 8)`` laid out by ``luna_core.control.StateIndex``
+(rear axle x, y, heading, velocity, acceleration, steering, steering rate, yaw rate) every ``dt``
+from now. They are scored against a ``ScoringContext``: forecast object boxes on the same time grid
+(``planning.forecast``; red lights on the route arrive there as static obstacles), the lane map
+(drivable area, lane membership, lane directions), the route centreline and a speed limit.
+
+Per proposal (PDM-Closed, tuplan_garage; nuPlan's at-fault rules):
+
+* multiplicative: ``no_at_fault_collision`` (1; 0 for an at-fault collision with an agent or a red
+  light, 0.5 if the worst is a static object), ``drivable_area`` (0 if any footprint corner leaves
+  the lanes at any step), ``driving_direction`` (oncoming progress over any 1 s window: 1 below
+  2 m, 0.5 below 6 m, else 0);
+* weighted: ``progress`` 5 (along the centreline, normalised by the best proposal that passes the
+  multiplicative terms; all 1 if that best is <= 0.1 m), ``ttc`` 5 (0 if the ego box projected at
+  constant velocity by +0, 0.3, 0.6, 0.9 s overlaps an object that is not behind it at that future
+  time), ``comfort`` 2 (nuPlan's comfort bounds over the horizon), and ``speed_limit`` with weight
+  0 by default (PDM-Closed has no such term; nuPlan's CLS weighs it 4: set
+  ``ScorerWeights.speed_limit`` to include it; its value is nuPlan's max(0, 1 - mean over-speed /
+  2.23 m/s) over the horizon);
+* total = product x weighted sum / sum of weights.
+
+At-fault classification at the first overlap of a proposal with an object (later overlaps with it
+are ignored): ego stopped (<= 0.05 m/s) -> not at fault; object stopped (<= 0.05 m/s) -> at fault;
+object behind (> 150 deg off the ego heading, seen from the rear axle) -> not at fault; the ego's
+front edge touches it -> at fault; otherwise (lateral) at fault only if the ego straddles lanes or
+leaves them at that step. Step 0 (the current state) is not scored for collisions: no proposal can
+change it.
+
+Everything is vectorised over proposals; boxes overlap via ``luna_core.geometry`` (SAT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.signal import savgol_filter
+
+from luna_core.control import StateIndex
+from luna_core.geometry import proposals_vs_objects
+from luna_core.lanes import LaneMap, Polyline
+from luna_core.types import VehicleParameters, box_corners, wrap_angle
+
+STOPPED_SPEED = 0.05  # m/s, nuPlan's stopped threshold for collisions
+TTC_STOPPED_SPEED = 0.005  # m/s, below which TTC is not evaluated
+BEHIND_ANGLE = np.deg2rad(150.0)
+TTC_PROJECTION_STEPS = (0, 3, 6, 9)  # x 0.1 s: the ego box at +0, 0.3, 0.6, 0.9 s
+PROGRESS_EPSILON = 0.1  # m: if the best progress is below this, everybody gets 1
+DIRECTION_HORIZON = 1.0  # s
+DIRECTION_COMPLIANCE = 2.0  # m of oncoming progress fully tolerated
+DIRECTION_VIOLATION = 6.0  # m beyond which the proposal scores 0
+MAX_OVERSPEED = 2.23  # m/s
+
+# nuPlan's comfort bounds (also used by luna_bridge.metrics for ego_is_comfortable).
+MIN_LON_ACCEL = -4.05  # m/s^2
+MAX_LON_ACCEL = 2.40
+MAX_ABS_LAT_ACCEL = 4.89
+MAX_ABS_YAW_ACCEL = 1.93  # rad/s^2
+MAX_ABS_YAW_RATE = 0.95  # rad/s
+MAX_ABS_LON_JERK = 4.13  # m/s^3
+MAX_ABS_JERK = 8.37
+SAVGOL_WINDOW = 15
+SAVGOL_ORDER = 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Comfort (nuPlan's ego_is_comfortable quantities, vectorised over leading axes)
+# --------------------------------------------------------------------------------------------------
+
+
+def _derivative(y: np.ndarray, dt: float, order: int) -> np.ndarray:
+    n = y.shape[-1]
+    window = min(SAVGOL_WINDOW, n if n % 2 else n - 1)
+    return savgol_filter(y, window, SAVGOL_ORDER, deriv=order, delta=dt, axis=-1)
+
+
+def comfort_quantities(velocity: np.ndarray, heading: np.ndarray, dt: float) -> dict[str, np.ndarray]:
+    """Savitzky-Golay (window 15, order 2, as nuPlan's extractors) estimates along the last axis
+    (>= 4 samples): longitudinal acceleration (derivative of velocity), lateral acceleration
+    (speed x yaw rate), yaw rate, yaw acceleration, longitudinal jerk and jerk magnitude."""
+    h = np.unwrap(heading, axis=-1)
+    lon_accel = _derivative(velocity, dt, 1)
+    yaw_rate = _derivative(h, dt, 1)
+    lat_accel = np.abs(velocity) * yaw_rate
+    return {"lon_acceleration": lon_accel, "lat_acceleration": lat_accel, "yaw_rate": yaw_rate,
+            "yaw_acceleration": _derivative(h, dt, 2), "lon_jerk": _derivative(lon_accel, dt, 1),
+            "jerk": _derivative(np.hypot(lon_accel, lat_accel), dt, 1)}
+
+
+def comfort_within_bounds(q: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per quantity, True where the whole series (last axis) is within nuPlan's bounds."""
+    return {"lon_acceleration": np.all((q["lon_acceleration"] >= MIN_LON_ACCEL)
+                                       & (q["lon_acceleration"] <= MAX_LON_ACCEL), axis=-1),
+            "lat_acceleration": np.all(np.abs(q["lat_acceleration"]) <= MAX_ABS_LAT_ACCEL, axis=-1),
+            "yaw_rate": np.all(np.abs(q["yaw_rate"]) <= MAX_ABS_YAW_RATE, axis=-1),
+            "yaw_acceleration": np.all(np.abs(q["yaw_acceleration"]) <= MAX_ABS_YAW_ACCEL, axis=-1),
+            "lon_jerk": np.all(np.abs(q["lon_jerk"]) <= MAX_ABS_LON_JERK, axis=-1),
+            "jerk": np.all(np.abs(q["jerk"]) <= MAX_ABS_JERK, axis=-1)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Lane occupancy (shared with luna_bridge.metrics)
+# --------------------------------------------------------------------------------------------------
+
+
+def lane_membership(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
+    """(..., L) bool: point (..., 2) inside lane ``lanes.ids[l]`` (polygon, border included)."""
+    import shapely
+
+    pts = np.asarray(points, dtype=np.float64)
+    flat = pts.reshape(-1, 2)
+    out = np.zeros((len(flat), len(lanes.ids)), dtype=bool)
+    for j, lane_id in enumerate(lanes.ids):
+        out[:, j] = shapely.intersects_xy(lanes.lane_polygons[lane_id], flat[:, 0], flat[:, 1])
+    return out.reshape(pts.shape[:-1] + (len(lanes.ids),))
+
+
+def _connection_matrix(lanes: LaneMap) -> np.ndarray:
+    """(L, L): lane l and lane m are the same lane or connected end to end."""
+    index = {lane_id: j for j, lane_id in enumerate(lanes.ids)}
+    c = np.eye(len(lanes.ids), dtype=bool)
+    for j, lane_id in enumerate(lanes.ids):
+        lane = lanes.graph.lanes[lane_id]
+        for other in (*lane.successors, *lane.predecessors):
+            if other in index:
+                c[j, index[other]] = c[index[other], j] = True
+    return c
+
+
+def in_common_or_connected_lanes(lanes: LaneMap, corners: np.ndarray) -> np.ndarray:
+    """(...,) True where all 4 footprint corners (..., 4, 2) lie in one lane or in lanes connected
+    end to end (nuPlan's ego_lane_change test); False when straddling lanes or off the lanes."""
+    member = lane_membership(lanes, corners)  # (..., 4, L)
+    if member.shape[-1] == 0:
+        return np.zeros(member.shape[:-2], dtype=bool)
+    c = _connection_matrix(lanes)
+    in_family = (member.astype(np.int32) @ c.astype(np.int32)) > 0  # corner in lane l's family
+    return np.any(np.all(in_family, axis=-2), axis=-1)
+
+
+def oncoming_mask(lanes: LaneMap, points: np.ndarray, heading: np.ndarray) -> np.ndarray:
+    """(...,) True where a point (..., 2) with ``heading`` lies in some lane but in none whose
+    direction agrees with the heading (within 90 deg): driving against the traffic flow."""
+    member = lane_membership(lanes, points)
+    agree = np.zeros(member.shape[:-1], dtype=bool)
+    pts = np.asarray(points, dtype=np.float64)
+    for j, lane_id in enumerate(lanes.ids):
+        hit = member[..., j]
+        if not hit.any():
+            continue
+        proj = lanes.centerlines[lane_id].project(pts[hit])
+        agree[hit] |= np.abs(wrap_angle(heading[hit] - proj.heading)) < np.pi / 2
+    return member.any(axis=-1) & ~agree
+
+
+# --------------------------------------------------------------------------------------------------
+# Context and results
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ObjectBoxes:
+    """Forecast object boxes on the proposals' time grid (what ``planning.forecast`` produces)."""
+
+    ids: list[str]
+    pose: np.ndarray  # (N, T+1, 3) box centre x, y, heading
+    size: np.ndarray  # (N, 2) length, width
+    speed: np.ndarray  # (N,) m/s along the heading
+    static: np.ndarray  # (N,) bool: static object (a collision costs 0.5, not 0)
+    red_light: np.ndarray  # (N,) bool: a red light turned obstacle (a collision costs 0)
+
+    @property
+    def num_objects(self) -> int:
+        return len(self.ids)
+
+    def corners(self) -> np.ndarray:
+        """(N, T+1, 4, 2)."""
+        p, s = self.pose, self.size
+        return box_corners(p[..., 0], p[..., 1], p[..., 2], s[:, None, 0], s[:, None, 1])
+
+    @classmethod
+    def empty(cls, steps: int) -> "ObjectBoxes":
+        return cls([], np.zeros((0, steps, 3)), np.zeros((0, 2)), np.zeros(0), np.zeros(0, dtype=bool),
+                   np.zeros(0, dtype=bool))
+
+
+@dataclass
+class ScoringContext:
+    lanes: LaneMap
+    centerline: Polyline  # the route centreline progress is measured along
+    objects: ObjectBoxes
+    speed_limit: float = 0.0  # m/s; 0 = unknown (no speed-limit term)
+    vehicle: VehicleParameters = VehicleParameters()
+    dt: float = 0.1
+
+
+@dataclass(frozen=True)
+class ScorerWeights:
+    progress: float = 5.0
+    ttc: float = 5.0
+    comfort: float = 2.0
+    speed_limit: float = 0.0  # nuPlan's CLS uses 4; PDM-Closed has no speed-limit term
+
+    @property
+    def total(self) -> float:
+        return self.progress + self.ttc + self.comfort + self.speed_limit
+
+
+@dataclass
+class ProposalScores:
+    """Per-proposal terms (P,) and the total; ``best`` is the argmax of ``total`` (first on ties)."""
+
+    no_at_fault_collision: np.ndarray
+    drivable_area: np.ndarray
+    driving_direction: np.ndarray
+    progress: np.ndarray  # normalised
+    raw_progress: np.ndarray  # m along the centreline
+    ttc: np.ndarray
+    comfort: np.ndarray
+    speed_limit: np.ndarray
+    multiplicative: np.ndarray
+    total: np.ndarray
+    time_to_at_fault_collision: np.ndarray  # s from now, inf if none
+
+    @property
+    def best(self) -> int:
+        return int(np.argmax(self.total))
+
+
+# --------------------------------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------------------------------
+
+
+def ego_corners(states: np.ndarray, vehicle: VehicleParameters) -> np.ndarray:
+    """(P, T+1, 4, 2) footprints of rear-axle states (P, T+1, >=3)."""
+    h = states[..., StateIndex.HEADING]
+    d = vehicle.rear_axle_to_center
+    cx = states[..., StateIndex.X] + d * np.cos(h)
+    cy = states[..., StateIndex.Y] + d * np.sin(h)
+    return box_corners(cx, cy, h, vehicle.length, vehicle.width)
+
+
+def _relative_angle(states: np.ndarray, obj_xy: np.ndarray) -> np.ndarray:
+    """(P, N, T') |angle| between the ego heading and the line of sight from the rear axle to the
+    object centre; ``states`` (P, T', >=3), ``obj_xy`` (N, T', 2)."""
+    rel = obj_xy[None] - states[:, None, :, :2]
+    bearing = np.arctan2(rel[..., 1], rel[..., 0])
+    return np.abs(wrap_angle(bearing - states[:, None, :, StateIndex.HEADING]))
+
+
+def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
+                multi_lane: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """No-at-fault-collision score (P,), time of the first at-fault collision (P,) and the
+    any-collision-so-far mask (P, N, T+1) used to drop collided objects from TTC."""
+    p, steps = states.shape[:2]
+    obj = ctx.objects
+    n = obj.num_objects
+    if n == 0:
+        return np.ones(p), np.full(p, np.inf), np.zeros((p, 0, steps), dtype=bool)
+    obj_corners = obj.corners()
+    overlap = proposals_vs_objects(corners, obj_corners, backend="numpy")  # (P, N, T+1)
+    overlap[..., 0] = False
+    first = overlap & (np.cumsum(overlap, axis=-1) == 1)
+    collided = np.cumsum(overlap, axis=-1) > 0
+    front_edge = corners[..., [0, 3, 3, 0], :]  # zero-width boxes: the front bumper segments
+    front = proposals_vs_objects(front_edge, obj_corners, backend="numpy")
+    ego_stopped = states[..., StateIndex.VELOCITY] <= STOPPED_SPEED  # (P, T+1)
+    obj_stopped = obj.speed <= STOPPED_SPEED  # (N,)
+    behind = _relative_angle(states, obj.pose[..., :2]) > BEHIND_ANGLE
+    at_fault = first & ~ego_stopped[:, None] & (
+        obj_stopped[None, :, None] | (~behind & (front | multi_lane[:, None])))
+    penalty = np.where(obj.static & ~obj.red_light, 0.5, 0.0)  # score after an at-fault collision
+    score = np.min(np.where(at_fault.any(-1), penalty[None], 1.0), axis=1)
+    any_fault = at_fault.any(axis=1)  # (P, T+1)
+    t_fault = np.where(any_fault.any(-1), np.argmax(any_fault, axis=-1) * ctx.dt, np.inf)
+    return score, t_fault, collided
+
+
+def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided: np.ndarray) -> np.ndarray:
+    """1 unless the ego box projected ahead at constant velocity meets an object not behind it."""
+    p, steps = states.shape[:2]
+    obj = ctx.objects
+    ok = np.ones(p, dtype=bool)
+    if obj.num_objects == 0:
+        return ok.astype(np.float64)
+    obj_corners = obj.corners()
+    moving = states[..., StateIndex.VELOCITY] > TTC_STOPPED_SPEED  # (P, T+1)
+    h = states[..., StateIndex.HEADING]
+    direction = np.stack([np.cos(h), np.sin(h)], -1)  # (P, T+1, 2)
+    for k in TTC_PROJECTION_STEPS:
+        if k >= steps:
+            break
+        t_now = slice(1, steps - k)  # ego time steps t (step 0 is not scored) whose t + k exists
+        shift = (states[:, t_now, StateIndex.VELOCITY] * k * ctx.dt)[..., None, None] * direction[:, t_now, None]
+        ego_future = corners[:, t_now] + shift  # (P, T', 4, 2)
+        fut = slice(1 + k, steps)
+        hit = proposals_vs_objects(ego_future, obj_corners[:, fut], backend="numpy")  # (P, N, T')
+        future_states = states[:, t_now].copy()
+        future_states[..., :2] += shift[..., 0, :]
+        behind = _relative_angle(future_states, obj.pose[:, fut, :2]) > BEHIND_ANGLE
+        hit &= ~behind & ~collided[:, :, t_now] & moving[:, None, t_now]
+        ok &= ~hit.any(axis=(1, 2))
+    return ok.astype(np.float64)
+
+
+def _driving_direction(states: np.ndarray, ctx: ScoringContext) -> np.ndarray:
+    h = states[..., StateIndex.HEADING]
+    d = ctx.vehicle.rear_axle_to_center
+    centre = np.stack([states[..., StateIndex.X] + d * np.cos(h), states[..., StateIndex.Y] + d * np.sin(h)], -1)
+    oncoming = oncoming_mask(ctx.lanes, centre, h)  # (P, T+1)
+    step = np.concatenate([np.zeros(states.shape[:1] + (1,)),
+                           np.hypot(*np.diff(centre, axis=1).transpose(2, 0, 1))], axis=1)
+    progress = np.where(oncoming, step, 0.0)
+    n = int(round(DIRECTION_HORIZON / ctx.dt))
+    csum = np.concatenate([np.zeros((len(states), 1)), np.cumsum(progress, axis=1)], axis=1)
+    idx = np.arange(states.shape[1])
+    window = csum[:, idx + 1] - csum[:, np.maximum(idx - n, 0)]
+    worst = window.max(axis=1)
+    return np.where(worst < DIRECTION_COMPLIANCE, 1.0, np.where(worst < DIRECTION_VIOLATION, 0.5, 0.0))
+
+
+def score_proposals(states: np.ndarray, ctx: ScoringContext,
+                    weights: ScorerWeights = ScorerWeights()) -> ProposalScores:
+    """Score simulated proposals ``(P, T+1, 8)`` (``[:, 0]`` = the current state)."""
+    states = np.asarray(states, dtype=np.float64)
+    if states.ndim != 3 or states.shape[1] < 2 or states.shape[2] < len(StateIndex):
+        raise ValueError(f"proposal states must be (P, T+1>=2, {len(StateIndex)}), got {states.shape}")
+    if not np.all(np.isfinite(states)):
+        bad = np.argwhere(~np.isfinite(states))[0]
+        raise ValueError(f"proposal states contain non-finite values (proposal {bad[0]}, step {bad[1]})")
+    if ctx.objects.pose.shape[1] != states.shape[1]:
+        raise ValueError(f"forecast has {ctx.objects.pose.shape[1]} steps, proposals {states.shape[1]}")
+    p = len(states)
+    corners = ego_corners(states, ctx.vehicle)
+
+    multi_lane = ~in_common_or_connected_lanes(ctx.lanes, corners)  # (P, T+1)
+    no_collision, t_fault, collided = _collisions(states, corners, ctx, multi_lane)
+    drivable = np.all(ctx.lanes.in_drivable_area(corners[:, 1:]), axis=(1, 2)).astype(np.float64)
+    direction = _driving_direction(states, ctx)
+    multiplicative = no_collision * drivable * direction
+
+    s = ctx.centerline.project(states[..., :2]).s  # (P, T+1)
+    raw_progress = s[:, -1] - s[:, 0]
+    best = float(np.max(raw_progress * (multiplicative > 0))) if p else 0.0
+    progress = np.clip(raw_progress / best, 0.0, 1.0) if best > PROGRESS_EPSILON else np.ones(p)
+
+    ttc = _ttc(states, corners, ctx, collided)
+    if states.shape[1] >= SAVGOL_ORDER + 2:
+        q = comfort_quantities(states[..., StateIndex.VELOCITY], states[..., StateIndex.HEADING], ctx.dt)
+        comfort = np.all(np.stack(list(comfort_within_bounds(q).values())), axis=0).astype(np.float64)
+    else:
+        comfort = np.ones(p)
+    if ctx.speed_limit > 0:
+        over = np.maximum(np.abs(states[..., StateIndex.VELOCITY]) - ctx.speed_limit, 0.0)
+        speed = np.maximum(0.0, 1.0 - over.mean(axis=1) / MAX_OVERSPEED)
+    else:
+        speed = np.ones(p)
+    weighted = (weights.progress * progress + weights.ttc * ttc + weights.comfort * comfort
+                + weights.speed_limit * speed) / weights.total
+    return ProposalScores(no_collision, drivable, direction, progress, raw_progress, ttc, comfort, speed,
+                          multiplicative, multiplicative * weighted, t_fault)
