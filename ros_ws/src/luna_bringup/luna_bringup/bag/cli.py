@@ -1,0 +1,54 @@
+"""The ``luna bag`` command group (record, play, info, from-scenario) and ``luna replay``.
+
+Each subcommand's module defines ``add_arguments(parser)`` (which sets ``func``) and ``run(args)``;
+matplotlib and the bridge are imported only when the subcommand that needs them runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _info(args: argparse.Namespace) -> int:
+    from luna_bringup.bag.reader import BagError, BagReader
+
+    try:
+        reader = BagReader(args.bag)
+    except BagError as err:
+        print(f"luna bag info: {err}", file=sys.stderr)
+        return 2
+    with reader:
+        first, last = reader.time_range()
+        print(f"bag:      {reader.path}")
+        print(f"messages: {reader.message_count} readable, {(last - first) / 1e9:.3f} s "
+              f"from {first / 1e9:.3f} s")
+        for name, topic in sorted(reader.topics.items()):
+            defined = "definition embedded" if topic.msgdef.data else "no definition"
+            print(f"  {name:40s} {topic.msgtype:40s} {topic.count:8d}  ({defined})")
+        for issue in reader.issues:
+            print(f"issue: {issue}")
+    return 1 if reader.issues else 0
+
+
+def register(subparsers) -> None:
+    """Add ``bag`` (with its subcommands) and ``replay`` to the ``luna`` command."""
+    from luna_bringup.bag import convert, play, record, replay
+
+    bag = subparsers.add_parser("bag", help="record, play, inspect and make rosbag2 bags")
+    sub = bag.add_subparsers(dest="bag_command", required=True)
+    p = sub.add_parser("record", help="record live topics (all by default) into a bag",
+                       description=record.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    record.add_arguments(p)
+    p = sub.add_parser("play", help="publish a bag's messages with their timing and /clock",
+                       description=play.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    play.add_arguments(p)
+    p = sub.add_parser("info", help="topics, counts and damage of a bag")
+    p.add_argument("bag", help="bag directory, or a single .mcap / .db3 file")
+    p.set_defaults(func=_info)
+    p = sub.add_parser("from-scenario", help="write a bridge scenario's stack inputs into a bag",
+                       description=convert.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    convert.add_arguments(p)
+    p = subparsers.add_parser("replay", help="play a bag through the stack, record its outputs, write a report",
+                              description=replay.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    replay.add_arguments(p)

@@ -1,0 +1,176 @@
+"""``luna replay``: play a field bag through the stack, record inputs and outputs, write a report.
+
+1. start the stack (the ``luna up`` topology, every node on ``use_sim_time``) unless ``--no-stack``
+   (a stack already running, e.g. from ``ros2 launch`` on the vehicle computer);
+2. wait until the stack subscribes to the bag's input topics (never a fixed sleep);
+3. play the bag's inputs (``luna bag play`` semantics; recorded stack outputs are left out so they do
+   not collide with the live ones) while recording every topic on the graph into ``-o`` on bag time;
+4. let the stack settle, stop it, finalise the bag, and write ``<out>/report/report.html`` (+ ``.md``,
+   PNGs) with ``report.write_report``; the stack's log goes to ``<out>/report/stack.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.signals import SignalHandlerOptions
+
+from .msgtypes import MessageTypes
+from .play import PlayReport, Player
+from .reader import BagError, BagReader
+from .record import Recorder, drain
+from .report import OUTPUT_TOPICS, write_report
+from .writer import BagExistsError, BagWriter, resolve_output
+
+#: Starts the stack, logging to the given file; the context manager stops it on exit.
+StackStarter = Callable[[Path], AbstractContextManager]
+
+
+def topology_stack(topology: Path | None = None, only: str = "") -> StackStarter:
+    """The ``luna up`` topology as a StackStarter (all nodes with ``use_sim_time``)."""
+    from luna_bringup.supervisor import Supervisor
+    from luna_bringup.topology import config_dir, load_topology
+
+    def start(log_path: Path) -> AbstractContextManager:
+        spec = load_topology(topology)
+        if only:
+            spec = spec.select([n.strip() for n in only.split(",") if n.strip()])
+        return Supervisor(spec, config_dir(), use_sim_time=True, out=log_path.open("w", encoding="utf-8"))
+    return start
+
+
+@dataclass
+class ReplayResult:
+    output: Path
+    report: Path
+    play: PlayReport
+    recorded: dict[str, int]
+    missing_subscribers: list[str]
+
+
+def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter | None = None,
+           rate: float = 1.0, topics: list[str] | None = None, ready_timeout: float = 60.0,
+           settle: float = 3.0, progress: bool = True, stop: threading.Event | None = None) -> ReplayResult:
+    """Play ``bag`` through ``stack`` (None: a stack already running) and record everything into ``output``."""
+    stop = stop or threading.Event()
+    reader = BagReader(bag)  # BagError for an unreadable bag, before anything starts
+    if topics is None:
+        topics = [t for t in reader.topics if t not in OUTPUT_TOPICS]
+    writer = BagWriter(output, storage, MessageTypes())
+    report_dir = output / "report"
+    report_dir.mkdir()
+    own_context = not rclpy.ok()
+    if own_context:
+        rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+    node = Node("luna_replay", parameter_overrides=[Parameter("use_sim_time", value=True)])
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    spinning = threading.Event()
+    recorder = Recorder(node, writer)
+
+    def spin() -> None:
+        while not spinning.is_set():
+            executor.spin_once(timeout_sec=0.05)
+
+    spinner = threading.Thread(target=spin, name="replay-recorder", daemon=True)
+    try:
+        player = Player(node, reader, rate=rate, topics=topics)
+        player.prepare()
+        with (stack(report_dir / "stack.log") if stack else nullcontext()):
+            # Subscriptions are created from this thread before spinning starts, then by the spinner.
+            missing = player.wait_for_subscribers(timeout=ready_timeout, stop=stop)
+            recorder.discover()
+            _wait_for_matches(recorder, timeout=10.0, stop=stop)
+            spinner.start()
+            timer = node.create_timer(0.5, recorder.discover, clock=_steady_clock())
+            player.play(stop, progress=progress)
+            deadline = time.monotonic() + settle
+            while time.monotonic() < deadline and not stop.is_set():
+                time.sleep(0.05)
+            spinning.set()
+            spinner.join()
+            node.destroy_timer(timer)
+            drain(executor, recorder)
+            recorder.flush_pending()
+    finally:
+        spinning.set()
+        if spinner.is_alive():
+            spinner.join()
+        writer.close()
+        executor.shutdown()
+        node.destroy_node()
+        if own_context:
+            rclpy.try_shutdown()
+        reader.close()
+    report = write_report(output, report_dir, title=f"LUNA-AD replay of {bag.name}")
+    return ReplayResult(output, report, player.report, dict(writer.counts), missing)
+
+
+def _steady_clock():
+    from rclpy.clock import Clock, ClockType
+    return Clock(clock_type=ClockType.STEADY_TIME)
+
+
+def _wait_for_matches(recorder: Recorder, timeout: float, stop: threading.Event) -> None:
+    """Wait until each recording subscription matched the publishers the graph lists for its topic."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stop.is_set():
+        if all(sub.get_publisher_count() >= len(recorder.node.get_publishers_info_by_topic(topic)) > 0
+               or not recorder.node.get_publishers_info_by_topic(topic)
+               for topic, sub in recorder.subscriptions.items()):
+            return
+        time.sleep(0.02)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        output, storage = resolve_output(args.output, args.storage)
+    except (BagExistsError, ValueError) as err:
+        print(f"luna replay: {err}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stack = None if args.no_stack else topology_stack(args.topology, args.only)
+    try:
+        result = replay(Path(args.bag), output, storage, stack, args.rate, args.topics, args.ready_timeout,
+                        args.settle, progress=not args.quiet, stop=stop)
+    except (BagError, ValueError) as err:
+        print(f"luna replay: {err}", file=sys.stderr)
+        return 2
+    for line in result.play.lines():
+        print(line, file=sys.stderr)
+    for topic in result.missing_subscribers:
+        print(f"warning: nothing in the stack subscribed to {topic}", file=sys.stderr)
+    print(f"recorded {sum(result.recorded.values())} messages into {result.output}", file=sys.stderr)
+    print(f"report: {result.report}", file=sys.stderr)
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bag", help="field bag to replay (directory, .mcap or .db3)")
+    parser.add_argument("-o", "--output", required=True, help="bag to record the inputs and outputs into")
+    parser.add_argument("-s", "--storage", choices=["mcap", "sqlite3"], default=None)
+    parser.add_argument("-r", "--rate", type=float, default=1.0, help="playback speed factor")
+    parser.add_argument("--topics", nargs="+", help="input topics to play (default: all but stack outputs)")
+    parser.add_argument("--no-stack", action="store_true", help="do not start the stack (one is running)")
+    parser.add_argument("--topology", type=Path, help="topology file (default: luna_bringup's)")
+    parser.add_argument("--only", default="", help="comma-separated process or node names to start")
+    parser.add_argument("--ready-timeout", type=float, default=60.0,
+                        help="wait this long (s) for the stack to subscribe to the inputs")
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="keep recording this long (s) after the last message")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
