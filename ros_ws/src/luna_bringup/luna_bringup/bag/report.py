@@ -135,23 +135,27 @@ def decisions(data: ReportData, out: Path) -> Section:
             if code in ACTION_CODES:
                 probs[i, ACTION_CODES.index(code)] = p
     top = [ACTION_CODES[int(np.argmax(p))] for p in probs]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    colors = plt.get_cmap("tab10").colors
-    ax1.stackplot(t, probs.T, labels=ACTION_CODES, colors=colors, step="post")
-    ax1.set_ylabel("probability")
-    ax1.set_ylim(0, 1)
-    ax1.legend(ncol=10, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 1.15))
+    # Each decision holds until the next one: cell edges halfway between decisions.
+    if len(t) > 1:
+        edges = np.concatenate([[1.5 * t[0] - 0.5 * t[1]], (t[1:] + t[:-1]) / 2, [1.5 * t[-1] - 0.5 * t[-2]]])
+    else:
+        edges = np.array([t[0] - 0.05, t[0] + 0.05])
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    mesh = ax.pcolormesh(edges, np.arange(len(ACTION_CODES) + 1) - 0.5, probs.T, cmap="magma_r", vmin=0, vmax=1)
+    fig.colorbar(mesh, ax=ax, label="probability", pad=0.01)
+    ax.plot(t, [ACTION_CODES.index(c) for c in top], "o", ms=3, mfc="none", mec="tab:cyan", label="top action")
     for ft, _ in data.get(FAILURE):
-        ax1.axvline(ft, color="k", ls="--", lw=1)
-    ax2.scatter(t, [ACTION_CODES.index(c) for c in top], c=[colors[ACTION_CODES.index(c)] for c in top], s=8)
-    ax2.set_yticks(range(len(ACTION_CODES)), ACTION_CODES, fontsize=7)
-    ax2.set_ylabel("top action")
-    ax2.set_xlabel("time (s)")
+        ax.axvline(ft, color="tab:red", ls="--", lw=1.2)
+    ax.set_yticks(range(len(ACTION_CODES)), ACTION_CODES)
+    ax.set_ylabel("action")
+    ax.set_xlabel("time (s)")
+    ax.legend(loc="upper right", fontsize=8)
     _save(fig, out / "decisions.png")
     sec.images.append("decisions.png")
     share = Counter(top)
-    sec.paragraphs.append(f"{len(msgs)} decisions from {t[0]:.1f} s to {t[-1]:.1f} s; dashed lines mark "
-                          "failure events.")
+    sec.paragraphs.append(f"{len(msgs)} decisions from {t[0]:.1f} s to {t[-1]:.1f} s: the probability of each "
+                          "action (darker = likelier), circles on the most likely action; dashed lines mark "
+                          "failure events (red).")
     sec.tables.append((["action", "top action (share)", "mean probability"],
                        [[c, f"{share[c] / len(top):.0%}", f"{probs[:, i].mean():.3f}"]
                         for i, c in enumerate(ACTION_CODES)]))

@@ -1,0 +1,221 @@
+"""Damaged and unusual bags: a clear report of what is wrong, and everything readable is still read.
+
+Bags are written with the project's BagWriter (rosbags MCAP, the format ``luna bag record`` writes);
+each ``flush()`` closes an MCAP chunk, so the tests control where chunks begin and end.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rclpy.node import Node
+from rclpy.serialization import serialize_message
+from std_msgs.msg import String
+
+from luna_bringup.bag.msgtypes import MessageTypes
+from luna_bringup.bag.play import Player
+from luna_bringup.bag.reader import BagError, BagReader
+from luna_bringup.bag.writer import BagExistsError, BagWriter, resolve_output
+from luna_nodes import convert as C
+from tests import samples
+
+T0 = 1_700_000_000 * 10**9
+CHUNKS = 3
+PER_CHUNK = 40
+
+
+def _odometry(i: int) -> bytes:
+    ego = samples.ego()
+    ego.stamp = T0 / 1e9 + 0.1 * i
+    ego.x += i
+    return bytes(serialize_message(C.ego_to_odometry(ego)))
+
+
+def _objects(i: int) -> bytes:
+    objs = samples.objects()
+    objs.stamp = T0 / 1e9 + 0.1 * i
+    objs.objects[0].id = f"veh-{i}"
+    return bytes(serialize_message(C.objects_to_msg(objs)))
+
+
+def write_chunked_bag(path: Path) -> list[tuple[str, int, bytes]]:
+    """CHUNKS chunks of PER_CHUNK messages (odometry and luna_msgs objects alternating); returns them."""
+    written = []
+    with BagWriter(path) as bag:
+        bag.add_topic("/odom", "nav_msgs/msg/Odometry")
+        bag.add_topic("/objects", "luna_msgs/msg/TrackedObjects")
+        for i in range(CHUNKS * PER_CHUNK):
+            topic, data = ("/odom", _odometry(i)) if i % 2 == 0 else ("/objects", _objects(i))
+            bag.write(topic, T0 + i * 100_000_000, data)
+            written.append((topic, T0 + i * 100_000_000, data))
+            if (i + 1) % PER_CHUNK == 0:
+                bag.flush()
+    return written
+
+
+def _read(path: Path) -> tuple[BagReader, list[tuple[str, int, bytes]]]:
+    reader = BagReader(path)
+    return reader, [(m.topic, m.timestamp, m.data) for m in reader.messages()]
+
+
+def _chunk_offsets(mcap: bytes) -> list[int]:
+    """File offsets of the chunk records (opcode 0x06) in the data section, by walking the records."""
+    offsets, pos = [], 8
+    while pos < len(mcap):
+        op, length = mcap[pos], int.from_bytes(mcap[pos + 1:pos + 9], "little")
+        if op in (0x02, 0x0F):
+            break
+        if op == 0x06:
+            offsets.append(pos)
+        pos += 9 + length
+    return offsets
+
+
+@pytest.fixture
+def bag(tmp_path: Path) -> tuple[Path, list[tuple[str, int, bytes]]]:
+    path = tmp_path / "good"
+    return path, write_chunked_bag(path)
+
+
+def test_intact_bag_reads_back_exactly(bag):
+    path, written = bag
+    reader, read = _read(path)
+    assert read == written
+    assert reader.issues == []
+    assert reader.topics["/objects"].msgdef.data.startswith("std_msgs/Header header")
+    assert reader.time_range() == (written[0][1], written[-1][1])
+
+
+def test_truncated_bag_reads_every_message_before_the_cut(bag, tmp_path):
+    path, written = bag
+    mcap = (path / "good.mcap").read_bytes()
+    cut_dir = tmp_path / "cut"
+    cut_dir.mkdir()
+    # Cut inside the third chunk: the recorder died while writing it (no summary, no metadata.yaml).
+    third = _chunk_offsets(mcap)[2]
+    (cut_dir / "cut.mcap").write_bytes(mcap[:third + 2000])
+    reader, read = _read(cut_dir)
+    kinds = {i.kind for i in reader.issues}
+    assert kinds == {"metadata", "truncated"}
+    assert "not finalised" in str(next(i for i in reader.issues if i.kind == "truncated"))
+    # The first two chunks entirely, then the complete records of the partial third chunk.
+    assert 2 * PER_CHUNK < len(read) < 3 * PER_CHUNK
+    assert read == written[:len(read)]
+
+
+def test_corrupt_chunk_is_skipped_after_its_last_good_record_and_reading_continues(bag, tmp_path):
+    path, written = bag
+    mcap = bytearray((path / "good.mcap").read_bytes())
+    second = _chunk_offsets(bytes(mcap))[1]
+    # Overwrite bytes in the middle of the second chunk's records (record headers included).
+    middle = second + 9 + 40 + 3000
+    mcap[middle:middle + 400] = b"\xff" * 400
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    (bad / "good.mcap").write_bytes(bytes(mcap))
+    reader, read = _read(bad)
+    corrupt = [i for i in reader.issues if i.kind == "corrupt_chunk"]
+    assert len(corrupt) == 1 and "the rest of the chunk is skipped" in corrupt[0].detail
+    assert read[:PER_CHUNK] == written[:PER_CHUNK]  # first chunk whole
+    assert read[-PER_CHUNK:] == written[-PER_CHUNK:]  # third chunk whole
+    lost = len(written) - len(read)
+    assert 0 < lost < PER_CHUNK
+    # What survived of chunk 2 is its prefix, except possibly its last record whose payload was hit.
+    survivors = read[PER_CHUNK:-PER_CHUNK]
+    assert survivors[:-1] == written[PER_CHUNK:PER_CHUNK + len(survivors) - 1]
+
+
+def test_out_of_order_receive_times_are_reported_and_read_in_time_order(tmp_path):
+    path = tmp_path / "shuffled"
+    order = [0, 1, 2, 5, 3, 4, 9, 6, 7, 8]
+    with BagWriter(path) as bag:
+        bag.add_topic("/chatter", "std_msgs/msg/String")
+        for i in order:
+            bag.write("/chatter", T0 + i * 10**8, bytes(serialize_message(String(data=f"m{i}"))))
+    reader, read = _read(path)
+    assert [t for _, t, _ in read] == sorted(T0 + i * 10**8 for i in order)
+    issue = next(i for i in reader.issues if i.kind == "non_monotonic")
+    assert "5 messages are stored out of receive-time order" in issue.detail  # 3, 4 after 5; 6, 7, 8 after 9
+    assert "0.300 s" in issue.detail  # largest step back: 9 -> 6
+
+
+def test_not_a_bag_and_missing_bag_raise_clear_errors(tmp_path):
+    with pytest.raises(BagError, match="no such bag"):
+        BagReader(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BagError, match="no .mcap or .db3"):
+        BagReader(tmp_path / "empty")
+    junk = tmp_path / "junk.mcap"
+    junk.write_bytes(b"definitely not an mcap file")
+    with pytest.raises(BagError, match="bad magic"):
+        BagReader(junk)
+
+
+def test_bags_are_never_overwritten(bag):
+    path, _ = bag
+    with pytest.raises(BagExistsError):
+        resolve_output(str(path), None)
+    assert resolve_output(str(path.parent / "new.db3"), None) == (path.parent / "new", "sqlite3")
+    with pytest.raises(ValueError, match="names sqlite3 storage"):
+        resolve_output(str(path.parent / "x.db3"), "mcap")
+
+
+def test_player_skips_unknown_type_and_undecodable_messages_and_counts_stamps_stepping_back(tmp_path,
+                                                                                           ros_context):
+    path = tmp_path / "mixed"
+    widget_def = "string name\nfloat64 size\n"
+    with BagWriter(path) as bag:
+        bag.add_topic("/odom", "nav_msgs/msg/Odometry")
+        bag.add_topic("/chatter", "std_msgs/msg/String")
+        # A type from a package nobody has installed here: the bag embeds its definition.
+        widget = bag._writer.add_connection("/widget", "acme_msgs/msg/Widget", msgdef=widget_def,
+                                            rihs01="RIHS01_" + "1" * 64)
+        for i in range(10):
+            t = T0 + i * 10**7
+            # Header stamps step back twice (at i = 4 and i = 7): a clock jump on the vehicle.
+            stamp_index = i - 3 if i in (4, 7) else i
+            bag.write("/odom", t, _odometry(stamp_index))
+            bag.write("/chatter", t, bytes(serialize_message(String(data=f"m{i}"))))
+            bag._writer.write(widget, t, b"\x00\x01\x00\x00" + b"\x00" * 16)
+        bag.write("/chatter", T0 + 10**8, b"\x00\x01\x00\x00\xff\xff\xff\x7f")  # string length 2^31: garbage
+    node = Node("bag_player_test", context=ros_context)
+    try:
+        with BagReader(path) as reader:
+            player = Player(node, reader, MessageTypes(), rate=50.0)
+            assert set(player.prepare()) == {"/odom", "/chatter"}
+            report = player.play(progress=False)
+    finally:
+        node.destroy_node()
+    assert "acme_msgs/msg/Widget is not installed here (its definition is in the bag)" in report.skipped_topics["/widget"]
+    assert report.published == {"/odom": 10, "/chatter": 10}
+    assert report.undecodable == {"/chatter": 1}
+    assert report.header_steps_back == {"/odom": 2}
+    text = "\n".join(report.lines())
+    assert "skipped topic /widget" in text and "skipped 1 undecodable messages on /chatter" in text
+
+
+def test_start_offset_still_delivers_the_latched_map_first(tmp_path, ros_context):
+    """--start skips the first seconds but not the transient-local map published at the beginning."""
+    from luna_bringup.bag.qos import to_bag_qos
+    from luna_nodes import qos as Q
+
+    path = tmp_path / "latched"
+    with BagWriter(path) as bag:
+        bag.add_topic("/map/lane_graph", "luna_msgs/msg/LaneGraph", [to_bag_qos(Q.LATCHED)])
+        bag.add_topic("/odom", "nav_msgs/msg/Odometry")
+        bag.write("/map/lane_graph", T0, bytes(serialize_message(C.lane_graph_to_msg(samples.lane_graph()))))
+        for i in range(20):
+            bag.write("/odom", T0 + i * 10**8, _odometry(i))
+    node = Node("bag_player_start_test", context=ros_context)
+    try:
+        with BagReader(path) as reader:
+            player = Player(node, reader, rate=20.0, start_offset=1.0)
+            player.prepare()
+            report = player.play(progress=False)
+    finally:
+        node.destroy_node()
+    assert report.published == {"/map/lane_graph": 1, "/odom": 10}
+    assert np.isclose(player.start_ns, T0 + 10**9)
