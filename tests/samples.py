@@ -59,7 +59,7 @@ def scene() -> T.SceneDescriptor:
         objects=[T.ObjectDescription("veh-1", T.ObjectClass.VEHICLE, 18.9, 0.05, -0.02, 7.8, 4.8, 1.9, "same lane"),
                  T.ObjectDescription("ped-7", T.ObjectClass.PEDESTRIAN, 25.0, 0.9, -1.8, 1.2, 0.6, 0.6, "junction")],
         traffic_light=T.TrafficLightPhase.YELLOW, navigation=T.Navigation.LEFT, recent_decisions=["CK", "DK"],
-        has_left_lane=True, has_right_lane=False)
+        has_left_lane=True, has_right_lane=False, junction_distance=17.5)
 
 
 def decision() -> T.DecisionDistribution:

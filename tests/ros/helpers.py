@@ -70,3 +70,78 @@ def start_python(args: list[str], env: dict[str, str] | None = None, **kwargs) -
     """Start ``python args...`` from the project venv in its own session (so it can be killed whole)."""
     return subprocess.Popen([sys.executable, *args], env=env or ros_env(), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def start_node(executable: str, node_name: str, params: dict, tmp_path: Path,
+               extra_args: list[str] | None = None) -> subprocess.Popen:
+    """Start a node executable of the venv with its parameters written to a YAML file."""
+    import yaml
+
+    params_file = tmp_path / f"{node_name}.params.yaml"
+    params_file.write_text(yaml.safe_dump({node_name: {"ros__parameters": params}}))
+    exe = str(Path(sys.executable).parent / executable)
+    return subprocess.Popen([exe, "--ros-args", "--params-file", str(params_file), *(extra_args or [])],
+                            env=ros_env(), start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def stop_process(popen: subprocess.Popen, timeout: float = 15.0) -> str:
+    """SIGINT, wait, return everything it printed (killing it if it does not stop)."""
+    import signal
+
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGINT)
+    try:
+        out, _ = popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        out, _ = popen.communicate()
+        out += "\n[test] process did not stop on SIGINT and was killed"
+    return out
+
+
+class Probe:
+    """A test-side node: publishers for inputs, collectors for outputs, spinning while waiting."""
+
+    def __init__(self, context, name: str = "probe") -> None:
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.node import Node
+
+        self.node = Node(name, context=context)
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.node)
+
+    def publisher(self, msg_type, topic: str, profile):
+        return self.node.create_publisher(msg_type, topic, profile)
+
+    def collect(self, msg_type, topic: str, profile) -> list:
+        box: list = []
+        self.node.create_subscription(msg_type, topic, box.append, profile)
+        return box
+
+    def spin(self, seconds: float = 0.05) -> None:
+        self.executor.spin_once(timeout_sec=seconds)
+
+    def spin_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.spin(0.02)
+
+    def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        wait_for(predicate, timeout, what, spin=self.spin)
+
+    def diagnostics(self, node_name: str) -> list:
+        """Collector of this node's DiagnosticStatus entries (from /diagnostics)."""
+        from diagnostic_msgs.msg import DiagnosticArray
+
+        from luna_nodes import qos
+
+        box: list = []
+        self.node.create_subscription(
+            DiagnosticArray, "/diagnostics",
+            lambda m: box.extend(s for s in m.status if s.name == f"luna: {node_name}"), qos.DIAGNOSTICS)
+        return box
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.node.destroy_node()

@@ -5,6 +5,7 @@ PACKAGE = "luna_nodes"
 # One executable per node (or composed process); the topology in luna_bringup names these.
 EXECUTABLES = {
     "map_server": "luna_nodes.map_server:main",
+    "scene_descriptor": "luna_nodes.scene_descriptor:main",
 }
 
 setup(

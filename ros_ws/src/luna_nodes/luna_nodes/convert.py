@@ -220,6 +220,7 @@ def scene_to_msg(scene: T.SceneDescriptor, frame_id: str = "map") -> lm.SceneDes
     msg.recent_decisions = list(scene.recent_decisions)
     msg.has_left_lane = bool(scene.has_left_lane)
     msg.has_right_lane = bool(scene.has_right_lane)
+    msg.junction_distance = float(scene.junction_distance)
     return msg
 
 
@@ -237,7 +238,7 @@ def msg_to_scene(msg: lm.SceneDescriptor) -> T.SceneDescriptor:
         traffic_light=_lookup(_PHASE_BACK, msg.traffic_light, "traffic light phase"),
         navigation=_lookup(_NAV_BACK, msg.navigation, "navigation"),
         recent_decisions=list(msg.recent_decisions), has_left_lane=msg.has_left_lane,
-        has_right_lane=msg.has_right_lane)
+        has_right_lane=msg.has_right_lane, junction_distance=msg.junction_distance)
 
 
 # -- decisions, failures, explanations, reflections ---------------------------------------------------

@@ -19,6 +19,7 @@ from luna_nodes.params import NodeInterface, markdown_table
 #: Every node of the stack, by name -> module defining INTERFACE.
 NODE_MODULES = {
     "map_server": "luna_nodes.map_server",
+    "scene_descriptor": "luna_nodes.scene_descriptor",
 }
 
 BEGIN = "<!-- BEGIN GENERATED: interface (python -m luna_nodes.docs docs/nodes) -->"
