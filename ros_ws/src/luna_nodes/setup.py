@@ -6,6 +6,7 @@ PACKAGE = "luna_nodes"
 EXECUTABLES = {
     "map_server": "luna_nodes.map_server:main",
     "scene_descriptor": "luna_nodes.scene_descriptor:main",
+    "progress_monitor": "luna_nodes.progress_monitor:main",
 }
 
 setup(

@@ -20,6 +20,7 @@ from luna_nodes.params import NodeInterface, markdown_table
 NODE_MODULES = {
     "map_server": "luna_nodes.map_server",
     "scene_descriptor": "luna_nodes.scene_descriptor",
+    "progress_monitor": "luna_nodes.progress_monitor",
 }
 
 BEGIN = "<!-- BEGIN GENERATED: interface (python -m luna_nodes.docs docs/nodes) -->"

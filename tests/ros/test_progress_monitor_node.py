@@ -1,0 +1,52 @@
+"""progress_monitor over DDS: a scripted stall and collision produce one failure tuple (Eq. 24)."""
+
+import luna_msgs.msg as lm
+from nav_msgs.msg import Odometry
+
+from luna_core import types as T
+from luna_nodes import convert as C
+from luna_nodes import qos
+from tests import samples
+from tests.ros.helpers import Probe, start_node, stop_process, wait_for_subscribers
+
+
+def test_stalled_ego_touching_an_object_yields_failure_with_decision(tmp_path, ros_context):
+    proc = start_node("progress_monitor", "progress_monitor",
+                      {"decision_period": 0.2, "stall_window_cycles": 3, "failure_cooldown": 30.0}, tmp_path)
+    probe = Probe(ros_context)
+    try:
+        failures = probe.collect(lm.FailureEvent, "luna/failure", qos.RELIABLE)
+        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
+        decisions = probe.publisher(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
+        for p in (odom, objects, decisions):
+            wait_for_subscribers(p)
+        clock = probe.node.get_clock()
+        # The ego (rear axle at the origin, box centre 1.46 m ahead) touches a stopped car 4 m ahead.
+        car = T.TrackedObject("car-9", T.ObjectClass.VEHICLE, 4.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
+        far = T.TrackedObject("far", T.ObjectClass.VEHICLE, 60.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
+        decision = samples.decision()
+        sent_decision = False
+        for i in range(60):  # 3 s at 20 Hz: more than H * T_d = 0.6 s
+            now = clock.now().nanoseconds * 1e-9
+            if not sent_decision:
+                decision.stamp = now
+                decisions.publish(C.decision_to_msg(decision))
+                sent_decision = True
+            odom.publish(C.ego_to_odometry(T.EgoState(now, 0.0, 0.0, 0.0, 0.0)))
+            if i % 2 == 0:
+                objects.publish(C.objects_to_msg(T.TrackedObjects(now, [car, far])))
+            probe.spin_for(0.05)
+        probe.wait(lambda: failures, 10.0, "a failure event")
+        first = C.msg_to_failure(failures[0])
+        events = [C.msg_to_failure(f) for f in failures]
+        assert any(e.colliding_ids == ["car-9"] for e in events)
+        assert any(e.stall for e in events), "3 s at standstill under no light is a stall (H T_d = 0.6 s)"
+        # the cooldown (30 s) reports each failure once, however long it lasts
+        assert sum(len(e.colliding_ids) for e in events) == 1 and sum(e.stall for e in events) == 1
+        assert all("far" not in e.colliding_ids for e in events)
+        assert first.issued_decision == decision.top_action
+    finally:
+        probe.close()
+        out = stop_process(proc)
+    assert proc.returncode == 0, out
