@@ -2,7 +2,10 @@
 Instruct, converted once to a cached HF folder by ``luna_core.model_cache``) with no network at all.
 
 Calls are serialised by a lock (one model instance, one forward at a time); seeds make sampling
-reproducible. ``choose`` scores a fixed set of continuations by their log-likelihood (constrained
+reproducible. A small prefix cache keeps the key/value states of recent prompts: the teacher's prompts
+share long prefixes (the instruction text, the same voting query for all M voters, the voter's own
+answer when it is completed by ``choose``), and on CPU the prompt prefill dominates the cost, so only
+the part after the longest cached common prefix is computed. ``choose`` scores a fixed set of continuations by their log-likelihood (constrained
 decoding), which the teacher uses as a recorded fallback when a weak model's free text does not parse.
 """
 
@@ -11,7 +14,8 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from typing import Sequence
+from collections import OrderedDict
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -44,6 +48,43 @@ class TransformersChatModel:
         if self.tokenizer.chat_template is None:
             raise LLMConfigError(f"model {model!r} has no chat template; a chat backend needs one")
         self._lock = threading.Lock()
+        self._prefixes: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()  # key -> (ids, cache)
+        self.prefix_cache_size = 6
+        self.prefix_tokens_reused = 0
+
+    @staticmethod
+    def _crop(cache: Any, length: int) -> Any:
+        current = cache.get_seq_length()
+        if current > length:
+            cache.crop(length - current)
+        return cache
+
+    def _cached_prefix(self, ids: Any) -> Any | None:
+        """A copy of the cached key/values covering the longest common prefix with ``ids`` (leaving
+        at least one token to compute), or None."""
+        best, best_len = None, 0
+        flat = ids[0]
+        for key, (pids, cache) in self._prefixes.items():
+            n = min(len(pids), len(flat) - 1)
+            if n <= best_len:
+                continue
+            diff = (pids[:n] != flat[:n]).nonzero()
+            common = int(diff[0, 0]) if len(diff) else n
+            if common > best_len:
+                best, best_len = key, common
+        if best is None or best_len < 16:
+            return None
+        self._prefixes.move_to_end(best)
+        self.prefix_tokens_reused += best_len
+        return self._crop(copy.deepcopy(self._prefixes[best][1]), best_len)
+
+    def _remember(self, ids: Any, cache: Any) -> None:
+        """Keep the key/values of ``ids`` (the cache may extend beyond them: it is cropped)."""
+        key = ids[0].cpu().numpy().tobytes()
+        self._prefixes[key] = (ids[0].clone(), self._crop(copy.deepcopy(cache), ids.shape[1]))
+        self._prefixes.move_to_end(key)
+        while len(self._prefixes) > self.prefix_cache_size:
+            self._prefixes.popitem(last=False)
 
     def _encode(self, messages: Sequence[Message], assistant_prefix: str = ""):
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
@@ -65,8 +106,11 @@ class TransformersChatModel:
                 kwargs.update(temperature=temperature, top_k=top_k or 0)
             else:  # greedy: clear sampling defaults from generation_config so none is applied
                 kwargs.update(temperature=None, top_k=None, top_p=None)
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-        new = out[0, ids.shape[1]:]
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                      past_key_values=self._cached_prefix(ids), return_dict_in_generate=True,
+                                      **kwargs)
+            self._remember(ids, out.past_key_values)
+        new = out.sequences[0, ids.shape[1]:]
         eos = self.tokenizer.eos_token_id
         stopped = len(new) > 0 and int(new[-1]) == eos
         finish = "stop" if stopped or len(new) < max_tokens else "length"
@@ -85,7 +129,10 @@ class TransformersChatModel:
         t0 = time.monotonic()
         with self._lock, torch.inference_mode():
             ids = self._encode(messages, assistant_prefix)
-            prompt_out = self.model(ids, use_cache=True)
+            cached = self._cached_prefix(ids)
+            start = 0 if cached is None else cached.get_seq_length()
+            prompt_out = self.model(ids[:, start:], past_key_values=cached, use_cache=True)
+            self._remember(ids, prompt_out.past_key_values)
             first_logp = torch.log_softmax(prompt_out.logits[0, -1].float(), -1)
             logprobs: dict[str, float] = {}
             for choice in choices:

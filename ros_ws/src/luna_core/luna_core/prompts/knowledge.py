@@ -7,7 +7,7 @@ project's own wording. Answer formats are fixed here and parsed strictly in ``pa
 
 from __future__ import annotations
 
-from luna_core.types import ACTION_CODES, Action
+from luna_core.types import ACTION_CODES
 
 # ---- answer-format tokens (shared with the parsers and the student's explanation prefix) ----------
 DECISION_TAG = "Decision:"
@@ -23,33 +23,26 @@ TRAFFIC_STATE_END = "[End of traffic state]"
 ACTION_SET_TAG = "Action set:"
 
 COORDINATE_SYSTEM = (
-    "Coordinate system: positions are polar, centred on the middle of the ego vehicle's bounding box. "
-    "Distance is in metres. The line-of-sight angle is in degrees, 0 deg points straight ahead along the "
-    "ego heading, positive angles are to the left and negative angles to the right (+90 deg = directly "
-    "left, -90 deg = directly right, 180 deg = directly behind). An object's heading is given relative to "
-    "the ego heading with the same sign convention (0 deg = same direction as the ego). Speeds are in "
-    "m/s; lengths and widths of bounding boxes are in metres. Lanes are numbered from the left, starting "
-    "at 1."
+    "Coordinates: polar, centred on the ego vehicle's bounding box. Distances in m; the line-of-sight "
+    "angle in degrees is 0 straight ahead, positive to the left, negative to the right, 180 behind. "
+    "Object headings are relative to the ego heading (0 = same direction). Speeds in m/s, box sizes in m. "
+    "Lanes are numbered from the left, starting at 1."
 )
 
 
 def action_space_text() -> str:
     """Definition of the action space A = A_lon x A_lat and its two-letter codes."""
-    codes = "; ".join(f"{a.code} = {a.description}" for a in (Action.from_code(c) for c in ACTION_CODES))
     return (
-        "Action space: every decision combines one longitudinal action (A = Accelerate, C = Cruise at the "
-        "current speed, D = Decelerate, S = Stop) with one lateral action (K = Lane Keep, L = Left "
-        "Lane-Change, R = Right Lane-Change); stopping is only combined with lane keeping. Inside a junction "
-        "the lateral action is always K, meaning: follow the navigation path through the junction. "
-        f"Decisions are written as two-letter codes: {codes}. Only the codes listed in the action set of a "
-        "question are allowed there."
+        "Actions: a two-letter code, longitudinal then lateral. Longitudinal: A accelerate, C cruise, "
+        "D decelerate, S stop. Lateral: K keep lane, L change to the left lane, R change to the right lane. "
+        f"The {len(ACTION_CODES)} codes are {', '.join(ACTION_CODES)} (S only with K). In a junction the "
+        "lateral action is K: follow the navigation path. Use only codes from the question's action set."
     )
 
 
 BASICS = (
-    "You assist the decision-making of an automated vehicle (the ego vehicle) in urban and highway "
-    "traffic. Driving goals in order of priority: safety, traffic rules, progress along the route, "
-    "comfort.\n" + COORDINATE_SYSTEM + "\n" + action_space_text()
+    "You assist the decision-making of an automated vehicle (the ego vehicle). Priorities: safety, "
+    "traffic rules, progress along the route, comfort.\n" + COORDINATE_SYSTEM + "\n" + action_space_text()
 )
 
 ACTION_VOTING = BASICS + "\n\n" + (
