@@ -28,15 +28,10 @@ from luna_nodes import convert as C
 from luna_nodes import qos as Q
 
 from .qos import to_bag_qos
+from .topics import CLOCK, LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE, TRAFFIC_LIGHTS
 from .writer import BagExistsError, BagWriter, resolve_output
 
-#: Stack input topics and their QoS (DESIGN Sec. 5); the same names ``luna replay`` feeds the stack.
-CLOCK = "/clock"
-ODOMETRY = "/localization/kinematic_state"
-OBJECTS = "/perception/objects"
-TRAFFIC_LIGHTS = "/perception/traffic_lights"
-ROUTE = "/planning/route"
-LANE_GRAPH = "/map/lane_graph"
+#: Stack input topics with their types and QoS (DESIGN Sec. 5).
 INPUT_TOPICS: dict[str, tuple[str, QoSProfile]] = {
     CLOCK: ("rosgraph_msgs/msg/Clock", Q.RELIABLE),
     ODOMETRY: ("nav_msgs/msg/Odometry", Q.SENSOR),

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import rclpy
+from rclpy.duration import Duration
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 from rosbags.interfaces import QosDurability
@@ -32,8 +33,8 @@ from tqdm import tqdm
 from .msgtypes import MessageTypes, UnknownMessageType, import_message_class
 from .qos import playback_qos
 from .reader import BagError, BagIssue, BagMessage, BagReader
+from .topics import CLOCK
 
-CLOCK_TOPIC = "/clock"
 
 
 @dataclass
@@ -95,15 +96,15 @@ class Player:
             self.report.warnings.append(f"{topic}: requested but not in the bag")
         self.selected = [t for t in (topics or list(reader.topics)) if t in reader.topics]
         if clock == "auto":
-            clock = "bag" if CLOCK_TOPIC in self.selected else "generate"
+            clock = "bag" if CLOCK in self.selected else "generate"
         self.report.clock_source = clock
-        if clock != "bag" and CLOCK_TOPIC in self.selected:
-            self.selected.remove(CLOCK_TOPIC)
+        if clock != "bag" and CLOCK in self.selected:
+            self.selected.remove(CLOCK)
         first, last = reader.time_range()
         self.first_ns, self.last_ns = first, last
         self.start_ns = first + int(round(start_offset * 1e9))
         self.publishers: dict[str, object] = {}
-        self.clock_pub = node.create_publisher(Clock, CLOCK_TOPIC, 10) if clock == "generate" else None
+        self.clock_pub = node.create_publisher(Clock, CLOCK, 10) if clock == "generate" else None
         self._last_stamp: dict[str, int] = {}
         self._last_clock = -1
 
@@ -167,7 +168,17 @@ class Player:
                 self._last_stamp.clear()
                 self._last_clock = -1
                 bar.reset()
+        self.wait_for_acks()
         return self.report
+
+    def wait_for_acks(self, timeout: float = 5.0) -> None:
+        """Wait until reliable subscribers acknowledged everything published (before the process exits)."""
+        deadline = time.monotonic() + timeout
+        for topic, pub in self.publishers.items():
+            left = max(0.0, deadline - time.monotonic())
+            if not pub.wait_for_all_acked(Duration(seconds=left)):
+                self.report.warnings.append(f"{topic}: not every subscriber acknowledged the last messages "
+                                            f"within {timeout:.0f} s")
 
     def _publish_latched_before_start(self) -> None:
         """With --start, deliver the last message of each transient-local topic (map, route) before it."""

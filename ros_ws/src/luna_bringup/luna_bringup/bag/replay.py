@@ -31,7 +31,7 @@ from .msgtypes import MessageTypes
 from .play import PlayReport, Player
 from .reader import BagError, BagReader
 from .record import Recorder, drain
-from .report import OUTPUT_TOPICS, write_report
+from .topics import OUTPUT_TOPICS
 from .writer import BagExistsError, BagWriter, resolve_output
 
 #: Starts the stack, logging to the given file; the context manager stops it on exit.
@@ -114,6 +114,8 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
         if own_context:
             rclpy.try_shutdown()
         reader.close()
+    from .report import write_report  # matplotlib: imported only when a report is written
+
     report = write_report(output, report_dir, title=f"LUNA-AD replay of {bag.name}")
     return ReplayResult(output, report, player.report, dict(writer.counts), missing)
 

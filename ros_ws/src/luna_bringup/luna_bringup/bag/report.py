@@ -23,22 +23,11 @@ import numpy as np  # noqa: E402
 
 from luna_core.types import ACTION_CODES  # noqa: E402
 
-from .convert import LANE_GRAPH, ODOMETRY  # noqa: E402
 from .msgtypes import MessageTypes, UnknownMessageType  # noqa: E402
 from .reader import BagIssue, BagReader  # noqa: E402
+from .topics import (DECISION, DIAGNOSTICS, EXPLANATION, FAILURE, LANE_GRAPH, ODOMETRY, OUTPUT_TOPICS,  # noqa: E402
+                     REFLECTION, TRAJECTORY)
 
-#: Stack output topics (DESIGN Sec. 5).
-SCENE = "/luna/scene"
-DECISION = "/luna/decision"
-FAILURE = "/luna/failure"
-EXPLANATION = "/luna/explanation"
-REFLECTION = "/luna/reflection"
-TRAJECTORY = "/planning/trajectory"
-CANDIDATES = "/planning/debug/candidates"
-DIAGNOSTICS = "/diagnostics"
-MEMORY_VERSION = "/luna/memory/version"
-OUTPUT_TOPICS = (SCENE, DECISION, FAILURE, EXPLANATION, REFLECTION, TRAJECTORY, CANDIDATES, DIAGNOSTICS,
-                 MEMORY_VERSION)
 _REPORT_TOPICS = (ODOMETRY, LANE_GRAPH, DECISION, FAILURE, EXPLANATION, REFLECTION, TRAJECTORY, DIAGNOSTICS)
 _DIAG_LEVELS = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
 _TEXT_LIMIT = 600  # characters of an explanation / reflection shown in the tables

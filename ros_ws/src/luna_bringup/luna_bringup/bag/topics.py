@@ -1,0 +1,23 @@
+"""The stack's topic names as bags see them (DESIGN Sec. 5): inputs a field bag provides, outputs the
+stack adds. ``luna replay`` plays the inputs and leaves recorded outputs out; the report reads both."""
+
+# Inputs
+CLOCK = "/clock"
+ODOMETRY = "/localization/kinematic_state"
+OBJECTS = "/perception/objects"
+TRAFFIC_LIGHTS = "/perception/traffic_lights"
+ROUTE = "/planning/route"
+LANE_GRAPH = "/map/lane_graph"
+
+# Outputs
+SCENE = "/luna/scene"
+DECISION = "/luna/decision"
+FAILURE = "/luna/failure"
+EXPLANATION = "/luna/explanation"
+REFLECTION = "/luna/reflection"
+MEMORY_VERSION = "/luna/memory/version"
+TRAJECTORY = "/planning/trajectory"
+CANDIDATES = "/planning/debug/candidates"
+DIAGNOSTICS = "/diagnostics"
+OUTPUT_TOPICS = (SCENE, DECISION, FAILURE, EXPLANATION, REFLECTION, MEMORY_VERSION, TRAJECTORY, CANDIDATES,
+                 DIAGNOSTICS)
