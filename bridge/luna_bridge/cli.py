@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from luna_bridge import eval_command
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="luna-bridge", description=__doc__)
-    parser.add_subparsers(dest="cmd", required=True)
-    parser.parse_args(argv)
-    return 0
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    eval_command.register(sub)  # each command module registers itself and sets ``func``
+    args = parser.parse_args(argv)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

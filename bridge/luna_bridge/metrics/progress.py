@@ -20,10 +20,19 @@ PROGRESS_THRESHOLD = 2.0  # m, nuPlan's score_progress_threshold
 MIN_PROGRESS_RATIO = 0.2  # ego_is_making_progress
 
 
-def expert_centers(log: SimulationLog) -> np.ndarray:
-    """(K, 2) box centres of the finite expert poses."""
+def _expert_rows(log: SimulationLog) -> np.ndarray:
+    """Indices of the finite expert poses within the simulated window (the logged history before
+    t = 0 is planner input, not expert progress)."""
     e = log.scenario.expert
     ok = np.isfinite(e.x) & np.isfinite(e.y) & np.isfinite(e.heading)
+    ok &= (e.t >= -1e-9) & (e.t <= log.scenario.duration + 1e-9)
+    return np.flatnonzero(ok)
+
+
+def expert_centers(log: SimulationLog) -> np.ndarray:
+    """(K, 2) box centres of the expert poses in the simulated window."""
+    e = log.scenario.expert
+    ok = _expert_rows(log)
     d = log.scenario.vehicle.rear_axle_to_center
     return np.column_stack([e.x[ok] + d * np.cos(e.heading[ok]), e.y[ok] + d * np.sin(e.heading[ok])])
 
@@ -31,7 +40,7 @@ def expert_centers(log: SimulationLog) -> np.ndarray:
 def expert_baseline(log: SimulationLog) -> Polyline | None:
     """The route centreline the expert drove along, None if the expert is on no lane."""
     e = log.scenario.expert
-    ok = np.flatnonzero(np.isfinite(e.x) & np.isfinite(e.y) & np.isfinite(e.heading))
+    ok = _expert_rows(log)
     if len(ok) == 0:
         return None
     i = ok[0]

@@ -86,8 +86,9 @@ class Aggregate:
     success_rate: float
 
 
-def aggregate(scores: Iterable[ScenarioScore]) -> Aggregate:
-    s = [x.score for x in scores]
+def aggregate(scores: Iterable[float]) -> Aggregate:
+    """Over per-scenario CLS values in [0, 1] (crashed and unloadable runs count as 0)."""
+    s = [float(x) for x in scores]
     if not s:
         return Aggregate(0, float("nan"), float("nan"))
     return Aggregate(len(s), 100.0 * float(np.mean(s)), 100.0 * float(np.mean([v > 0.0 for v in s])))

@@ -301,7 +301,7 @@ def test_aggregate_gives_mean_score_and_success_rate() -> None:
     crashed.error = "boom"
     half = score_log(make_log(cruise(n=30), objects=[[car("cone", 30.0, length=0.5, width=0.5,
                                                                  cls=ObjectClass.STATIC)]] * 30))
-    agg = aggregate([good, score_log(crashed), half])
+    agg = aggregate([good.score, score_log(crashed).score, half.score])
     assert agg.count == 3
     assert agg.cls == pytest.approx(100.0 * (good.score + half.score) / 3)
     assert agg.success_rate == pytest.approx(200.0 / 3)

@@ -71,24 +71,24 @@ def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray
     s[:, 0] = start_s
     v[:, 0] = max(ego_velocity, 0.0)
     n = objects.num_objects
-    leaders = [_corridor_leaders(path, objects, vehicle) if n else None for path in paths]
     front = vehicle.front_length
+    if n:
+        per_path = [_corridor_leaders(path, objects, vehicle) for path in paths]
+        # Stacked per proposal: (P, N, K+1) rear-end arc length, corridor blocking, speed, centre.
+        rear, blocks, v_along, half = (np.stack([pp[i] for pp in per_path])[path_index] for i in range(4))
+        centre = rear + half
+        last = objects.pose.shape[1] - 1
     for k in range(steps):
         gap = np.full(p, np.inf)
         lead_v = np.zeros(p)
         if n:
-            kk = min(k, objects.pose.shape[1] - 1)
-            for o, lead in enumerate(leaders):
-                rows = np.flatnonzero(path_index == o)
-                if len(rows) == 0:
-                    continue
-                rear, blocks, v_along, half_along = lead  # type: ignore[misc]
-                centre = rear[:, kk] + half_along[:, kk]
-                ahead = blocks[:, kk][None] & (centre[None] > s[rows, k][:, None])  # (R, N)
-                g = np.where(ahead, rear[:, kk][None] - (s[rows, k][:, None] + front), np.inf)
-                j = np.argmin(g, axis=1)
-                gap[rows] = g[np.arange(len(rows)), j]
-                lead_v[rows] = np.maximum(v_along[j, kk], 0.0)
+            kk = min(k, last)
+            ahead = blocks[:, :, kk] & (centre[:, :, kk] > s[:, k, None])  # (P, N)
+            g = np.where(ahead, rear[:, :, kk] - (s[:, k, None] + front), np.inf)
+            j = np.argmin(g, axis=1)
+            rows = np.arange(p)
+            gap = g[rows, j]
+            lead_v = np.maximum(v_along[rows, j, kk], 0.0)
         acc = idm_acceleration(v[:, k], gap, lead_v, params, target_speeds)
         a[:, k] = acc
         s[:, k + 1] = s[:, k] + v[:, k] * dt
@@ -148,10 +148,18 @@ class PlanningSetup:
     forecast: ObjectBoxes
 
 
-def planning_setup(planner_input: PlannerInput, steps: int, dt: float) -> PlanningSetup:
+def planning_setup(planner_input: PlannerInput, steps: int, dt: float, max_accel: float = 1.5,
+                   spacing: float = 2.0) -> PlanningSetup:
     """Route centreline re-planned from the current pose (raises ``OffMapError`` off the map) and
-    the constant-velocity forecast over ``steps`` steps (``steps + 1`` samples)."""
-    ref = reference_paths(planner_input.lane_graph, planner_input.route, planner_input.ego)["K"]
+    the constant-velocity forecast over ``steps`` steps (``steps + 1`` samples).
+
+    The centreline is cropped to what the ego can cover in the horizon accelerating at ``max_accel``
+    (IDM's a_max, PDM 1.5 m/s^2) plus 30 m, at 2 m spacing: the proposals and the scorer project
+    hundreds of points on it every call, and the cost grows with its number of segments."""
+    horizon = steps * dt
+    ahead = max(planner_input.ego.velocity, 0.0) * horizon + 0.5 * max_accel * horizon ** 2 + 30.0
+    ref = reference_paths(planner_input.lane_graph, planner_input.route, planner_input.ego, ahead=ahead,
+                          spacing=spacing)["K"]
     forecast = constant_velocity_forecast(planner_input, lane_map(planner_input.lane_graph),
                                           list(ref.lane_ids), steps + 1, dt)
     return PlanningSetup(ref, forecast)

@@ -1,0 +1,362 @@
+"""Batch closed-loop evaluation: planners x modes x scenarios in worker processes, nuPlan metrics,
+results files and the Table-III-layout summary.
+
+Output directory layout::
+
+    scenarios/<planner>/<mode>/<scenario>.json  one result per run (CLS, every metric with its
+                                                statistics and per-step time series), written
+                                                atomically; a rerun skips the ones present (resume)
+    per_scenario.csv    one row per run: status, CLS, every metric's score
+    per_metric.csv      per planner x mode x metric: mean score over the scenarios
+    summary.csv / summary.md   Table III layout: planners (the expert log replay first) x
+                        NR-CLS, NR-SR, R-CLS, R-SR; the Markdown adds the failures, wall time and
+                        peak memory of the run
+    run.json            wall time, peak memory, counts, failed scenarios (not a metric file)
+    renders/<planner>/<mode>/<scenario>.png|.gif   with ``render=True``
+
+Everything except ``summary.md`` and ``run.json`` is a function of the scenarios and planners only:
+the same command writes byte-identical metric files. A scenario that fails to load or whose run
+crashes is never dropped: it scores 0 and is listed with its error.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import multiprocessing as mp
+import os
+import resource
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from tqdm import tqdm
+
+from luna_bridge.baselines import EXPERT, make_planner, planner_names
+from luna_bridge.metrics import METRIC_NAMES, ScenarioScore, aggregate, score_log
+from luna_bridge.scenario import Scenario
+
+log = logging.getLogger(__name__)
+
+MODES = {"non-reactive": (False,), "reactive": (True,), "both": (False, True)}
+STATUS_OK, STATUS_LOAD_ERROR, STATUS_CRASHED = "ok", "load_error", "crashed"
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation cannot start (unknown suite or planner, wrong scenario count, ...)."""
+
+
+def mode_name(reactive: bool) -> str:
+    return "reactive" if reactive else "non_reactive"
+
+
+# --------------------------------------------------------------------------------------------------
+# Scenario sources
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScenarioRef:
+    """A scenario to load inside a worker: ``loader`` (``"module:function"``) applied to ``source``."""
+
+    name: str
+    source: str  # a file path, or whatever the loader takes
+    loader: str = "luna_bridge.scenarios.format:load_scenario"
+
+
+def _import(path: str) -> Callable[..., Any]:
+    import importlib
+
+    module, attr = path.split(":", 1)
+    return getattr(importlib.import_module(module), attr)
+
+
+def directory_suite(directory: Path) -> list[ScenarioRef]:
+    """Every scenario file in a directory (``*.json``, ``*.json.gz``; CommonRoad ``*.xml``), sorted."""
+    refs = []
+    for p in sorted(directory.iterdir()):
+        if p.name.endswith((".json", ".json.gz")):
+            refs.append(ScenarioRef(p.name.split(".json")[0], str(p)))
+        elif p.suffix == ".xml":
+            refs.append(ScenarioRef(p.stem, str(p), "luna_bridge.scenarios:load_commonroad"))
+    return refs
+
+
+def resolve_suite(suite: str) -> list[ScenarioRef]:
+    """Scenario refs of a named suite (``luna_bridge.scenarios.suite_refs``) or of a directory."""
+    path = Path(suite)
+    if path.is_dir():
+        refs = directory_suite(path)
+    else:
+        try:
+            suite_refs = _import("luna_bridge.scenarios:suite_refs")
+        except (ImportError, AttributeError) as exc:
+            raise EvaluationError(f"suite {suite!r}: not a directory and no named suites available ({exc})") from None
+        try:
+            refs = [ScenarioRef(*r) if isinstance(r, tuple) else r for r in suite_refs(suite)]
+        except (KeyError, ValueError, FileNotFoundError) as exc:
+            raise EvaluationError(f"suite {suite!r}: {exc}") from None
+    names = [r.name for r in refs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise EvaluationError(f"suite {suite!r}: duplicate scenario names {dup[:5]}")
+    return refs
+
+
+# --------------------------------------------------------------------------------------------------
+# One run (executed in a worker)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    ref: ScenarioRef
+    planner: str
+    reactive: bool
+    out_dir: str
+    render: bool = False
+
+    @property
+    def result_path(self) -> Path:
+        return Path(self.out_dir) / "scenarios" / self.planner / mode_name(self.reactive) / f"{self.ref.name}.json"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a killed run never leaves a half-written result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Load, simulate, score (and render) one run; always writes a result, whatever fails."""
+    from luna_bridge.sim import simulate
+
+    started = time.perf_counter()
+    head = {"scenario": job.ref.name, "source": job.ref.source, "planner": job.planner,
+            "mode": mode_name(job.reactive)}
+    try:
+        scenario: Scenario = _import(job.ref.loader)(job.ref.source)
+    except Exception as exc:  # noqa: BLE001 - a bad file must not stop the run; it is reported
+        result = {**head, "status": STATUS_LOAD_ERROR, "score": 0.0, "scenario_type": "",
+                  "error": f"{type(exc).__name__}: {exc}", "metrics": {}}
+    else:
+        try:
+            planner = make_planner(job.planner, scenario)
+            sim_log = simulate(scenario, planner, reactive=job.reactive)
+            score: ScenarioScore = score_log(sim_log)
+            result = {**head, **score.to_json(), "status": STATUS_OK if not score.error else STATUS_CRASHED,
+                      "planner_failures": sim_log.planner_failures, "steps": len(sim_log.ego)}
+            result["planner"], result["mode"] = job.planner, mode_name(job.reactive)
+            if job.render:
+                from luna_bridge.render import render_gif, render_png
+
+                base = Path(job.out_dir) / "renders" / job.planner / mode_name(job.reactive)
+                base.mkdir(parents=True, exist_ok=True)
+                title = f"{job.planner} {mode_name(job.reactive)} {scenario.name} CLS {score.score:.2f}"
+                render_png(sim_log, base / f"{job.ref.name}.png", title)
+                render_gif(sim_log, base / f"{job.ref.name}.gif", title)
+        except Exception as exc:  # noqa: BLE001 - a crash is a zero score with its reason
+            result = {**head, "status": STATUS_CRASHED, "score": 0.0, "scenario_type": scenario.scenario_type,
+                      "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5),
+                      "metrics": {}}
+    write_atomic(job.result_path, _dumps(result))
+    return {"scenario": job.ref.name, "planner": job.planner, "mode": result["mode"], "status": result["status"],
+            "wall_time": time.perf_counter() - started}
+
+
+def _worker_init() -> None:
+    try:
+        import torch
+
+        torch.set_num_threads(1)  # workers share 2 cores: one thread each
+    except ImportError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------------
+# The evaluation
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalConfig:
+    suite: str
+    planners: list[str]
+    modes: tuple[bool, ...] = (False,)
+    workers: int = 1
+    out_dir: Path = Path("results/eval")
+    render: bool = False
+    expect_count: int | None = None  # refuse to run when the suite does not have this many scenarios
+    limit: int | None = None  # first N scenarios only (smoke runs)
+
+
+@dataclass
+class EvalSummary:
+    out_dir: Path
+    scenario_count: int
+    runs: int
+    skipped: int  # runs found finished (resume)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    table: list[dict[str, Any]] = field(default_factory=list)
+    wall_time: float = 0.0
+    peak_rss_main_mb: float = 0.0
+    peak_rss_worker_mb: float = 0.0
+
+
+def _planner_order(planners: Iterable[str]) -> list[str]:
+    """The expert row first, then the planners as given, without repeats."""
+    out = [EXPERT]
+    for p in planners:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _load_results(cfg: EvalConfig, refs: list[ScenarioRef], planners: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for planner in planners:
+        for reactive in cfg.modes:
+            for ref in refs:
+                job = Job(ref, planner, reactive, str(cfg.out_dir))
+                rows.append(json.loads(job.result_path.read_text(encoding="utf-8")))
+    return rows
+
+
+def _csv(rows: list[list[Any]]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
+
+
+def _fmt(v: float) -> str:
+    return "nan" if v != v else f"{v:.2f}"
+
+
+def write_reports(cfg: EvalConfig, results: list[dict[str, Any]], planners: list[str]) -> list[dict[str, Any]]:
+    """per_scenario.csv, per_metric.csv and summary.csv; returns the summary table rows."""
+    out = cfg.out_dir
+    header = ["planner", "mode", "scenario", "scenario_type", "status", "score", *METRIC_NAMES, "error"]
+    rows = [header]
+    for r in results:
+        m = r.get("metrics", {})
+        rows.append([r["planner"], r["mode"], r["scenario"], r.get("scenario_type", ""), r["status"],
+                     f"{r['score']:.6f}", *[f"{m[k]['score']:.6f}" if k in m else "" for k in METRIC_NAMES],
+                     r.get("error", "")])
+    write_atomic(out / "per_scenario.csv", _csv(rows))
+
+    metric_rows = [["planner", "mode", "metric", "mean_score", "scored_runs"]]
+    table = []
+    for planner in planners:
+        entry: dict[str, Any] = {"planner": planner}
+        for reactive in (False, True):
+            mode = mode_name(reactive)
+            sel = [r for r in results if r["planner"] == planner and r["mode"] == mode]
+            if reactive not in cfg.modes:
+                continue
+            agg = aggregate([r["score"] for r in sel])
+            prefix = "R" if reactive else "NR"
+            entry[f"{prefix}-CLS"], entry[f"{prefix}-SR"] = agg.cls, agg.success_rate
+            entry[f"{prefix}-n"] = agg.count
+            for metric in METRIC_NAMES:
+                vals = [r["metrics"][metric]["score"] for r in sel if metric in r.get("metrics", {})]
+                mean = sum(vals) / len(vals) if vals else float("nan")
+                metric_rows.append([planner, mode, metric, _fmt(100 * mean) if vals else "nan", len(vals)])
+        table.append(entry)
+    write_atomic(out / "per_metric.csv", _csv(metric_rows))
+    cols = ["NR-CLS", "NR-SR", "R-CLS", "R-SR"]
+    summary = [["planner", *cols, "scenarios"]]
+    for e in table:
+        n = e.get("NR-n", e.get("R-n", 0))
+        summary.append([e["planner"], *[_fmt(e[c]) if c in e else "" for c in cols], n])
+    write_atomic(out / "summary.csv", _csv(summary))
+    return table
+
+
+def _markdown(cfg: EvalConfig, summary: EvalSummary, command: str) -> str:
+    cols = ["NR-CLS", "NR-SR", "R-CLS", "R-SR"]
+    lines = [f"# Closed-loop evaluation: {cfg.suite}", "", f"Command: `{command}`", "",
+             f"Scenarios: {summary.scenario_count}; runs: {summary.runs} ({summary.skipped} resumed from disk).", "",
+             "| planner | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for e in summary.table:
+        lines.append(f"| {e['planner']} | " + " | ".join(_fmt(e[c]) if c in e else "-" for c in cols) + " |")
+    lines += ["", f"Wall time: {summary.wall_time:.1f} s; peak RSS: main process {summary.peak_rss_main_mb:.0f} MB, "
+              f"largest worker {summary.peak_rss_worker_mb:.0f} MB.", ""]
+    if summary.failures:
+        lines += [f"Failed runs ({len(summary.failures)}; each scored 0):", ""]
+        lines += [f"- {f['planner']} / {f['mode']} / {f['scenario']}: {f['status']}: {f['error']}"
+                  for f in summary.failures]
+    else:
+        lines.append("No scenario failed to load and no run crashed.")
+    return "\n".join(lines) + "\n"
+
+
+def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) -> EvalSummary:
+    started = time.perf_counter()
+    refs = resolve_suite(cfg.suite)
+    if cfg.limit is not None:
+        refs = refs[: cfg.limit]
+    if not refs:
+        raise EvaluationError(f"suite {cfg.suite!r} has no scenarios")
+    if cfg.expect_count is not None and len(refs) != cfg.expect_count:
+        raise EvaluationError(f"suite {cfg.suite!r} has {len(refs)} scenarios, expected {cfg.expect_count}")
+    planners = _planner_order(cfg.planners)
+    unknown = [p for p in planners if p not in planner_names()]
+    if unknown:
+        raise EvaluationError(f"unknown planner(s) {unknown}; registered: {', '.join(planner_names())}")
+    log.info("suite %s: %d scenarios x %d planners x %d modes", cfg.suite, len(refs), len(planners), len(cfg.modes))
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [Job(ref, p, reactive, str(cfg.out_dir), cfg.render)
+            for p in planners for reactive in cfg.modes for ref in refs]
+    todo = [j for j in jobs if not _finished(j)]
+    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"eval {cfg.suite}", unit="run",
+               disable=not progress)
+    if cfg.workers <= 1:
+        for job in todo:
+            run_job(job)
+            bar.update()
+    else:
+        env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        os.environ.update({k: "1" for k in env})  # inherited by the spawned workers
+        try:
+            with mp.get_context("spawn").Pool(cfg.workers, initializer=_worker_init) as pool:
+                for _ in pool.imap_unordered(run_job, todo, chunksize=1):
+                    bar.update()
+        finally:
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    bar.close()
+    results = _load_results(cfg, refs, planners)
+    table = write_reports(cfg, results, planners)
+    failures = [{k: r.get(k, "") for k in ("planner", "mode", "scenario", "status", "error")}
+                for r in results if r["status"] != STATUS_OK]
+    summary = EvalSummary(cfg.out_dir, len(refs), len(jobs), len(jobs) - len(todo), failures, table,
+                          time.perf_counter() - started,
+                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                          resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0)
+    write_atomic(cfg.out_dir / "summary.md", _markdown(cfg, summary, command))
+    info = {k: v for k, v in asdict(summary).items() if k != "out_dir"}
+    info.update(command=command, suite=cfg.suite, planners=planners, modes=[mode_name(m) for m in cfg.modes])
+    write_atomic(cfg.out_dir / "run.json", json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
+    return summary
+
+
+def _finished(job: Job) -> bool:
+    """A run is done when its result file parses (a torn or corrupt file is rerun)."""
+    try:
+        json.loads(job.result_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return True

@@ -1,0 +1,122 @@
+"""``luna-bridge eval`` end to end on a small directory suite: real simulator, real planners, real files.
+
+Two good 2-s scenarios (a lead vehicle on a straight two-lane road) and two bad files (not JSON; a
+NaN in the ego state). Checks the Table-III summary, the failure list, resume, determinism of the
+metric files (hash, also across worker processes) and the CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from luna_core.lanes import make_lane
+from luna_core.types import EgoState, LaneGraph, ObjectClass, Route
+
+from luna_bridge.cli import main
+from luna_bridge.evaluate import EvalConfig, EvaluationError, run_evaluation
+from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
+from luna_bridge.scenarios.format import save_scenario
+
+DURATION = 2.0
+
+
+def scenario(name: str, lead_gap: float) -> Scenario:
+    g = LaneGraph()
+    xs = np.linspace(-50.0, 200.0, 26)
+    g.add(make_lane("right", np.column_stack([xs, np.zeros_like(xs)]), 4.0, 15.0, road_id="r0", left_neighbor="left"))
+    g.add(make_lane("left", np.column_stack([xs, np.full_like(xs, 4.0)]), 4.0, 15.0, road_id="r0",
+                    right_neighbor="right"))
+    t = np.arange(-20, int(DURATION / SIM_DT) + 1) * SIM_DT
+    expert = AgentTrack("ego", ObjectClass.VEHICLE, 5.176, 2.297, t, 8.0 * t, np.zeros_like(t), np.zeros_like(t),
+                        np.full_like(t, 8.0), np.zeros_like(t))
+    ta = t[t >= 0]
+    lead = AgentTrack("lead", ObjectClass.VEHICLE, 4.5, 2.0, ta, lead_gap + 6.0 * ta, np.zeros_like(ta),
+                      np.zeros_like(ta), np.full_like(ta, 6.0), np.zeros_like(ta))
+    return Scenario(name, "following_lane_with_lead", g, Route(0.0, ["r0"]), EgoState(0.0, 0.0, 0.0, 0.0, 8.0),
+                    expert, [lead], duration=DURATION)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("suite")
+    save_scenario(scenario("a_lead_near", 20.0), d / "a_lead_near.json")
+    save_scenario(scenario("b_lead_far", 40.0), d / "b_lead_far.json")
+    (d / "c_broken.json").write_text("{ this is not json", encoding="utf-8")
+    bad = json.loads((d / "a_lead_near.json").read_text(encoding="utf-8"))
+    bad["name"] = "d_nan_state"
+    bad["ego_initial"]["velocity"] = "NaN"
+    (d / "d_nan_state.json").write_text(json.dumps(bad), encoding="utf-8")
+    return d
+
+
+def metric_hash(out: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(out.glob("scenarios/**/*.json")) + [out / n for n in ("per_scenario.csv", "per_metric.csv",
+                                                                      "summary.csv")]
+    for f in files:
+        h.update(str(f.relative_to(out)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def test_eval_table_failures_and_resume(suite: Path, tmp_path: Path) -> None:
+    cfg = EvalConfig(str(suite), ["idm"], modes=(False, True), out_dir=tmp_path / "out")
+    s = run_evaluation(cfg, progress=False)
+    assert s.scenario_count == 4 and s.runs == 16 and s.skipped == 0
+    assert [row["planner"] for row in s.table] == ["log-replay", "idm"]  # the expert row always first
+    expert = s.table[0]
+    assert expert["NR-n"] == 4 and expert["R-n"] == 4
+    assert expert["NR-SR"] == pytest.approx(50.0)  # two good scenarios succeed, two bad files score 0
+    failed = {(f["scenario"], f["status"]) for f in s.failures}
+    assert failed == {("c_broken", "load_error"), ("d_nan_state", "load_error")}
+    assert len(s.failures) == 8  # 2 files x 2 planners x 2 modes, none dropped
+    assert all("c_broken.json" in f["error"] for f in s.failures if f["scenario"] == "c_broken")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| planner | NR-CLS | NR-SR | R-CLS | R-SR |" in md and "c_broken" in md and "Wall time" in md
+    rows = (tmp_path / "out" / "per_scenario.csv").read_text().splitlines()
+    assert len(rows) == 1 + 16
+    result = json.loads((tmp_path / "out" / "scenarios" / "idm" / "reactive" / "a_lead_near.json").read_text())
+    assert result["status"] == "ok" and len(result["metrics"]["time_to_collision_within_bound"]["time_series"]) == 21
+
+    again = run_evaluation(cfg, progress=False)
+    assert again.skipped == 16
+    (tmp_path / "out" / "scenarios" / "idm" / "reactive" / "b_lead_far.json").unlink()
+    (tmp_path / "out" / "scenarios" / "idm" / "non_reactive" / "a_lead_near.json").write_text('{"torn')
+    resumed = run_evaluation(cfg, progress=False)
+    assert resumed.skipped == 14
+    assert metric_hash(tmp_path / "out") == metric_hash(tmp_path / "out")  # sanity of the helper
+    assert resumed.table == s.table
+
+
+@pytest.mark.slow  # ~20 s on a loaded 2-core machine: two PDM runs, one through 2 spawned workers
+def test_eval_metric_files_are_byte_identical_across_runs_and_workers(suite: Path, tmp_path: Path) -> None:
+    one = run_evaluation(EvalConfig(str(suite), ["pdm"], out_dir=tmp_path / "one", limit=2), progress=False)
+    two = run_evaluation(EvalConfig(str(suite), ["pdm"], out_dir=tmp_path / "two", limit=2, workers=2),
+                         progress=False)
+    assert one.failures == [] and two.failures == []
+    assert metric_hash(tmp_path / "one") == metric_hash(tmp_path / "two")
+    assert one.table[1]["NR-CLS"] > 0.0
+
+
+def test_eval_refuses_unknown_planner_and_wrong_count(suite: Path, tmp_path: Path) -> None:
+    with pytest.raises(EvaluationError, match="unknown planner"):
+        run_evaluation(EvalConfig(str(suite), ["nope"], out_dir=tmp_path / "x"), progress=False)
+    with pytest.raises(EvaluationError, match="has 4 scenarios, expected 5"):
+        run_evaluation(EvalConfig(str(suite), ["idm"], out_dir=tmp_path / "x", expect_count=5), progress=False)
+
+
+def test_cli_eval(suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli"
+    code = main(["eval", "--suite", str(suite), "--planner", "idm", "--mode", "non-reactive", "--limit", "2",
+                 "--out", str(out), "--render"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| log-replay |" in printed and "| idm |" in printed
+    assert (out / "renders" / "idm" / "non_reactive" / "a_lead_near.png").stat().st_size > 1000
+    assert (out / "renders" / "idm" / "non_reactive" / "a_lead_near.gif").read_bytes()[:3] == b"GIF"
+    assert main(["eval", "--suite", str(suite), "--planner", "idm", "--expect-count", "3", "--out", str(out)]) == 2
