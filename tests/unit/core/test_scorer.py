@@ -182,3 +182,12 @@ def test_bad_input_is_rejected_with_the_reason() -> None:
         score_proposals(p, context())
     with pytest.raises(ValueError, match="forecast has 11 steps"):
         score_proposals(states(constant(10.0))[None], context(ObjectBoxes.empty(11)))
+
+
+def test_best_falls_back_to_the_least_bad_proposal_when_all_totals_are_zero() -> None:
+    # Both proposals leave the road; the faster one without a collision is preferred over index 0.
+    slow_off = states(constant(2.0), y=-8.0)
+    fast_off = states(constant(10.0), y=-8.0)
+    s = score_proposals(np.stack([slow_off, fast_off]), context())
+    assert s.total.tolist() == [0.0, 0.0]
+    assert s.best == 1

@@ -13,9 +13,9 @@ Per proposal (PDM-Closed, tuplan_garage; nuPlan's at-fault rules):
   the lanes at any step), ``driving_direction`` (oncoming progress over any 1 s window: 1 below
   2 m, 0.5 below 6 m, else 0);
 * weighted: ``progress`` 5 (along the centreline, normalised by the best proposal that passes the
-  multiplicative terms; all 1 if that best is <= 0.1 m), ``ttc`` 5 (0 if the ego box projected at
-  constant velocity by +0, 0.3, 0.6, 0.9 s overlaps an object that is not behind it at that future
-  time), ``comfort`` 2 (nuPlan's comfort bounds over the horizon), and ``speed_limit`` with weight
+  multiplicative terms; all 1 if that best is <= 0.1 m; if none passes, by the best of all),
+  ``ttc`` 5 (0 if the ego box projected at constant velocity by +0, 0.3, 0.6, 0.9 s overlaps an
+  object that is not behind it at that future time), ``comfort`` 2 (nuPlan's comfort bounds over the horizon), and ``speed_limit`` with weight
   0 by default (PDM-Closed has no such term; nuPlan's CLS weighs it 4: set
   ``ScorerWeights.speed_limit`` to include it; its value is nuPlan's max(0, 1 - mean over-speed /
   2.23 m/s) over the horizon);
@@ -229,12 +229,18 @@ class ProposalScores:
     comfort: np.ndarray
     speed_limit: np.ndarray
     multiplicative: np.ndarray
+    weighted: np.ndarray  # weighted mean of the weighted terms
     total: np.ndarray
     time_to_at_fault_collision: np.ndarray  # s from now, inf if none
 
     @property
     def best(self) -> int:
-        return int(np.argmax(self.total))
+        """argmax of ``total``; when every total is 0, the best weighted score among proposals
+        without an at-fault collision (e.g. every proposal clips the drivable area in a tight
+        turn: the least bad one, not proposal 0)."""
+        if np.max(self.total) > 0.0:
+            return int(np.argmax(self.total))
+        return int(np.argmax(self.no_at_fault_collision * (1.0 + self.weighted)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -352,7 +358,10 @@ def score_proposals(states: np.ndarray, ctx: ScoringContext,
 
     s = ctx.centerline.project(states[..., :2]).s  # (P, T+1)
     raw_progress = s[:, -1] - s[:, 0]
-    best = float(np.max(raw_progress * (multiplicative > 0))) if p else 0.0
+    # Normalised by the best proposal passing the multiplicative terms; if none passes (every total
+    # is 0 anyway) by the best of all, so that ``best``'s fallback still prefers progress.
+    valid = multiplicative > 0
+    best = float(np.max(raw_progress[valid] if valid.any() else raw_progress)) if p else 0.0
     progress = np.clip(raw_progress / best, 0.0, 1.0) if best > PROGRESS_EPSILON else np.ones(p)
 
     ttc = _ttc(states, corners, ctx, collided)
@@ -369,4 +378,4 @@ def score_proposals(states: np.ndarray, ctx: ScoringContext,
     weighted = (weights.progress * progress + weights.ttc * ttc + weights.comfort * comfort
                 + weights.speed_limit * speed) / weights.total
     return ProposalScores(no_collision, drivable, direction, progress, raw_progress, ttc, comfort, speed,
-                          multiplicative, multiplicative * weighted, t_fault)
+                          multiplicative, weighted, multiplicative * weighted, t_fault)
