@@ -8,9 +8,11 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="luna-offline", description=__doc__)
-    parser.add_subparsers(dest="cmd", required=True)
-    parser.parse_args(argv)
-    return 0
+    subparsers = parser.add_subparsers(dest="cmd", required=True)
+    from luna_offline import frames; frames.register(subparsers)  # noqa: E702
+    from luna_offline import collect; collect.register(subparsers)  # noqa: E702
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0) if hasattr(args, "func") else 0
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ decision distribution is Eq. 10 over the ballots. Voters are pluggable:
   simulator); each voter samples an action from the scores and takes its score as confidence.
 
 Every failure (endpoint error, malformed answer) is recorded with its stage and reason and the run
-continues: a failed voter is dropped and counted, and a frame fails only when no voter survives.
+continues (except ``BudgetExceeded``, which propagates: the spending cap stops the collection): a failed voter is dropped and counted, and a frame fails only when no voter survives.
 When a weak model's free text does not parse and the backend can score fixed continuations
 (``ChoiceModel``), the answer is completed by constrained decoding; that is recorded per ballot
 (``vote_source`` / ``confidence_source``), never hidden. The rationale comes from the summarisation
@@ -29,7 +29,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from luna_core.llm.base import ChatModel, ChoiceModel, LLMError
+from luna_core.llm.base import BudgetExceeded, ChatModel, ChoiceModel, LLMError
 from luna_core.prompts import (CONFIDENCE_TAG, DECISION_TAG, MalformedModelOutput, PromptManager,
                                allowed_actions, format_ranked_answer, parse_confidence,
                                parse_ranked_answer, parse_vote)
@@ -149,6 +149,8 @@ def derive_seed(*parts: object) -> int:
 
 
 def _failure(stage: str, voter: int | None, exc: Exception) -> StageFailure:
+    if isinstance(exc, BudgetExceeded):  # not a voter's failure: the whole collection must stop
+        raise exc
     if isinstance(exc, MalformedModelOutput):
         return StageFailure(stage, voter, exc.problem, exc.reason, exc.excerpt)
     return StageFailure(stage, voter, type(exc).__name__, str(exc))
