@@ -7,6 +7,7 @@ EXECUTABLES = {
     "map_server": "luna_nodes.map_server:main",
     "scene_descriptor": "luna_nodes.scene_descriptor:main",
     "progress_monitor": "luna_nodes.progress_monitor:main",
+    "planner": "luna_nodes.planner:main",
 }
 
 setup(

@@ -7,6 +7,7 @@ logs it (throttled), counts it and shows it in ``/diagnostics``.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.clock import Clock, ClockType
 from rclpy.lifecycle import LifecycleNode
 from rclpy.node import Node
 
@@ -102,6 +104,43 @@ class LunaNodeMixin:
     def now_s(self) -> float:
         """Node-clock time in seconds (simulation time under use_sim_time)."""
         return self.get_clock().now().nanoseconds * 1e-9
+
+    def sim_time(self) -> bool:
+        return bool(self.get_parameter("use_sim_time").value)
+
+    def create_periodic(self, period: float, callback: Callable[[], None], callback_group=None):
+        """Call ``callback`` every ``period`` seconds of node time.
+
+        On wall time this is a plain timer. Under ``use_sim_time`` the calls happen at the instants
+        k * period of simulation time, checked against ``/clock`` every few milliseconds of wall
+        time: a lock-step simulator that holds the clock gets exactly one call per instant, never
+        a burst after a clock jump and never a call at the unset time 0.
+        """
+        if not self.sim_time():
+            return self.create_timer(period, callback, callback_group=callback_group)
+        state = {"next": None}
+
+        def poll() -> None:
+            now = self.now_s()
+            if now <= 0.0:
+                return
+            if state["next"] is None:
+                state["next"] = math.ceil(now / period - 1e-9) * period
+            if now + 1e-9 >= state["next"]:
+                state["next"] = (math.floor(now / period + 1e-9) + 1) * period
+                callback()
+
+        return self.create_timer(0.002, poll, callback_group=callback_group,
+                                 clock=Clock(clock_type=ClockType.STEADY_TIME))
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Poll ``predicate`` for up to ``timeout`` s of wall time (inputs arrive on other threads)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
 
     def _qos_warning(self, kind: str, topic: str) -> Callable:
         def on_incompatible(event) -> None:

@@ -21,6 +21,7 @@ NODE_MODULES = {
     "map_server": "luna_nodes.map_server",
     "scene_descriptor": "luna_nodes.scene_descriptor",
     "progress_monitor": "luna_nodes.progress_monitor",
+    "planner": "luna_nodes.planner",
 }
 
 BEGIN = "<!-- BEGIN GENERATED: interface (python -m luna_nodes.docs docs/nodes) -->"

@@ -56,7 +56,7 @@ class ProgressMonitorNode(LunaNode):
         self.luna_subscription(lm.SceneDescriptor, "luna/scene", self.on_scene, qos.RELIABLE)
         self.luna_subscription(lm.DecisionDistribution, "luna/decision",
                                lambda m: self.monitor.on_decision(convert.msg_to_decision(m)), qos.RELIABLE)
-        self.timer = self.create_timer(p["decision_period"], self.tick)
+        self.timer = self.create_periodic(p["decision_period"], self.tick)
 
     def on_scene(self, msg: lm.SceneDescriptor) -> None:
         scene = convert.msg_to_scene(msg)

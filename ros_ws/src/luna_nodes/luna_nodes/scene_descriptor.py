@@ -61,7 +61,7 @@ class SceneDescriptorNode(LunaNode):
         self.luna_subscription(lm.Route, "planning/route", self.on_route, qos.LATCHED)
         self.luna_subscription(lm.LaneGraph, "map/lane_graph", self.on_lane_graph, qos.LATCHED)
         self.luna_subscription(lm.DecisionDistribution, "luna/decision", self.on_decision, qos.RELIABLE)
-        self.timer = self.create_timer(1.0 / p["rate"], self.tick)
+        self.timer = self.create_periodic(1.0 / p["rate"], self.tick)
 
     # -- inputs -------------------------------------------------------------------------------------
 

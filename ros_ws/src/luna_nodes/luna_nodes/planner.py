@@ -1,0 +1,241 @@
+"""planner (managed): replans on a timer from the latest inputs and decision -> planning/trajectory.
+
+The planning algorithm is luna_core's (``make_planner``): the decision-guided Diffusion-ES planner by
+default, or a baseline. This node only gathers inputs, applies the degraded modes and publishes:
+
+* decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term;
+* planner exception or non-finite output: a comfortable stop along the route (or straight ahead);
+* a planning cycle longer than the replan period counts as a missed deadline.
+
+Under ``use_sim_time`` the cycle at sim time t waits (briefly, ``input_sync_timeout`` of wall time)
+for the odometry stamped t, so a lock-step bridge gets the same result as an in-process run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import luna_msgs.msg as lm
+from geometry_msgs.msg import AccelWithCovarianceStamped
+from nav_msgs.msg import Odometry
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.lifecycle import TransitionCallbackReturn
+from visualization_msgs.msg import MarkerArray
+
+from luna_core.planning.factory import PLANNER_NAMES, PlannerConfigError, make_planner
+from luna_core.planning.fallback import comfortable_stop
+from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
+                             TrafficLights)
+from luna_nodes import convert, markers, qos
+from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, run
+from luna_nodes.params import NodeInterface, ParamSpec
+
+INTERFACE = NodeInterface(
+    name="planner",
+    summary="Decision-guided motion planner (LUNA-AD Sec. III-D): Diffusion-ES per candidate action, "
+            "selection by Eq. 22; replans on a timer and always publishes a valid trajectory.",
+    inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 5 (2 s history kept)"),
+            ("localization/acceleration", "geometry_msgs/AccelWithCovarianceStamped", "reliable, keep last 5; "
+             "optional"),
+            ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
+            ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
+            ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
+            ("planning/route", "luna_msgs/Route", "reliable, transient local"),
+            ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
+    outputs=[("planning/trajectory", "luna_msgs/Trajectory", "reliable, keep last 10"),
+             ("planning/debug/candidates", "visualization_msgs/MarkerArray", "reliable, keep last 10")],
+    params=[
+        ParamSpec("autostart", bool, True, "Configure and activate on start (no lifecycle manager needed)."),
+        ParamSpec("planner", str, "luna", "Planning algorithm.", choices=PLANNER_NAMES),
+        ParamSpec("replan_period", float, 0.5, "Planning cycle.", "s", min=0.02, max=10.0),
+        ParamSpec("time_budget", float, 0.4, "Search budget per cycle; the best trajectory found so far is "
+                  "published when it runs out.", "s", min=0.01),
+        ParamSpec("decision_timeout", float, 1.0, "A decision older than this (2 T_d) is ignored: fallback "
+                  "objective without the decision term.", "s", min=0.0),
+        ParamSpec("history_duration", float, 2.0, "Ego history passed to the planner.", "s", min=0.0, max=10.0),
+        ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a cycle waits for the "
+                  "odometry (and at decision instants the decision) of its own instant.", "s", min=0.0),
+        ParamSpec("decision_period", float, 0.5, "T_d of the decision node, for the lock-step wait; 0 = never "
+                  "wait for decisions.", "s", min=0.0),
+        ParamSpec("max_input_age", float, 1.0, "Odometry older than this: publish a stop and report.", "s",
+                  min=0.01),
+        ParamSpec("population", int, 128, "Diffusion-ES population (luna, diffusion-es).", min=4, max=4096),
+        ParamSpec("gamma_p", float, 0.1, "Candidate-set threshold of Eq. 19.", min=0.0, max=1.0),
+        ParamSpec("diffusion_model", str, "", "Folder of the diffusion prior; empty = the bundled default."),
+    ],
+)
+
+
+class PlannerNode(LunaLifecycleNode):
+    def __init__(self) -> None:
+        super().__init__(INTERFACE)
+        self.lock = threading.Lock()
+        self.history: deque[EgoState] = deque()
+        self.acceleration = 0.0
+        self.objects: TrackedObjects | None = None
+        self.lights: TrafficLights | None = None
+        self.graph: LaneGraph | None = None
+        self.route: Route | None = None
+        self.decision: DecisionDistribution | None = None
+        self.planner = None
+        self.timer = None
+        self.trajectory_pub = None
+        self.markers_pub = None
+        inputs = MutuallyExclusiveCallbackGroup()  # inputs keep flowing while a cycle runs
+        sub = lambda t, topic, cb, q: self.luna_subscription(t, topic, cb, q, callback_group=inputs)  # noqa: E731
+        sub(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR)
+        sub(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration, qos.SENSOR)
+        sub(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
+        sub(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
+        sub(lm.LaneGraph, "map/lane_graph", self.on_lane_graph, qos.LATCHED)
+        sub(lm.Route, "planning/route", self.on_route, qos.LATCHED)
+        sub(lm.DecisionDistribution, "luna/decision", self.on_decision, qos.RELIABLE)
+        self.cycle_group = MutuallyExclusiveCallbackGroup()
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def on_configure(self, state) -> TransitionCallbackReturn:
+        p = self.params
+        options = {}
+        if p["planner"] in ("luna", "diffusion-es"):
+            options = {"population": p["population"], "gamma_p": p["gamma_p"], "time_budget": p["time_budget"]}
+            if p["diffusion_model"]:
+                options["model_path"] = p["diffusion_model"]
+        try:
+            self.planner = make_planner(p["planner"], options)
+        except (PlannerConfigError, OSError, ValueError) as exc:
+            self.diagnostics.set_condition("planner", ERROR, f"cannot build planner '{p['planner']}': {exc}")
+            return TransitionCallbackReturn.FAILURE
+        self.trajectory_pub = self.luna_publisher(lm.Trajectory, "planning/trajectory", qos.RELIABLE, lifecycle=True)
+        self.markers_pub = self.luna_publisher(MarkerArray, "planning/debug/candidates", qos.RELIABLE,
+                                               lifecycle=True)
+        self.diagnostics.set_value("missed_deadlines", 0)
+        self.get_logger().info(f"configured planner '{p['planner']}'")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state) -> TransitionCallbackReturn:
+        self.timer = self.create_periodic(self.params["replan_period"], self.cycle, self.cycle_group)
+        return super().on_activate(state)
+
+    def on_deactivate(self, state) -> TransitionCallbackReturn:
+        if self.timer is not None:
+            self.destroy_timer(self.timer)
+            self.timer = None
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state) -> TransitionCallbackReturn:
+        self.planner = None
+        return TransitionCallbackReturn.SUCCESS
+
+    # -- inputs -------------------------------------------------------------------------------------
+
+    def on_odometry(self, msg: Odometry) -> None:
+        ego = convert.odometry_to_ego(msg)
+        if not ego.is_finite():
+            raise ValueError("odometry contains NaN or inf")
+        with self.lock:
+            if self.history and ego.stamp < self.history[-1].stamp:
+                raise ValueError(f"odometry stamp {ego.stamp:.3f} s is older than the last one")
+            ego.acceleration = self.acceleration
+            self.history.append(ego)
+            while self.history and ego.stamp - self.history[0].stamp > self.params["history_duration"] + 1e-9:
+                self.history.popleft()
+
+    def on_acceleration(self, msg: AccelWithCovarianceStamped) -> None:
+        self.acceleration = float(msg.accel.accel.linear.x)
+
+    def on_objects(self, msg: lm.TrackedObjects) -> None:
+        self.objects = convert.msg_to_objects(msg)
+
+    def on_lights(self, msg: lm.TrafficLightStateArray) -> None:
+        self.lights = convert.msg_to_lights(msg)
+
+    def on_lane_graph(self, msg: lm.LaneGraph) -> None:
+        self.graph = convert.msg_to_lane_graph(msg)
+
+    def on_route(self, msg: lm.Route) -> None:
+        self.route = convert.msg_to_route(msg)
+
+    def on_decision(self, msg: lm.DecisionDistribution) -> None:
+        self.decision = convert.msg_to_decision(msg)  # raises (-> rejected, diagnosed) if invalid
+
+    # -- the planning cycle -------------------------------------------------------------------------
+
+    def _has_inputs_of(self, now: float) -> bool:
+        with self.lock:
+            ego_ok = bool(self.history) and self.history[-1].stamp >= now - 1e-6
+        decision_period = self.params["decision_period"]
+        decision_due = self.params["planner"] == "luna" and decision_period > 0 and \
+            abs(now / decision_period - round(now / decision_period)) < 1e-6
+        decision_ok = not decision_due or (self.decision is not None and self.decision.stamp >= now - 1e-6)
+        return ego_ok and decision_ok
+
+    def planner_input(self, now: float) -> PlannerInput | None:
+        with self.lock:
+            history = list(self.history)
+        missing = [n for n, v in (("odometry", history), ("lane graph", self.graph), ("route", self.route)) if not v]
+        if missing:
+            self.diagnostics.set_condition("inputs", WARN, f"waiting for {', '.join(missing)}")
+            return None
+        age = now - history[-1].stamp
+        if age > self.params["max_input_age"]:
+            self.diagnostics.set_condition("inputs", WARN, f"odometry is stale ({age:.2f} s old)")
+        else:
+            self.diagnostics.clear("inputs")
+        decision = self.decision
+        if decision is not None and now - decision.stamp > self.params["decision_timeout"]:
+            decision = None
+        if decision is None and self.params["planner"] == "luna":
+            self.diagnostics.set_condition("decision", WARN, "no decision within 2 T_d: fallback objective "
+                                                              "without the decision term")
+        else:
+            self.diagnostics.clear("decision")
+        return PlannerInput(time=now, ego_history=history, objects=self.objects or TrackedObjects(now),
+                            traffic_lights=self.lights or TrafficLights(now), lane_graph=self.graph,
+                            route=self.route, decision=decision)
+
+    def cycle(self) -> None:
+        if self.planner is None or self.trajectory_pub is None:
+            return
+        started = time.perf_counter()
+        now = self.now_s()
+        if self.sim_time():
+            # Lock step: the odometry (and, at a decision instant, the decision) of this very instant.
+            self.wait_until(lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
+        pin = self.planner_input(now)
+        if pin is None:
+            return
+        if now - pin.ego.stamp > self.params["max_input_age"]:
+            trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
+        else:
+            try:
+                trajectory = self.planner.plan(pin)
+                if not trajectory.is_finite() or len(trajectory) < 2:
+                    raise ValueError("planner returned a non-finite or empty trajectory")
+                reason = getattr(getattr(self.planner, "last", None), "degraded_reason", "")
+                if reason:
+                    self.diagnostics.set_condition("planning", WARN, reason)
+                else:
+                    self.diagnostics.clear("planning")
+            except Exception as exc:  # noqa: BLE001 - any planner failure -> comfortable stop
+                self.diagnostics.set_condition("planning", ERROR, f"planner failed ({exc}): comfortable stop")
+                self.diagnostics.increment("planner_failures")
+                trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
+        trajectory.stamp = now
+        self.trajectory_pub.publish(convert.trajectory_to_msg(trajectory))
+        self.markers_pub.publish(markers.candidate_markers(self.planner, convert.to_time(now)))
+        elapsed = time.perf_counter() - started
+        self.diagnostics.set_value("cycle_time_s", elapsed)
+        self.diagnostics.increment("cycles")
+        if elapsed > self.params["replan_period"]:
+            self.diagnostics.increment("missed_deadlines")
+
+
+def main(args=None) -> int:
+    return run([PlannerNode], args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
