@@ -31,7 +31,7 @@ from .msgtypes import MessageTypes
 from .play import PlayReport, Player
 from .reader import BagError, BagReader
 from .record import Recorder, drain
-from .topics import OUTPUT_TOPICS
+from .topics import is_replay_input
 from .writer import BagExistsError, BagWriter, resolve_output
 
 #: Starts the stack, logging to the given file; the context manager stops it on exit.
@@ -67,7 +67,7 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
     stop = stop or threading.Event()
     reader = BagReader(bag)  # BagError for an unreadable bag, before anything starts
     if topics is None:
-        topics = [t for t in reader.topics if t not in OUTPUT_TOPICS]
+        topics = [t for t in reader.topics if is_replay_input(t)]
     writer = BagWriter(output, storage, MessageTypes())
     report_dir = output / "report"
     report_dir.mkdir()
@@ -166,7 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, help="bag to record the inputs and outputs into")
     parser.add_argument("-s", "--storage", choices=["mcap", "sqlite3"], default=None)
     parser.add_argument("-r", "--rate", type=float, default=1.0, help="playback speed factor")
-    parser.add_argument("--topics", nargs="+", help="input topics to play (default: all but stack outputs)")
+    parser.add_argument("--topics", nargs="+", help="input topics to play (default: all but stack outputs, "
+                        "/rosout, /parameter_events and lifecycle transition events)")
     parser.add_argument("--no-stack", action="store_true", help="do not start the stack (one is running)")
     parser.add_argument("--topology", type=Path, help="topology file (default: luna_bringup's)")
     parser.add_argument("--only", default="", help="comma-separated process or node names to start")

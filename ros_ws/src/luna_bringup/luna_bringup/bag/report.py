@@ -25,8 +25,8 @@ from luna_core.types import ACTION_CODES  # noqa: E402
 
 from .msgtypes import MessageTypes, UnknownMessageType  # noqa: E402
 from .reader import BagIssue, BagReader  # noqa: E402
-from .topics import (DECISION, DIAGNOSTICS, EXPLANATION, FAILURE, LANE_GRAPH, ODOMETRY, OUTPUT_TOPICS,  # noqa: E402
-                     REFLECTION, TRAJECTORY)
+from .topics import (DECISION, DIAGNOSTICS, EXPLANATION, FAILURE, INPUT_TOPICS, LANE_GRAPH, ODOMETRY,  # noqa: E402
+                     OUTPUT_TOPICS, REFLECTION, TRAJECTORY)
 
 _REPORT_TOPICS = (ODOMETRY, LANE_GRAPH, DECISION, FAILURE, EXPLANATION, REFLECTION, TRAJECTORY, DIAGNOSTICS)
 _DIAG_LEVELS = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
@@ -102,7 +102,7 @@ def overview(data: ReportData, title: str) -> Section:
     sec.paragraphs.append(f"{title}: {sum(c for _, c in data.counts.values())} messages on "
                           f"{len(data.counts)} topics over {span:.1f} s. Times below are seconds from the "
                           "first message of the bag.")
-    rows = [[t, ty, str(c), "output" if t in OUTPUT_TOPICS else "input"]
+    rows = [[t, ty, str(c), "output" if t in OUTPUT_TOPICS else "input" if t in INPUT_TOPICS else "other"]
             for t, (ty, c) in sorted(data.counts.items())]
     sec.tables.append((["topic", "type", "messages", "role"], rows))
     problems = [str(i) for i in data.issues]

@@ -8,6 +8,7 @@ OBJECTS = "/perception/objects"
 TRAFFIC_LIGHTS = "/perception/traffic_lights"
 ROUTE = "/planning/route"
 LANE_GRAPH = "/map/lane_graph"
+INPUT_TOPICS = (CLOCK, ODOMETRY, OBJECTS, TRAFFIC_LIGHTS, ROUTE, LANE_GRAPH)
 
 # Outputs
 SCENE = "/luna/scene"
@@ -21,3 +22,11 @@ CANDIDATES = "/planning/debug/candidates"
 DIAGNOSTICS = "/diagnostics"
 OUTPUT_TOPICS = (SCENE, DECISION, FAILURE, EXPLANATION, REFLECTION, MEMORY_VERSION, TRAJECTORY, CANDIDATES,
                  DIAGNOSTICS)
+
+#: ROS bookkeeping topics: recorded like anything else, never replayed into a live stack.
+INFRASTRUCTURE = ("/rosout", "/parameter_events")
+
+
+def is_replay_input(topic: str) -> bool:
+    """Whether ``luna replay`` plays ``topic`` by default: not a stack output, not ROS bookkeeping."""
+    return topic not in OUTPUT_TOPICS and topic not in INFRASTRUCTURE and not topic.endswith("/transition_event")
