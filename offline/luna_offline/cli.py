@@ -9,6 +9,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="luna-offline", description=__doc__)
     subparsers = parser.add_subparsers(dest="cmd", required=True)
+    from luna_offline import train_diffusion; train_diffusion.register(subparsers)  # noqa: E702
     from luna_offline import frames; frames.register(subparsers)  # noqa: E702
     from luna_offline import collect; collect.register(subparsers)  # noqa: E702
     args = parser.parse_args(argv)

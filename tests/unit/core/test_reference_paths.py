@@ -59,3 +59,20 @@ def test_empty_graph_and_off_map_raise_named_errors() -> None:
         reference_paths(three_lane_graph(), ROUTE, ego_at(50.0, 80.0))
     with pytest.raises(OffMapError, match="not finite"):
         reference_paths(three_lane_graph(), ROUTE, ego_at(float("nan"), 0.0))
+
+
+def test_fast_lateral_offset_matches_polyline_projection_on_a_curve() -> None:
+    g = LaneGraph()
+    a = np.linspace(-np.pi / 2, np.pi / 2, 60)
+    arc = np.column_stack([30.0 * np.cos(a), 30.0 + 30.0 * np.sin(a)])  # radius 30 m left turn
+    g.add(make_lane("C", arc, 3.5, 10.0, "C"))
+    path = reference_paths(g, Route(0.0, ["C"]), EgoState(0.0, 0.0, 0.0, 0.0, 5.0))["K"]
+    rng = np.random.default_rng(0)
+    s = rng.uniform(0.0, path.centerline.length, 500)
+    base = path.centerline.interpolate(s)
+    d = rng.uniform(-6.0, 6.0, 500)
+    pts = base[:, :2] + d[:, None] * np.column_stack([-np.sin(base[:, 2]), np.cos(base[:, 2])])
+    np.testing.assert_allclose(path.lateral_offset(pts), path.centerline.project(pts).lateral, atol=1e-6)
+    np.testing.assert_allclose(path.lateral_offset(pts), d, atol=0.05)  # chords of a 30 m circle
+    beyond = np.array([[path.centerline.points[-1, 0] - 10.0, path.centerline.points[-1, 1] + 1.0]])
+    np.testing.assert_allclose(path.lateral_offset(beyond), path.centerline.project(beyond).lateral, atol=1e-9)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+from scipy.spatial import cKDTree
 
 from luna_core.lanes import LaneMap, Polyline, lane_map, route_lanes_from_pose
 from luna_core.types import EgoState, LaneGraph, Route
@@ -38,13 +40,43 @@ class ReferencePath:
     ego_s: float  # arc length of the ego's foot point on ``centerline`` (m)
     speed_limit: float  # m/s of the first lane; DEFAULT_SPEED_LIMIT where the map has none
 
+    @cached_property
+    def _tree(self) -> cKDTree:
+        return cKDTree(self.centerline.points)
+
     def lateral_offset(self, xy: np.ndarray) -> np.ndarray:
         """Signed offsets (...,) of points (..., 2) from the centreline, positive to the left.
 
         Beyond the ends of the path the offset is measured from the extended end segments, so a
-        trajectory running past the end of the map window is not penalised for it.
+        trajectory running past the end of the map window is not penalised for it. The path is
+        evenly resampled, so the foot point lies on a segment next to the nearest vertex: a k-d tree
+        query plus two segments per point, instead of every point against every segment
+        (``Polyline.project``), which dominated the cost of scoring a Diffusion-ES population.
         """
-        return self.centerline.project(xy).lateral
+        q = np.asarray(xy, dtype=np.float64)
+        lead = q.shape[:-1]
+        q = q.reshape(-1, 2)
+        pts = self.centerline.points
+        last = len(pts) - 2  # index of the last segment
+        _, nearest = self._tree.query(q)
+        best_d = np.full(len(q), np.inf)
+        best_lat = np.zeros(len(q))
+        for seg in (np.clip(nearest - 1, 0, last), np.clip(nearest, 0, last)):
+            a, b = pts[seg], pts[seg + 1]
+            v = b - a
+            length2 = np.maximum(np.einsum("ij,ij->i", v, v), 1e-18)
+            rel = q - a
+            t = np.einsum("ij,ij->i", rel, v) / length2
+            tc = np.clip(t, 0.0, 1.0)
+            # Beyond the ends, keep the normal of the end segment (as Polyline.project does).
+            tc = np.where((seg == 0) & (t < 0.0), t, tc)
+            tc = np.where((seg == last) & (t > 1.0), t, tc)
+            d = np.hypot(*(rel - tc[:, None] * v).T)
+            lat = (v[:, 0] * rel[:, 1] - v[:, 1] * rel[:, 0]) / np.sqrt(length2)
+            closer = d < best_d
+            best_d = np.where(closer, d, best_d)
+            best_lat = np.where(closer, lat, best_lat)
+        return best_lat.reshape(lead)
 
 
 def _crop(lm: LaneMap, lane_ids: list[str], x: float, y: float, behind: float, ahead: float,
@@ -66,7 +98,7 @@ def _speed_limit(graph: LaneGraph, lane_id: str) -> float:
 
 
 def reference_paths(graph: LaneGraph, route: Route, ego: EgoState, *, behind: float = 10.0,
-                    ahead: float = 200.0, spacing: float = 1.0) -> dict[str, ReferencePath]:
+                    ahead: float = 200.0, spacing: float = 2.0) -> dict[str, ReferencePath]:
     """Reference paths keyed by lateral code ("K" always, "L"/"R" where that neighbour exists).
 
     Raises ``OffMapError`` when the graph is empty or no lane is near the ego pose.

@@ -1,0 +1,250 @@
+"""Diffusion-ES (Yang et al.; LUNA-AD Eq. 21, CALMM-Drive Eq. 7): gradient-free optimisation of
+trajectories under a black-box objective with a trajectory diffusion prior.
+
+One search runs G objective *groups* at once (the candidate actions of C_t, each with its own J_a;
+or a single J_gen group without decisions). Per group the population has ``population`` members:
+
+1. warm starts (at most ``warm_starts`` per group, e.g. IDM proposals along the action's reference
+   lane at speeds inside its interval) are scored first, so a usable answer exists at once;
+2. prior samples: ``population`` trajectories denoised from noise, conditioned on the ego history
+   only. They do not depend on the objective, so one batch is shared by every group (each group
+   takes the first ``population - W_g`` of them next to its W_g warm starts): G times fewer network
+   evaluations than sampling per group, the same distribution;
+3. ``iterations`` rounds, all groups batched: resample ``population`` members per group with
+   probability proportional to exp(temperature x J) (Eq. 7b-c), renoise them to the noise level
+   from which ``renoise_steps[i]`` DDIM steps remain (7d) and denoise those steps (7e), then score.
+
+The best member ever seen per group is the result (Eq. 21b). Scoring is split in two so that the
+expensive part (tracking every trajectory with LQR + bicycle and the PDM-style J_gen) runs once per
+batch for all groups, and only the cheap per-group part (J_dec and Eq. 20) runs per group.
+
+Anytime: every stage is skipped if the time it took so far (per member) says it would end past the
+deadline, and denoising stops between DDIM steps at the deadline; whatever is best by then is
+returned, with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+from scipy.interpolate import CubicSpline
+
+from luna_core.planning.diffusion import TrajectoryDiffusionPrior, verlet_decode, verlet_encode
+
+
+@dataclass(frozen=True)
+class DiffusionESConfig:
+    population: int = 128  # per group (CALMM-Drive uses 128)
+    warm_starts: int = 15  # at most this many members per group come from warm starts
+    iterations: int = 2  # renoise-denoise rounds (the efficient Diffusion-ES)
+    renoise_steps: tuple[int, ...] = (5, 1)  # DDIM steps left after renoising, per round (cycled)
+    temperature: float = 10.0  # exp(temperature x score) elite resampling (Eq. 7b)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.population < 1 or self.warm_starts < 0 or self.iterations < 0:
+            raise ValueError(f"DiffusionESConfig: population >= 1, warm_starts >= 0, iterations >= 0 "
+                             f"(got {self.population}, {self.warm_starts}, {self.iterations})")
+        if self.iterations and not self.renoise_steps:
+            raise ValueError("DiffusionESConfig.renoise_steps is empty but iterations > 0")
+        if self.temperature < 0:
+            raise ValueError(f"DiffusionESConfig.temperature must be >= 0, got {self.temperature}")
+
+
+@dataclass
+class Evaluation:
+    """The expensive, objective-independent part of scoring a batch of M trajectories."""
+
+    states: np.ndarray  # (M, T+1, 8) tracked states
+    j_gen: np.ndarray  # (M,)
+
+
+class PopulationObjective(Protocol):
+    """What Diffusion-ES needs from the planner: shared evaluation, then per-group scores."""
+
+    def evaluate(self, poses: np.ndarray) -> Evaluation:
+        """Track and score ego-frame waypoints (M, N, 3) (the shared, expensive part)."""
+
+    def group_terms(self, group: int, evaluation: Evaluation, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-row terms of ``group``'s objective for ``evaluation`` rows; key "score" is J."""
+
+
+@dataclass
+class GroupBest:
+    """The best member found for one group: ego-frame waypoints, objective terms and tracked states."""
+
+    poses: np.ndarray  # (N, 3)
+    score: float
+    terms: dict[str, float]
+    states: np.ndarray  # (T+1, 8)
+    origin: str  # "warm_start", "prior" or "iteration <k>"
+
+
+@dataclass
+class ESResult:
+    best: list[GroupBest | None]
+    stages_done: list[str] = field(default_factory=list)
+    budget_cut: str = ""  # non-empty: which stage the deadline cut, and why
+    network_evaluations: int = 0  # denoiser forward passes (any batch size)
+    members_scored: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def densify(poses: np.ndarray, seed: np.ndarray, waypoint_dt: float, dt: float, steps: int) -> np.ndarray:
+    """Cubic-spline ego-frame waypoints (B, N, 3) at ``waypoint_dt`` to (B, steps+1, 3) poses every
+    ``dt`` from now. Knots: the seed's previous pose at -waypoint_dt, the current pose at 0 and the
+    waypoints, so the start of the curve agrees with the recent motion."""
+    poses = np.asarray(poses, dtype=np.float64)
+    b, n, _ = poses.shape
+    knots = np.concatenate([np.broadcast_to(seed, (b, 2, 3)), poses], axis=1)
+    times = waypoint_dt * np.arange(-1, n + 1)
+    return CubicSpline(times, knots, axis=1)(dt * np.arange(steps + 1))
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.rates: dict[str, float] = {}  # seconds per member and stage kind
+
+    def estimate(self, kind: str, members: int) -> float:
+        return self.rates.get(kind, 0.0) * members
+
+    def record(self, kind: str, members: int, seconds: float) -> None:
+        self.rates[kind] = max(self.rates.get(kind, 0.0), seconds / max(members, 1))
+
+
+def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.ndarray,
+                 warm_starts: list[np.ndarray], objective: PopulationObjective,
+                 config: DiffusionESConfig = DiffusionESConfig(), deadline: float | None = None,
+                 generator: torch.Generator | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> ESResult:
+    """Run Diffusion-ES for ``len(warm_starts)`` groups.
+
+    ``history`` (H, 7) and ``seed`` (2, 3): the prior's conditioning and Verlet seed
+    (``diffusion.history_from_states``); ``warm_starts[g]``: (W_g, N, 3) ego-frame waypoints (W_g may
+    be 0); ``deadline``: absolute ``clock()`` time after which the search returns what it has.
+    """
+    groups = len(warm_starts)
+    pop = config.population
+    n = prior.config.num_waypoints
+    gen = generator if generator is not None else torch.Generator().manual_seed(config.seed)
+    rng = np.random.default_rng(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen)))
+    result = ESResult(best=[None] * groups)
+    timer = _Timer()
+    hist_t = prior.history_tensor(history)
+
+    def time_left() -> float:
+        return np.inf if deadline is None else deadline - clock()
+
+    def stop_now() -> bool:
+        return time_left() <= 0.0
+
+    def score(poses: np.ndarray, members: list[np.ndarray], origin: str) -> list[np.ndarray]:
+        """Evaluate unique poses once; return each group's J over its member rows; track bests."""
+        t0 = clock()
+        ev = objective.evaluate(poses)
+        timer.record("evaluate", len(poses), clock() - t0)
+        result.members_scored += len(poses)
+        out = []
+        for g, rows in enumerate(members):
+            if len(rows) == 0:
+                out.append(np.zeros(0))
+                continue
+            terms = objective.group_terms(g, ev, rows)
+            j = np.nan_to_num(np.asarray(terms["score"], dtype=np.float64), nan=-1.0)
+            k = int(np.argmax(j))
+            cur = result.best[g]
+            if cur is None or j[k] > cur.score:
+                result.best[g] = GroupBest(poses[rows[k]].copy(), float(j[k]),
+                                           {key: float(v[k]) for key, v in terms.items()},
+                                           ev.states[rows[k]].copy(), origin)
+            out.append(j)
+        return out
+
+    def denoise(noisy: torch.Tensor, steps: int, kind: str) -> torch.Tensor | None:
+        members = noisy.shape[0]
+        if timer.estimate(kind, members * steps) > time_left():
+            result.budget_cut = f"skipped {kind} ({members} members x {steps} steps): not enough time left"
+            return None
+        t0 = clock()
+        x = prior.denoise(noisy, hist_t, steps, should_stop=stop_now)
+        result.network_evaluations += steps if x is not None else 0
+        if x is None:
+            result.budget_cut = f"deadline reached while denoising ({kind})"
+            return None
+        timer.record(kind, members * steps, clock() - t0)
+        return x
+
+    t_start = clock()
+    # 1. Warm starts.
+    warm = [np.asarray(w, dtype=np.float64).reshape(-1, n, 3)[: config.warm_starts] for w in warm_starts]
+    sizes = [len(w) for w in warm]
+    warm_scores = [np.zeros(0) for _ in range(groups)]
+    if sum(sizes):
+        offsets = np.cumsum([0] + sizes)
+        warm_scores = score(np.concatenate(warm), [np.arange(offsets[g], offsets[g + 1]) for g in range(groups)],
+                            "warm_start")
+        result.stages_done.append("warm_starts")
+    result.timings["warm_starts"] = clock() - t_start
+
+    # 2. Prior samples shared by all groups.
+    t0 = clock()
+    if stop_now():
+        result.budget_cut = "deadline reached after scoring the warm starts"
+        return result
+    noise = torch.randn((pop, n, 3), generator=gen, device=prior.device)
+    clean = denoise(noise, prior.config.inference_steps, "denoise")
+    if clean is None:
+        return result
+    prior_poses = _decode(prior, clean, seed)
+    populations: list[np.ndarray] = []
+    members = [np.arange(pop - len(w)) for w in warm]
+    if timer.estimate("evaluate", pop) > time_left():
+        result.budget_cut = "skipped scoring the prior samples: not enough time left"
+        return result
+    prior_scores = score(prior_poses, members, "prior")
+    scores: list[np.ndarray] = []
+    for g in range(groups):
+        populations.append(np.concatenate([prior_poses[members[g]], warm[g]]))
+        scores.append(np.concatenate([prior_scores[g], warm_scores[g]]))
+    result.stages_done.append("prior")
+    result.timings["prior"] = clock() - t0
+
+    # 3. Elite resampling, renoise, denoise.
+    for it in range(config.iterations):
+        t0 = clock()
+        steps = config.renoise_steps[it % len(config.renoise_steps)]
+        picks = []
+        for g in range(groups):
+            s = scores[g]
+            logits = config.temperature * (s - s.max())
+            p = np.exp(logits)
+            p /= p.sum()
+            picks.append(populations[g][rng.choice(len(s), size=pop, p=p)])
+        elites = np.concatenate(picks)
+        seeds = np.broadcast_to(seed, (len(elites), 2, 3))
+        x0 = prior.normalise(verlet_encode(elites, seeds))
+        noisy = prior.renoise(x0, steps, gen)
+        clean = denoise(noisy, steps, "denoise")
+        if clean is None:
+            break
+        new = _decode(prior, clean, seed)
+        if timer.estimate("evaluate", len(new)) > time_left():
+            result.budget_cut = f"skipped scoring iteration {it + 1}: not enough time left"
+            break
+        rows = [np.arange(g * pop, (g + 1) * pop) for g in range(groups)]
+        new_scores = score(new, rows, f"iteration {it + 1}")
+        populations = [new[r] for r in rows]
+        scores = new_scores
+        result.stages_done.append(f"iteration {it + 1}")
+        result.timings[f"iteration {it + 1}"] = clock() - t0
+    return result
+
+
+def _decode(prior: TrajectoryDiffusionPrior, actions: torch.Tensor, seed: np.ndarray) -> np.ndarray:
+    raw = prior.denormalise(actions)
+    return verlet_decode(raw, np.broadcast_to(seed, (len(raw), 2, 3)))
+
