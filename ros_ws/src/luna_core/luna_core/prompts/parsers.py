@@ -75,6 +75,11 @@ def _check_text(text: object, kind: str) -> str:
     return stripped
 
 
+def _missing_or_truncated(text: str) -> str:
+    """An answer without its final line either stops mid-sentence (cut off) or just omits it."""
+    return "missing" if text.rstrip()[-1:] in ".!?)\"'*" else "truncated"
+
+
 def _allowed_set(allowed: Iterable[str] | None) -> tuple[str, ...]:
     if allowed is None:
         return ACTION_CODES
@@ -113,7 +118,7 @@ def parse_vote(text: str, allowed: Iterable[str] | None = None) -> str:
     allowed_codes = _allowed_set(allowed)
     values = _tagged_lines(text, DECISION_TAG)
     if not values:
-        raise MalformedModelOutput(kind, "missing" if len(text) > 40 else "truncated",
+        raise MalformedModelOutput(kind, _missing_or_truncated(text),
                                    f"no line starting with {DECISION_TAG!r}", text[-_EXCERPT_CHARS:])
     codes = set()
     for value in values:
@@ -134,7 +139,7 @@ def parse_confidence(text: str) -> float:
     text = _check_text(text, kind)
     values = _tagged_lines(text, CONFIDENCE_TAG)
     if not values:
-        raise MalformedModelOutput(kind, "missing" if len(text) > 40 else "truncated",
+        raise MalformedModelOutput(kind, _missing_or_truncated(text),
                                    f"no line starting with {CONFIDENCE_TAG!r}", text[-_EXCERPT_CHARS:])
     numbers = set()
     for value in values:
