@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from luna_bridge import eval_command
+from luna_bridge import eval_command, ros_command
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="luna-bridge", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     eval_command.register(sub)  # each command module registers itself and sets ``func``
+    ros_command.register(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -1,0 +1,170 @@
+"""The ROS bridge: the built-in simulator driving a stack that runs as ROS nodes, in lock step.
+
+``RosStackPlanner`` is a ``luna_core.types.Planner`` whose ``plan`` publishes the simulator's state
+(``/clock``, odometry, acceleration, objects, traffic lights; the lane graph and route latched once)
+and, at every replan instant, waits for the stack's ``planning/trajectory`` of that very instant.
+``simulate`` calls it every step, so the stack sees 0.1 s steps of simulation time and the result is
+the same as running the planner in process (``tests/closed_loop/test_ros_lockstep.py``). A trajectory
+that does not arrive within the timeout counts as a planner failure (the simulator then tracks a
+comfortable stop).
+
+Simulation time t maps to ROS time t + ``TIME_OFFSET``: ROS treats time 0 as "unset", and the ego
+history before the scenario start needs stamps too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import rclpy
+from geometry_msgs.msg import AccelWithCovarianceStamped
+from nav_msgs.msg import Odometry
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from rosgraph_msgs.msg import Clock
+
+import luna_msgs.msg as lm
+from luna_core.types import DecisionDistribution, PlannerInput, Trajectory
+from luna_nodes import convert, qos
+
+from luna_bridge.scenario import SIM_DT, Scenario
+
+TIME_OFFSET = 100.0  # s added to simulation time on the wire
+
+
+class PlannerTimeout(RuntimeError):
+    """The stack did not answer a replan in time (a planner failure for the simulator)."""
+
+
+@dataclass(frozen=True)
+class LockstepConfig:
+    replan_period: float = 0.5  # s, the planner node's replan_period
+    timeout: float = 10.0  # s of wall time to wait for a trajectory
+    connect_timeout: float = 30.0  # s of wall time to wait for the stack's subscribers
+
+
+class RosStackPlanner:
+    """Drives the stack over ROS; see the module docstring."""
+
+    name = "ros-stack"
+
+    def __init__(self, scenario: Scenario, config: LockstepConfig = LockstepConfig(),
+                 context: rclpy.Context | None = None, node_name: str = "luna_bridge") -> None:
+        self.scenario = scenario
+        self.config = config
+        self.node = Node(node_name, context=context)
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.node)
+        n = self.node
+        self.clock_pub = n.create_publisher(Clock, "/clock", qos.RELIABLE)
+        self.odom_pub = n.create_publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        self.accel_pub = n.create_publisher(AccelWithCovarianceStamped, "localization/acceleration", qos.SENSOR)
+        self.objects_pub = n.create_publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
+        self.lights_pub = n.create_publisher(lm.TrafficLightStateArray, "perception/traffic_lights", qos.SENSOR)
+        self.graph_pub = n.create_publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED)
+        self.route_pub = n.create_publisher(lm.Route, "planning/route", qos.LATCHED)
+        self.latest: Trajectory | None = None
+        self.decisions: list[DecisionDistribution] = []
+        n.create_subscription(lm.Trajectory, "planning/trajectory", self._on_trajectory, qos.RELIABLE)
+        n.create_subscription(lm.DecisionDistribution, "luna/decision", self._on_decision, qos.RELIABLE)
+        self.current: Trajectory | None = None
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _on_trajectory(self, msg: lm.Trajectory) -> None:
+        traj = convert.msg_to_trajectory(msg)
+        traj.stamp -= TIME_OFFSET
+        self.latest = traj
+
+    def _on_decision(self, msg: lm.DecisionDistribution) -> None:
+        try:
+            d = convert.msg_to_decision(msg)
+        except ValueError:
+            return  # the planner diagnoses bad decisions; the bridge only records good ones
+        d.stamp -= TIME_OFFSET
+        self.decisions.append(d)
+
+    def _spin_until(self, predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() >= deadline:
+                return False
+            self.executor.spin_once(timeout_sec=0.005)
+        return True
+
+    def connect(self) -> None:
+        """Wait until the stack subscribes to the inputs and publishes trajectories."""
+        pubs = (self.clock_pub, self.odom_pub, self.objects_pub)
+        ok = self._spin_until(lambda: all(p.get_subscription_count() > 0 for p in pubs) and
+                              self.node.count_publishers("planning/trajectory") > 0, self.config.connect_timeout)
+        if not ok:
+            raise PlannerTimeout("no stack found: nothing subscribes to the simulator's topics or publishes "
+                                 "planning/trajectory (start it with `luna up --sim-time`)")
+
+    def _publish_ego(self, ego, t: float) -> None:
+        ego_msg = convert.ego_to_odometry(ego)
+        ego_msg.header.stamp = convert.to_time(t + TIME_OFFSET)
+        self.odom_pub.publish(ego_msg)
+        accel = AccelWithCovarianceStamped()
+        accel.header = ego_msg.header
+        accel.accel.accel.linear.x = float(ego.acceleration)
+        self.accel_pub.publish(accel)
+
+    # -- Planner protocol ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.latest = self.current = None
+        self.decisions.clear()
+        graph = self.scenario.lane_graph
+        graph.stamp = TIME_OFFSET
+        self.graph_pub.publish(convert.lane_graph_to_msg(graph))
+        route = self.scenario.route
+        route.stamp = TIME_OFFSET
+        self.route_pub.publish(convert.route_to_msg(route))
+        self.connect()
+
+    def plan(self, planner_input: PlannerInput) -> Trajectory:
+        t = planner_input.time
+        if self.current is None:  # first call: the history the stack has not seen yet
+            for past in planner_input.ego_history[:-1]:
+                self._publish_ego(past, past.stamp)
+        self._publish_ego(planner_input.ego, t)
+        objects = planner_input.objects
+        objects_msg = convert.objects_to_msg(objects)
+        objects_msg.header.stamp = convert.to_time(t + TIME_OFFSET)
+        self.objects_pub.publish(objects_msg)
+        lights_msg = convert.lights_to_msg(planner_input.traffic_lights)
+        lights_msg.header.stamp = objects_msg.header.stamp
+        self.lights_pub.publish(lights_msg)
+        self.clock_pub.publish(Clock(clock=convert.to_time(t + TIME_OFFSET)))
+        period = self.config.replan_period
+        if self.current is None or abs(t / period - round(t / period)) < 1e-6:
+            arrived = self._spin_until(lambda: self.latest is not None and self.latest.stamp >= t - 1e-6,
+                                       self.config.timeout)
+            if not arrived:
+                raise PlannerTimeout(f"no trajectory for t={t:.1f} s within {self.config.timeout:.1f} s")
+            self.current = self.latest
+        else:
+            self.executor.spin_once(timeout_sec=0.0)
+        return self.current
+
+    def decide(self, planner_input: PlannerInput) -> DecisionDistribution | None:
+        """As the simulator's decision source: the stack's latest decision (recorded in the log)."""
+        return self.decisions[-1] if self.decisions else None
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.node.destroy_node()
+
+
+def lockstep_simulation_config(replan_period: float = 0.5):
+    """Simulator settings for a lock-step run: the bridge is called every step, decisions every T_d."""
+    from luna_bridge.sim.simulator import SimulationConfig
+    return SimulationConfig(replan_every=1, decision_every=max(1, int(round(replan_period / SIM_DT))))
+
+
+def in_process_config(replan_period: float = 0.5):
+    """The in-process equivalent of a lock-step run with a planner replanning every ``replan_period``."""
+    from luna_bridge.sim.simulator import SimulationConfig
+    return SimulationConfig(replan_every=max(1, int(round(replan_period / SIM_DT))))
