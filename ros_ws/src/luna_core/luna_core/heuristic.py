@@ -1,0 +1,110 @@
+"""The heuristic system at run time (LUNA-AD Sec. III-C3, III-E1): decide periodically, explain on failure.
+
+``decide(scene)``: Q_md from the scene (P_md, Eq. 11), K memory items retrieved by cosine similarity,
+one forward pass of the student (Eq. 16) with impossible actions masked, the candidate set (Eq. 19).
+``explain(decision, failure)``: the student's explanation of that decision (Eq. 25-28), prefixed by
+its probability-ranked candidate actions, generated greedily and interruptible.
+
+Used by the ``decision_inference`` / ``explainer`` nodes, by the bridge's in-process runs and by
+the offline evaluation, so all of them decide the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from luna_core.scene import scene_vector
+from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem,
+                             PlannerInput, SceneDescriptor, candidate_set)
+
+
+@dataclass(frozen=True)
+class HeuristicConfig:
+    k: int = 3  # retrieved examples at inference (LUNA-AD Sec. IV-B)
+    gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
+    explanation_max_tokens: int = 200
+    explanation_max_time: float = 60.0  # s; an explanation is abandoned after this
+
+
+class HeuristicSystem:
+    """Student + prompt manager + (optional) memory bank; thread-safe for one decider and one explainer."""
+
+    def __init__(self, student, prompts, bank=None, config: HeuristicConfig = HeuristicConfig()) -> None:
+        self.student = student
+        self.prompts = prompts
+        self.bank = bank
+        self.config = config
+        self._bank_lock = threading.Lock()
+
+    # -- memory ------------------------------------------------------------------------------------
+
+    @property
+    def memory_version(self) -> int:
+        return int(self.bank.version) if self.bank is not None else 0
+
+    def refresh_memory(self) -> bool:
+        """Load items another process appended (reflection); True if the bank changed."""
+        if self.bank is None:
+            return False
+        with self._bank_lock:
+            return self.bank.refresh()
+
+    def _retrieval_key(self, scene: SceneDescriptor, query: str) -> str | np.ndarray:
+        name = str(self.bank.manifest["embedder"].get("name", ""))
+        return scene_vector(scene) if name.startswith("scene-vector:") else query
+
+    def retrieve(self, scene: SceneDescriptor, query: str) -> list[MemoryItem]:
+        if self.bank is None or self.config.k <= 0:
+            return []
+        with self._bank_lock:
+            return [item for item, _ in self.bank.retrieve(self._retrieval_key(scene, query), self.config.k)]
+
+    # -- decisions ---------------------------------------------------------------------------------
+
+    def decide(self, scene: SceneDescriptor) -> DecisionDistribution:
+        started = time.perf_counter()
+        query = self.prompts.decision_query(scene)
+        retrieved = self.retrieve(scene, query)
+        probabilities, _ = self.student.predict(query, retrieved, mask=scene.action_mask())
+        return DecisionDistribution(stamp=scene.stamp, probabilities=probabilities,
+                                    candidate_set=candidate_set(probabilities, self.config.gamma_p), query=query,
+                                    retrieved_ids=[item.id for item in retrieved],
+                                    latency=time.perf_counter() - started, scene_stamp=scene.stamp,
+                                    memory_version=self.memory_version)
+
+    def explain(self, decision: DecisionDistribution, failure: FailureEvent,
+                stop: threading.Event | None = None) -> DecisionExplanation:
+        """Explain ``decision`` (the one executed when ``failure`` happened) with the same retrieved
+        context it was made with (items that vanished from the bank are skipped)."""
+        retrieved = []
+        if self.bank is not None:
+            with self._bank_lock:
+                retrieved = [self.bank.get(i) for i in decision.retrieved_ids if i in self.bank]
+        ranked = decision.candidate_set or candidate_set(decision.probabilities, self.config.gamma_p)
+        result = self.student.explain(decision.query, retrieved, ranked,
+                                      max_new_tokens=self.config.explanation_max_tokens, stop=stop,
+                                      max_time=self.config.explanation_max_time)
+        return DecisionExplanation(stamp=failure.stamp, decision_stamp=decision.stamp,
+                                   failure_stamp=failure.stamp, query=decision.query, candidate_set=list(ranked),
+                                   text=result.text, latency=result.latency)
+
+
+class SceneDecisionSource:
+    """A simulator decision source: builds xi_t from the planner input and decides (in process)."""
+
+    def __init__(self, heuristic: HeuristicSystem) -> None:
+        self.heuristic = heuristic
+        self.recent: list[str] = []
+
+    def decide(self, planner_input: PlannerInput) -> DecisionDistribution:
+        from luna_core.scene import build_scene
+
+        scene = build_scene(planner_input.ego, planner_input.objects, planner_input.traffic_lights,
+                            planner_input.route, planner_input.lane_graph, self.recent, planner_input.vehicle)
+        decision = self.heuristic.decide(scene)
+        self.recent = (self.recent + [decision.top_action])[-2:]
+        return decision
