@@ -1,4 +1,4 @@
-"""The ``luna bag`` command group (record, play, info, from-scenario) and ``luna replay``.
+"""The ``luna bag`` command group (record, play, info, report, from-scenario) and ``luna replay``.
 
 Each subcommand's module defines ``add_arguments(parser)`` (which sets ``func``) and ``run(args)``;
 matplotlib and the bridge are imported only when the subcommand that needs them runs.
@@ -31,6 +31,22 @@ def _info(args: argparse.Namespace) -> int:
     return 1 if reader.issues else 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from luna_bringup.bag.reader import BagError
+    from luna_bringup.bag.report import write_report
+
+    bag = Path(args.bag)
+    try:
+        path = write_report(bag, Path(args.output) if args.output else bag / "report")
+    except BagError as err:
+        print(f"luna bag report: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {path}", file=sys.stderr)
+    return 0
+
+
 def register(subparsers) -> None:
     """Add ``bag`` (with its subcommands) and ``replay`` to the ``luna`` command."""
     from luna_bringup.bag import convert, play, record, replay
@@ -46,6 +62,10 @@ def register(subparsers) -> None:
     p = sub.add_parser("info", help="topics, counts and damage of a bag")
     p.add_argument("bag", help="bag directory, or a single .mcap / .db3 file")
     p.set_defaults(func=_info)
+    p = sub.add_parser("report", help="write the replay report (HTML, Markdown, PNGs) for a bag of a running stack")
+    p.add_argument("bag", help="bag directory, or a single .mcap / .db3 file")
+    p.add_argument("-o", "--output", help="report directory (default <bag>/report)")
+    p.set_defaults(func=_report)
     p = sub.add_parser("from-scenario", help="write a bridge scenario's stack inputs into a bag",
                        description=convert.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     convert.add_arguments(p)
