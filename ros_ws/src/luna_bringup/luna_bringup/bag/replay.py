@@ -39,14 +39,22 @@ StackStarter = Callable[[Path], AbstractContextManager]
 
 
 def topology_stack(topology: Path | None = None, only: str = "") -> StackStarter:
-    """The ``luna up`` topology as a StackStarter (all nodes with ``use_sim_time``)."""
+    """The ``luna up`` topology as a StackStarter (all nodes with ``use_sim_time``).
+
+    The topology and every process's command line are checked here, so a missing executable or a bad
+    topology fails before anything is created (TopologyError, a ValueError).
+    """
     from luna_bringup.supervisor import Supervisor
     from luna_bringup.topology import config_dir, load_topology
 
+    spec = load_topology(topology)
+    if only:
+        spec = spec.select([n.strip() for n in only.split(",") if n.strip()])
+    check = Supervisor(spec, config_dir(), use_sim_time=True)
+    for process in spec.processes:
+        check.command(process)
+
     def start(log_path: Path) -> AbstractContextManager:
-        spec = load_topology(topology)
-        if only:
-            spec = spec.select([n.strip() for n in only.split(",") if n.strip()])
         return Supervisor(spec, config_dir(), use_sim_time=True, out=log_path.open("w", encoding="utf-8"))
     return start
 
@@ -145,8 +153,8 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stack = None if args.no_stack else topology_stack(args.topology, args.only)
     try:
+        stack = None if args.no_stack else topology_stack(args.topology, args.only)
         result = replay(Path(args.bag), output, storage, stack, args.rate, args.topics, args.ready_timeout,
                         args.settle, progress=not args.quiet, stop=stop)
     except (BagError, ValueError) as err:
