@@ -118,27 +118,26 @@ def scenario_to_bag(scenario, output: Path, storage: str = "mcap", start_time: f
 
 def load_scenario_source(source: str, suite: str | None = None):
     """A scenario from a file (.json / .json.gz scenario file, CommonRoad .xml) or ``--suite`` + name."""
-    if suite:
-        try:
-            from luna_bridge.scenarios import load_suite
-        except ImportError as err:
-            raise ScenarioSourceError(f"scenario suites are not available in this install: {err}") from err
-        scenarios = {s.name: s for s in load_suite(suite)}
-        if source not in scenarios:
-            names = ", ".join(sorted(scenarios)[:20])
-            raise ScenarioSourceError(f"suite {suite!r} has no scenario {source!r}; it has: {names}")
-        return scenarios[source]
-    path = Path(source)
-    if not path.is_file():
-        raise ScenarioSourceError(f"{source}: no such scenario file (or give --suite NAME with a scenario name)")
-    if path.suffix == ".xml":
-        try:
-            from luna_bridge.scenarios.commonroad import load_commonroad
-        except ImportError as err:
-            raise ScenarioSourceError(f"{source}: CommonRoad loading is not available: {err}") from err
-        return load_commonroad(path)
-    from luna_bridge.scenarios.format import load_scenario
-    return load_scenario(path)
+    try:
+        from luna_bridge.scenarios import load_commonroad, load_scenario
+        from luna_bridge.scenarios.registry import load_entry, suite_refs
+    except ImportError as err:
+        raise ScenarioSourceError(f"the bridge's scenario sources are not available here: {err}") from err
+    try:
+        if suite:
+            refs = {name: (src, loader) for name, src, loader in suite_refs(suite)}
+            if source not in refs:
+                names = ", ".join(sorted(refs)[:12]) + (", ..." if len(refs) > 12 else "")
+                raise ScenarioSourceError(f"suite {suite!r} has no scenario {source!r}; it has: {names}")
+            return load_entry(*refs[source])
+        path = Path(source)
+        if not path.is_file():
+            raise ScenarioSourceError(f"{source}: no such scenario file (or give --suite NAME and a scenario name)")
+        return load_commonroad(str(path)) if path.suffix == ".xml" else load_scenario(path)
+    except ScenarioSourceError:
+        raise
+    except (KeyError, OSError, ValueError, ImportError) as err:  # unknown suite, missing folder or loader, bad file
+        raise ScenarioSourceError(f"cannot load scenario {source!r}: {err}") from err
 
 
 def run(args: argparse.Namespace) -> int:
