@@ -111,6 +111,8 @@ class SimulationLog:
     planner_failures: int = 0  # calls that raised or timed out (a stop trajectory was used)
     decisions: list[tuple[float, str]] = field(default_factory=list)  # (time, top action) if any
     error: str = ""  # non-empty if the run crashed; metrics then score it zero
+    failure_messages: list[str] = field(default_factory=list)  # one line per planner failure
+    plan_times: np.ndarray = field(default_factory=lambda: np.zeros(0))  # s, when the planner was called
 
     def ego_array(self) -> np.ndarray:
         """(N, 6) of x, y, heading, velocity, acceleration, yaw_rate."""

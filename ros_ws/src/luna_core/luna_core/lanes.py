@@ -33,6 +33,7 @@ from luna_core.types import Lane, LaneGraph, Route, wrap_angle
 # a lane pointing the opposite way costs 2 * 3 = 6 m extra, a 10 deg lane change angle costs 5 cm,
 # so overlapping junction connectors are told apart by heading and parallel lanes by distance.
 HEADING_COST = 3.0
+MIN_SEGMENT = 1e-3  # m
 
 
 # --------------------------------------------------------------------------------------------------
@@ -51,17 +52,19 @@ class Projection:
 
 
 class Polyline:
-    """An immutable 2-D path. Consecutive duplicate points are dropped on construction."""
+    """An immutable 2-D path. Consecutive points closer than 1 mm are merged on construction."""
 
     def __init__(self, points: np.ndarray) -> None:
         pts = np.asarray(points, dtype=np.float64).reshape(-1, 2)
         if len(pts) == 0 or not np.all(np.isfinite(pts)):
             raise ValueError(f"a polyline needs at least one finite point, got {len(pts)} points "
                              f"({'non-finite values' if len(pts) else 'empty'})")
-        keep = np.concatenate([[True], np.hypot(*np.diff(pts, axis=0).T) > 1e-9])
+        # Points closer than 1 mm are merged: a near-zero segment (two lanes meeting up to
+        # rounding) would otherwise carry an arbitrary heading into interpolation.
+        keep = np.concatenate([[True], np.hypot(*np.diff(pts, axis=0).T) > MIN_SEGMENT])
         pts = pts[keep]
         if len(pts) == 1:  # a degenerate path still needs one segment to have a heading
-            pts = np.vstack([pts, pts + [1e-6, 0.0]])
+            pts = np.vstack([pts, pts + [MIN_SEGMENT, 0.0]])
         pts.setflags(write=False)
         self.points: np.ndarray = pts
         seg = np.diff(pts, axis=0)
