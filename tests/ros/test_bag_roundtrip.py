@@ -147,3 +147,34 @@ def test_record_then_play_round_trip_message_by_message(storage, tmp_path: Path,
             os.killpg(recorder.pid, signal.SIGKILL)
         node.destroy_node()
         executor.shutdown()
+
+
+def test_recorder_killed_hard_leaves_a_readable_prefix(tmp_path: Path, ros_context):
+    """SIGKILL (no chance to finalise): the periodic flush put what was received on disk; the reader
+    recovers it from the unfinalised file, in order, and says the recording was not finalised."""
+    node = Node("bag_kill_test", context=ros_context)
+    bag = tmp_path / "killed"
+    pub = node.create_publisher(Odometry, "/localization/kinematic_state", Q.SENSOR)
+    recorder = start_python(["-m", "luna_bringup.cli", "bag", "record", "-q", "-o", str(bag),
+                             "--flush-period", "0.2", "/localization/kinematic_state"])
+    try:
+        wait_for_subscribers(pub, timeout=30.0)
+        sent = []
+        for i in range(150):
+            msg = _messages(i)[0][1]
+            pub.publish(msg)
+            sent.append(msg)
+            time.sleep(PERIOD)
+        # Everything published 1 s before the kill has been flushed (flush period 0.2 s).
+        os.killpg(recorder.pid, signal.SIGKILL)
+        recorder.wait(timeout=10)
+    finally:
+        if recorder.poll() is None:
+            os.killpg(recorder.pid, signal.SIGKILL)
+        node.destroy_node()
+    with BagReader(bag) as reader:
+        kinds = {issue.kind for issue in reader.issues}
+        recovered = [_decode("/localization/kinematic_state", m.data) for m in reader.messages()]
+    assert "metadata" in kinds  # no metadata.yaml: the recording was not finalised
+    assert len(recovered) >= len(sent) - int(1.0 / PERIOD), f"only {len(recovered)} of {len(sent)} recovered"
+    assert recovered == sent[:len(recovered)]
