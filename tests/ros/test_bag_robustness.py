@@ -128,6 +128,20 @@ def test_corrupt_chunk_is_skipped_after_its_last_good_record_and_reading_continu
     assert survivors[:-1] == written[PER_CHUNK:PER_CHUNK + len(survivors) - 1]
 
 
+def test_damaged_chunk_header_skips_that_chunk_and_resumes_at_the_next(bag, tmp_path):
+    path, written = bag
+    mcap = bytearray((path / "good.mcap").read_bytes())
+    second = _chunk_offsets(bytes(mcap))[1]
+    mcap[second:second + 9] = b"\x42" + b"\xff" * 8  # opcode and length of chunk 2 destroyed
+    bad = tmp_path / "bad_header"
+    shutil.copytree(path, bad)
+    (bad / "good.mcap").write_bytes(bytes(mcap))
+    reader, read = _read(bad)
+    issue = next(i for i in reader.issues if i.kind == "corrupt_chunk")
+    assert "reading resumed at the next chunk" in issue.detail and f"byte {second}" in issue.where
+    assert read == written[:PER_CHUNK] + written[2 * PER_CHUNK:]  # chunks 1 and 3, exactly
+
+
 def test_out_of_order_receive_times_are_reported_and_read_in_time_order(tmp_path):
     path = tmp_path / "shuffled"
     order = [0, 1, 2, 5, 3, 4, 9, 6, 7, 8]

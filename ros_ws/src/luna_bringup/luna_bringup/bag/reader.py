@@ -121,6 +121,42 @@ def _records(buf: memoryview) -> Iterator[tuple[int, int, memoryview]]:
         pos += 9 + length
 
 
+_KNOWN_OPS = frozenset(range(0x01, 0x11))  # MCAP v0 opcodes
+_COMPRESSIONS = (b"", b"lz4", b"zstd")
+
+
+def _is_chunk_at(buf: bytes, i: int, pos: int, size: int) -> bool:
+    """Whether ``buf[i:]`` (file offset ``pos``) starts a plausible chunk record: every length field
+    consistent with the others and with the file, a known compression."""
+    if len(buf) - i < 9 + 28 + 4 or buf[i] != _OP_CHUNK:
+        return False
+    (length,) = _U64.unpack_from(buf, i + 1)
+    start, end, usize, _ = _CHUNK_HEAD.unpack_from(buf, i + 9)
+    (clen,) = _U32.unpack_from(buf, i + 9 + 28)
+    if clen > 4 or pos + 9 + length > size or start > end or usize > 1 << 34:
+        return False
+    k = i + 9 + 28 + 4
+    if len(buf) - k < clen + 8 or bytes(buf[k:k + clen]) not in _COMPRESSIONS:
+        return False
+    (csize,) = _U64.unpack_from(buf, k + clen)
+    return csize == length - (28 + 4 + clen + 8)
+
+
+def _next_chunk(f, start: int, size: int, block: int = 1 << 20) -> int | None:
+    """File offset of the next plausible chunk record at or after ``start``, or None."""
+    pos = start
+    while pos < size:
+        f.seek(pos)
+        buf = f.read(block + 64)  # the overlap lets a header straddle two blocks
+        i = buf.find(bytes([_OP_CHUNK]))
+        while 0 <= i < block:
+            if _is_chunk_at(buf, i, pos + i, size):
+                return pos + i
+            i = buf.find(bytes([_OP_CHUNK]), i + 1)
+        pos += block
+    return None
+
+
 @dataclass
 class _Channel:
     topic: str
@@ -167,6 +203,7 @@ class McapStorage:
                 raise BagError(f"{self.path}: not an MCAP file (bad magic bytes at offset 0)")
             pos = 8
             while pos < size:
+                f.seek(pos)
                 head = f.read(9)
                 if len(head) < 9:
                     self._issue("truncated", pos, "the file ends inside a record header; the recording "
@@ -177,11 +214,20 @@ class McapStorage:
                 if op in (_OP_FOOTER, _OP_DATA_END):
                     break
                 available = min(length, size - pos - 9)
-                if available < length:
+                if op not in _KNOWN_OPS or available < length:
+                    # Either the file ends inside this record, or its header is damaged: a later chunk
+                    # that parses tells the two apart.
+                    resume = _next_chunk(f, pos + 1, size)
+                    if resume is not None:
+                        self._issue("corrupt_chunk", pos, f"damaged record header (opcode 0x{op:02x}, length "
+                                    f"{length}); bytes {pos}..{resume} skipped, reading resumed at the next chunk")
+                        pos = resume
+                        continue
                     what = "a chunk" if op == _OP_CHUNK else f"a record (opcode 0x{op:02x})"
                     self._issue("truncated", pos, f"the file ends inside {what} ({available} of {length} "
                                 f"bytes, file size {size}); the recording was probably not finalised")
                     if op == _OP_CHUNK:
+                        f.seek(pos + 9)
                         self._scan_chunk(pos + 9, memoryview(f.read(available)), partial=True)
                     break
                 if op in (_OP_CHUNK, _OP_SCHEMA, _OP_CHANNEL, _OP_MESSAGE):
@@ -194,8 +240,7 @@ class McapStorage:
                         except (_Damage, struct.error, UnicodeDecodeError) as err:
                             self._issue("corrupt_chunk", pos, f"malformed record (opcode 0x{op:02x}) "
                                         f"skipped: {err}")
-                else:
-                    f.seek(length, 1)  # indexes, attachments, metadata: not needed for playback
+                # Other records (indexes, attachments, metadata) are not needed for playback.
                 pos += 9 + length
 
     def _top_level(self, op: int, content: memoryview, file_offset: int) -> None:
