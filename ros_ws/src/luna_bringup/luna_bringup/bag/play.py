@@ -25,7 +25,7 @@ import rclpy
 from rclpy.duration import Duration
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
-from rosbags.interfaces import QosDurability
+from rosbags.interfaces import MessageDefinition, QosDurability
 from rosgraph_msgs.msg import Clock
 from builtin_interfaces.msg import Time
 from tqdm import tqdm
@@ -126,7 +126,7 @@ class Player:
             self.publishers[topic] = self.node.create_publisher(cls, topic, playback_qos(info.offered_qos))
         return list(self.publishers)
 
-    def _check_definition(self, topic: str, msgtype: str, msgdef, digest: str) -> None:
+    def _check_definition(self, topic: str, msgtype: str, msgdef: MessageDefinition, digest: str) -> None:
         try:
             self.types.ensure(msgtype)
         except UnknownMessageType:
