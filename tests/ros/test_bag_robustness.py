@@ -142,6 +142,67 @@ def test_damaged_chunk_header_skips_that_chunk_and_resumes_at_the_next(bag, tmp_
     assert read == written[:PER_CHUNK] + written[2 * PER_CHUNK:]  # chunks 1 and 3, exactly
 
 
+def _record(op: int, body: bytes) -> bytes:
+    return bytes([op]) + len(body).to_bytes(8, "little") + body
+
+
+def _s(text: str | bytes) -> bytes:
+    data = text.encode() if isinstance(text, str) else text
+    return len(data).to_bytes(4, "little") + data
+
+
+_FULL_QOS = ("- history: keep_last\n  depth: 5\n  reliability: reliable\n  durability: volatile\n"
+             "  deadline: {sec: 9223372036, nsec: 854775807}\n  lifespan: {sec: 9223372036, nsec: 854775807}\n"
+             "  liveliness: automatic\n  liveliness_lease_duration: {sec: 9223372036, nsec: 854775807}\n"
+             "  avoid_ros_namespace_conventions: false\n")
+
+
+def _foreign_mcap(qos: str) -> tuple[bytes, list[tuple[int, bytes]]]:
+    """Schemas and channels outside chunks, a zstd and an lz4 chunk with CRCs, message indexes, no
+    summary: the layout the MCAP reference writers (and rosbag2's storage plugin) produce, by hand."""
+    import struct
+    import zlib
+
+    import lz4.frame
+    from backports import zstd
+
+    definition = MessageTypes().definition("nav_msgs/msg/Odometry")[0]
+    out = bytearray(b"\x89MCAP0\r\n") + _record(0x01, _s("ros2") + _s("rosbag2"))
+    out += _record(0x03, struct.pack("<H", 1) + _s("nav_msgs/msg/Odometry") + _s("ros2msg") + _s(definition))
+    meta = _s("offered_qos_profiles") + _s(qos)
+    out += _record(0x04, struct.pack("<HH", 7, 1) + _s("/odom") + _s("cdr") + _s(meta))
+    messages = [(T0 + i * 10**8, _odometry(i)) for i in range(12)]
+    for compression, compress, part in (("zstd", zstd.compress, messages[:6]),
+                                        ("lz4", lz4.frame.compress, messages[6:])):
+        records = b"".join(_record(0x05, struct.pack("<HIQQ", 7, i, t, t) + data) for i, (t, data) in enumerate(part))
+        packed = compress(records)
+        body = struct.pack("<QQQI", part[0][0], part[-1][0], len(records), zlib.crc32(records))
+        out += _record(0x06, body + _s(compression) + len(packed).to_bytes(8, "little") + packed)
+        out += _record(0x07, struct.pack("<HI", 7, 16) + struct.pack("<QQ", part[0][0], 0))  # message index
+    out += _record(0x0F, struct.pack("<I", 0)) + _record(0x02, bytes(20)) + b"\x89MCAP0\r\n"
+    return bytes(out), messages
+
+
+def test_reads_the_mcap_layout_of_other_writers_compressed_chunks_with_crc(tmp_path):
+    data, messages = _foreign_mcap(_FULL_QOS)
+    (tmp_path / "foreign.mcap").write_bytes(data)
+    reader, read = _read(tmp_path / "foreign.mcap")
+    assert reader.issues == []
+    assert [(t, d) for _, t, d in read] == messages
+    topic = reader.topics["/odom"]
+    assert topic.msgtype == "nav_msgs/msg/Odometry" and topic.count == 12
+    assert topic.offered_qos[0].depth == 5 and topic.offered_qos[0].reliability.name == "RELIABLE"
+
+
+def test_unreadable_qos_profiles_are_reported_and_the_messages_still_read(tmp_path):
+    data, messages = _foreign_mcap(_FULL_QOS.replace("avoid_ros_namespace_conventions", "something_else"))
+    (tmp_path / "odd_qos.mcap").write_bytes(data)
+    reader, read = _read(tmp_path / "odd_qos.mcap")
+    assert [i.kind for i in reader.issues] == ["metadata"]
+    assert "QoS profiles unreadable" in reader.issues[0].detail
+    assert [(t, d) for _, t, d in read] == messages and reader.topics["/odom"].offered_qos == []
+
+
 def test_out_of_order_receive_times_are_reported_and_read_in_time_order(tmp_path):
     path = tmp_path / "shuffled"
     order = [0, 1, 2, 5, 3, 4, 9, 6, 7, 8]

@@ -87,6 +87,18 @@ class BagMessage:
 # --------------------------------------------------------------------------------------------------
 
 
+def _parse_qos(profiles: object, where: str, issues: list[BagIssue]) -> list[Qos]:
+    """Recorded QoS profiles; unreadable ones become an issue (playback then offers the default)."""
+    if not profiles:
+        return []
+    try:
+        return parse_qos(profiles)
+    except (ReaderError, KeyError, TypeError, ValueError, AttributeError) as err:
+        issues.append(BagIssue("metadata", where, f"offered QoS profiles unreadable ({type(err).__name__}: "
+                               f"{err}); playback offers reliable volatile"))
+        return []
+
+
 class _Damage(Exception):
     """A malformed record at ``offset`` (relative to the buffer being parsed); ``cut``: the buffer ends
     inside it (expected at the end of a partially written chunk)."""
@@ -384,7 +396,7 @@ class McapStorage:
         out: dict[int, BagTopic] = {}
         for cid, ch in self.channels.items():
             name, encoding, text = self.schemas.get(ch.schema_id, ("", "", ""))
-            qos = parse_qos(ch.metadata.get("offered_qos_profiles", "")) if ch.metadata else []
+            qos = _parse_qos(ch.metadata.get("offered_qos_profiles", ""), ch.topic, self.issues)
             msgdef = MessageDefinition(_SCHEMA_FORMATS.get(encoding, MessageDefinitionFormat.NONE), text)
             out[cid] = BagTopic(ch.topic, name, msgdef, qos, "", self.counts.get(cid, 0))
         return out
@@ -512,11 +524,8 @@ class BagReader:
             topic = self.topics.get(meta.get("name", ""))
             if topic is None:
                 continue
-            if not topic.offered_qos and meta.get("offered_qos_profiles"):
-                try:
-                    topic.offered_qos = parse_qos(meta["offered_qos_profiles"])
-                except ReaderError as err:
-                    self.issues.append(BagIssue("metadata", topic.name, f"QoS profiles unreadable: {err}"))
+            if not topic.offered_qos:
+                topic.offered_qos = _parse_qos(meta.get("offered_qos_profiles"), topic.name, self.issues)
             topic.digest = topic.digest or meta.get("type_description_hash", "") or ""
 
     # -- reading -----------------------------------------------------------------------------------
