@@ -33,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--render", action="store_true", help="also write a BEV PNG and GIF per run")
     p.add_argument("--expect-count", type=int, default=None, help="refuse to run unless the suite has this many")
     p.add_argument("--limit", type=int, default=None, help="only the first N scenarios (smoke runs)")
+    p.add_argument("--every", type=int, default=1,
+                   help="every N-th scenario of the sorted suite (an even subset over scenario types)")
+    p.add_argument("--replan-every", type=int, default=1,
+                   help="simulation steps (0.1 s) between planner calls; 1 = nuPlan's 10 Hz (default)")
     p.set_defaults(func=run)
 
 
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("results/eval") / Path(args.suite).name
     cfg = EvalConfig(suite=args.suite, planners=args.planner or ["pdm"], modes=MODES[args.mode],
                      workers=args.workers, out_dir=out, render=args.render, expect_count=args.expect_count,
-                     limit=args.limit)
+                     limit=args.limit, every=args.every, replan_every=args.replan_every)
     command = "luna-bridge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
         summary = run_evaluation(cfg, command=command)

@@ -119,6 +119,7 @@ class Job:
     reactive: bool
     out_dir: str
     render: bool = False
+    replan_every: int = 1
 
     @property
     def result_path(self) -> Path:
@@ -139,11 +140,11 @@ def _dumps(obj: Any) -> str:
 
 def run_job(job: Job) -> dict[str, Any]:
     """Load, simulate, score (and render) one run; always writes a result, whatever fails."""
-    from luna_bridge.sim import simulate
+    from luna_bridge.sim import SimulationConfig, simulate
 
     started = time.perf_counter()
     head = {"scenario": job.ref.name, "source": job.ref.source, "planner": job.planner,
-            "mode": mode_name(job.reactive)}
+            "mode": mode_name(job.reactive), "replan_every": job.replan_every}
     try:
         scenario: Scenario = _import(job.ref.loader)(job.ref.source)
     except Exception as exc:  # noqa: BLE001 - a bad file must not stop the run; it is reported
@@ -152,7 +153,8 @@ def run_job(job: Job) -> dict[str, Any]:
     else:
         try:
             planner = make_planner(job.planner, scenario)
-            sim_log = simulate(scenario, planner, reactive=job.reactive)
+            sim_log = simulate(scenario, planner, reactive=job.reactive,
+                               config=SimulationConfig(replan_every=job.replan_every))
             score: ScenarioScore = score_log(sim_log)
             result = {**head, **score.to_json(), "status": STATUS_OK if not score.error else STATUS_CRASHED,
                       "planner_failures": sim_log.planner_failures, "steps": len(sim_log.ego)}
@@ -198,6 +200,8 @@ class EvalConfig:
     render: bool = False
     expect_count: int | None = None  # refuse to run when the suite does not have this many scenarios
     limit: int | None = None  # first N scenarios only (smoke runs)
+    every: int = 1  # every N-th scenario of the sorted suite (an even subset across scenario types)
+    replan_every: int = 1  # simulation steps between planner calls (nuPlan: 1, i.e. 10 Hz)
 
 
 @dataclass
@@ -285,7 +289,9 @@ def write_reports(cfg: EvalConfig, results: list[dict[str, Any]], planners: list
 def _markdown(cfg: EvalConfig, summary: EvalSummary, command: str) -> str:
     cols = ["NR-CLS", "NR-SR", "R-CLS", "R-SR"]
     lines = [f"# Closed-loop evaluation: {cfg.suite}", "", f"Command: `{command}`", "",
-             f"Scenarios: {summary.scenario_count}; runs: {summary.runs} ({summary.skipped} resumed from disk).", "",
+             f"Scenarios: {summary.scenario_count} (every {cfg.every}. of the suite); planner called every "
+             f"{cfg.replan_every} simulation step(s) of 0.1 s; runs: {summary.runs} ({summary.skipped} resumed "
+             "from disk).", "",
              "| planner | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for e in summary.table:
         lines.append(f"| {e['planner']} | " + " | ".join(_fmt(e[c]) if c in e else "-" for c in cols) + " |")
@@ -303,19 +309,20 @@ def _markdown(cfg: EvalConfig, summary: EvalSummary, command: str) -> str:
 def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) -> EvalSummary:
     started = time.perf_counter()
     refs = resolve_suite(cfg.suite)
-    if cfg.limit is not None:
-        refs = refs[: cfg.limit]
     if not refs:
         raise EvaluationError(f"suite {cfg.suite!r} has no scenarios")
     if cfg.expect_count is not None and len(refs) != cfg.expect_count:
         raise EvaluationError(f"suite {cfg.suite!r} has {len(refs)} scenarios, expected {cfg.expect_count}")
+    if cfg.every < 1 or cfg.replan_every < 1:
+        raise EvaluationError(f"every ({cfg.every}) and replan_every ({cfg.replan_every}) must be >= 1")
+    refs = refs[:: cfg.every][: cfg.limit]
     planners = _planner_order(cfg.planners)
     unknown = [p for p in planners if p not in planner_names()]
     if unknown:
         raise EvaluationError(f"unknown planner(s) {unknown}; registered: {', '.join(planner_names())}")
     log.info("suite %s: %d scenarios x %d planners x %d modes", cfg.suite, len(refs), len(planners), len(cfg.modes))
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [Job(ref, p, reactive, str(cfg.out_dir), cfg.render)
+    jobs = [Job(ref, p, reactive, str(cfg.out_dir), cfg.render, cfg.replan_every)
             for p in planners for reactive in cfg.modes for ref in refs]
     todo = [j for j in jobs if not _finished(j)]
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"eval {cfg.suite}", unit="run",
@@ -354,9 +361,10 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
 
 
 def _finished(job: Job) -> bool:
-    """A run is done when its result file parses (a torn or corrupt file is rerun)."""
+    """A run is done when its result file parses and was made with the same settings (a torn or
+    corrupt file, or one from another replanning rate, is rerun)."""
     try:
-        json.loads(job.result_path.read_text(encoding="utf-8"))
+        done = json.loads(job.result_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return True
+    return isinstance(done, dict) and done.get("replan_every") == job.replan_every

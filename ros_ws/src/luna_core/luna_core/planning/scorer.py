@@ -356,8 +356,8 @@ def score_proposals(states: np.ndarray, ctx: ScoringContext,
     direction = _driving_direction(states, ctx)
     multiplicative = no_collision * drivable * direction
 
-    s = ctx.centerline.project(states[..., :2]).s  # (P, T+1)
-    raw_progress = s[:, -1] - s[:, 0]
+    ends = ctx.centerline.project(states[:, [0, -1], :2]).s  # (P, 2): progress needs the ends only
+    raw_progress = ends[:, 1] - ends[:, 0]
     # Normalised by the best proposal passing the multiplicative terms; if none passes (every total
     # is 0 anyway) by the best of all, so that ``best``'s fallback still prefers progress.
     valid = multiplicative > 0
