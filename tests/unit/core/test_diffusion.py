@@ -153,3 +153,23 @@ def test_tiny_prior_learns_the_history_conditioned_acceleration() -> None:
         ends[a] = float(np.median(verlet_decode(raw, np.broadcast_to(seed, (64, 2, 3)))[:, -1, 0]))
     # Constant 10 m/s gives 80 m; +-1.5 m/s^2 over 8 s adds or removes 48 m (Verlet sums: 0.25 a k(k+1)/2).
     assert ends[1.5] - ends[-1.5] > 50.0, ends
+
+
+def test_shipped_prior_samples_plausible_trajectories_for_the_history() -> None:
+    """The default weights (models/diffusion_prior) load and, for a straight 10 m/s history, sample
+    forward-going, smooth trajectories whose travel grows with the history speed."""
+    from luna_core.planning.decision_guided import DEFAULT_PRIOR
+
+    prior = TrajectoryDiffusionPrior.from_pretrained(DEFAULT_PRIOR)
+    assert 0.5e6 < prior.num_parameters() < 3e6
+    ends = {}
+    for speed in (3.0, 15.0):
+        feats, seed = history_from_states(_straight_history(speed), prior.config)
+        raw = prior.denormalise(prior.sample(prior.history_tensor(feats), 64, torch.Generator().manual_seed(0)))
+        poses = verlet_decode(raw, np.broadcast_to(seed, (64, 2, 3)))
+        assert np.all(np.isfinite(poses))
+        assert np.median(np.abs(poses[:, -1, 1])) < 8.0  # mostly along the lane, some lane changes
+        step = np.hypot(*np.diff(poses[..., :2], axis=1).transpose(2, 0, 1)) / prior.config.waypoint_dt
+        assert np.percentile(step, 95) < 45.0  # m/s between waypoints: no jumps
+        ends[speed] = float(np.median(poses[:, -1, 0]))
+    assert 0.0 < ends[3.0] < 60.0 and 60.0 < ends[15.0] < 200.0, ends

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
-from luna_core.lanes import Polyline, lane_map
+from luna_core.lanes import LaneMap, Polyline, lane_map
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
                                           to_map_frame)
 from luna_core.planning.diffusion_es import (DiffusionESConfig, ESResult, Evaluation, densify,
@@ -52,7 +52,7 @@ from luna_core.planning.proposals import idm_proposals, stopping_trajectory
 from luna_core.planning.reference_paths import OffMapError, ReferencePath, reference_paths
 from luna_core.planning.scorer import (PROGRESS_EPSILON, ObjectBoxes, ScorerWeights, ScoringContext,
                                        score_proposals)
-from luna_core.types import (ACTION_INDEX, EgoState, PlannerInput, TrackedObjects, Trajectory,
+from luna_core.types import (ACTION_INDEX, EgoState, LaneGraph, PlannerInput, TrackedObjects, Trajectory,
                              VehicleParameters, validate_distribution, wrap_angle)
 
 DEFAULT_PRIOR = Path(__file__).resolve().parents[5] / "models" / "diffusion_prior"
@@ -248,6 +248,8 @@ class DecisionGuidedPlanner:
         self.name = "luna" if config.use_decisions else "diffusion_es"
         self.calls = 0
         self.last: PlanResult | None = None
+        self._local_key: tuple | None = None
+        self._local_graph = LaneGraph()
 
     def reset(self) -> None:
         self.calls = 0
@@ -287,17 +289,17 @@ class DecisionGuidedPlanner:
         groups, probs, mode, stamp = self._candidates(planner_input, paths, reasons)
         clean_input = replace(planner_input, ego_history=[ego], objects=TrackedObjects(
             planner_input.objects.stamp, [o for o in planner_input.objects.objects if o.is_finite()]))
-        lm = lane_map(planner_input.lane_graph)
+        lm = self._local_lanes(planner_input.lane_graph, ego)
         keep = paths["K"]
-        forecast = constant_velocity_forecast(clean_input, lm, list(keep.lane_ids), c.objective.horizon_steps + 1,
-                                              c.objective.dt)
+        full_forecast = constant_velocity_forecast(clean_input, lm, list(keep.lane_ids), steps_out + 1,
+                                                   c.objective.dt)
+        f, n_score = full_forecast, c.objective.horizon_steps + 1
+        forecast = ObjectBoxes(f.ids, f.pose[:, :n_score], f.size, f.speed, f.static, f.red_light)
         ctx = ScoringContext(lm, keep.centerline, forecast, keep.speed_limit, planner_input.vehicle,
                              c.objective.dt)
         hist, seed = history_from_states(planner_input.ego_history, self.prior.config)
         objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, ctx, c.scorer_weights, groups,
                                      paths, c.objective)
-        full_forecast = constant_velocity_forecast(clean_input, lm, list(keep.lane_ids), steps_out + 1,
-                                                   c.objective.dt)
         warm = [self._warm_starts(a, ego, paths, full_forecast, steps_out, planner_input.vehicle) for a in groups]
         gen = torch.Generator().manual_seed(c.search.seed * 1_000_003 + self.calls)
         search = diffusion_es(self.prior, hist, seed, warm, objective, c.search, deadline, gen, self.clock)
@@ -305,6 +307,21 @@ class DecisionGuidedPlanner:
             reasons.append(f"time budget {budget * 1e3:.0f} ms: {search.budget_cut}")
         return self._select(search, groups, probs, mode, reasons, objective, ego, keep, start, budget, stamp,
                             planner_input)
+
+    def _local_lanes(self, graph: LaneGraph, ego: EgoState) -> LaneMap:
+        """The lane map of the lanes within reach of this cycle's trajectories.
+
+        The scorer tests every footprint corner against every lane of the map it is given; on a real
+        map (a CommonRoad intersection has ~90 lanelets) most are far away. The sub-graph is cached
+        while the set of nearby lanes stays the same, so its polygons are built once per change.
+        """
+        reach = 60.0 + 2.0 * self.config.objective.horizon_steps * self.config.objective.dt * max(ego.velocity, 15.0)
+        ids = tuple(sorted(m.lane_id for m in lane_map(graph).match_lanes(ego.x, ego.y, None, reach)))
+        key = (id(graph), ids)
+        if self._local_key != key:
+            self._local_graph = LaneGraph({i: graph.lanes[i] for i in ids}, graph.frame_id, graph.stamp)
+            self._local_key = key
+        return lane_map(self._local_graph)
 
     def _ego(self, planner_input: PlannerInput, reasons: list[str]) -> EgoState:
         finite = [s for s in planner_input.ego_history if s.is_finite()]
@@ -418,12 +435,23 @@ class DecisionGuidedPlanner:
                    "no feasible trajectory (every candidate's best has J_gen = 0: at-fault collision, "
                    "off the drivable area or against traffic)")
             reasons.append(f"{why}: comfortable stop")
-            stop = stopping_trajectory(ego, keep.centerline, c.comfortable_deceleration, steps_out, c.objective.dt)
-            return self._finish(stop, None, MODE_STOP, reasons, candidates, start, budget, stamp, planner_input,
+            return self._finish(self._comfortable_stop(ego, keep), None, MODE_STOP, reasons, candidates, start, budget, stamp, planner_input,
                                 search)
         action = candidates[chosen].action or None
         return self._finish(candidates[chosen].trajectory, action, mode, reasons, candidates, start, budget, stamp,
                             planner_input, search)
+
+    def _comfortable_stop(self, ego: EgoState, path: ReferencePath) -> Trajectory:
+        """Brake at the comfortable deceleration along ``path``, easing from the ego's lateral offset
+        onto the path so the trajectory starts where the ego is."""
+        c = self.config
+        steps = int(round(c.output_horizon / c.objective.dt))
+        stop = stopping_trajectory(ego, path.centerline, c.comfortable_deceleration, steps, c.objective.dt)
+        poses = np.column_stack([stop.x, stop.y, stop.heading])[None]
+        d0 = float(path.lateral_offset(np.array([ego.x, ego.y])))
+        eased = blended_poses(poses, stop.velocity[None], d0, 0.0, c.keep_blend_times[-1], c.objective.dt)[0]
+        return Trajectory(stop.stamp, stop.t, eased[:, 0], eased[:, 1], wrap_angle(eased[:, 2]), stop.velocity,
+                          stop.acceleration)
 
     def _finish(self, trajectory: Trajectory, action: str | None, mode: str, reasons: list[str],
                 candidates: list[CandidateResult], start: float, budget: float, stamp: float | None,
@@ -432,3 +460,13 @@ class DecisionGuidedPlanner:
                             search.budget_cut if search else "", search.stages_done if search else [], stamp)
         self.last = result
         return result
+
+
+def make_planner(scenario: object = None) -> DecisionGuidedPlanner:
+    """Bridge registry factory: the LUNA planner with default settings (the scenario is ignored)."""
+    return DecisionGuidedPlanner(DecisionGuidedConfig())
+
+
+def make_baseline_planner(scenario: object = None) -> DecisionGuidedPlanner:
+    """Bridge registry factory: Diffusion-ES without decisions (J_gen only; the scenario is ignored)."""
+    return DecisionGuidedPlanner(DecisionGuidedConfig(use_decisions=False))

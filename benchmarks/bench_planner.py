@@ -1,0 +1,156 @@
+"""Planner cycle benchmark (issue 7): DecisionGuidedPlanner cycle time at population 128 with
+|C_t| = 1, 3, 5 candidate actions, and what it publishes when the budget is cut to 50 ms.
+
+Scene: a straight three-lane road (15 m/s limit), the ego at 10 m/s in the middle lane behind a
+slower car, with traffic in both neighbour lanes. The decision distributions are fixed so that
+C_t = {CK}, {CK, CL, DK} and {CK, CL, CR, DK, AK} (gamma_p 0.1). Full cycles run with an
+unlimited budget so the figures show what the complete search costs; the budget runs use the
+planner's default anytime behaviour. Reports p50/p95 over repeated cycles, the stage breakdown and
+a Markdown table (stdout, ``--markdown FILE``, or ``--docs`` to replace the section in
+docs/benchmarks.md).
+
+    .venv/bin/python benchmarks/bench_planner.py --cycles 10 --docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from luna_core.lanes import make_lane
+from luna_core.planning.decision_guided import DecisionGuidedConfig, DecisionGuidedPlanner, PlanResult
+from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
+                             Route, TrackedObject, TrackedObjects, TrafficLights)
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "## Planner cycle (issue 7)"
+DECISIONS = {
+    1: {"CK": 1.0},
+    3: {"CK": 0.5, "CL": 0.3, "DK": 0.2},
+    5: {"CK": 0.3, "CL": 0.2, "CR": 0.2, "DK": 0.15, "AK": 0.15},
+}
+
+
+def scene(probs: dict[str, float]) -> PlannerInput:
+    g = LaneGraph()
+    g.add(make_lane("A0", [[0, 3.5], [500, 3.5]], 3.5, 15.0, "A", right_neighbor="A1"))
+    g.add(make_lane("A1", [[0, 0], [500, 0]], 3.5, 15.0, "A", left_neighbor="A0", right_neighbor="A2"))
+    g.add(make_lane("A2", [[0, -3.5], [500, -3.5]], 3.5, 15.0, "A", left_neighbor="A1"))
+    now = 10.0
+    hist = [EgoState(now - 0.1 * k, 100.0 - 1.0 * k, 0.0, 0.0, 10.0) for k in range(20, -1, -1)]
+    cars = [("lead", 125.0, 0.0, 5.0), ("left_ahead", 140.0, 3.5, 12.0), ("left_behind", 80.0, 3.5, 11.0),
+            ("right_ahead", 115.0, -3.5, 8.0)]
+    objs = [TrackedObject(i, ObjectClass.VEHICLE, x, y, 0.0, v, 0.0, 4.6, 1.9) for i, x, y, v in cars]
+    p = np.zeros(10)
+    for code, v in probs.items():
+        p[ACTION_INDEX[code]] = v
+    dec = DecisionDistribution(now - 0.2, p, list(probs))
+    return PlannerInput(now, hist, TrackedObjects(now, objs), TrafficLights(now), g, Route(0.0, ["A"]), dec)
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def run(planner: DecisionGuidedPlanner, pi: PlannerInput, cycles: int, budget: float, label: str
+        ) -> tuple[list[float], list[PlanResult]]:
+    planner.plan_detailed(pi, budget)  # warm-up (first-call allocations)
+    times, results = [], []
+    for _ in tqdm(range(cycles), desc=label, unit="cycle", leave=False):
+        t0 = time.perf_counter()
+        res = planner.plan_detailed(pi, budget)
+        times.append(time.perf_counter() - t0)
+        results.append(res)
+    return times, results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on the shared 2 cores)")
+    ap.add_argument("--population", type=int, default=128)
+    ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    base = DecisionGuidedConfig()
+    cfg = DecisionGuidedConfig(search=type(base.search)(population=args.population))
+    planner = DecisionGuidedPlanner(cfg)
+    rows = []
+    for k, probs in DECISIONS.items():
+        pi = scene(probs)
+        times, results = run(planner, pi, args.cycles, 60.0, f"|C_t|={k} full")
+        last = results[-1]
+        rows.append((k, "full search", pct(times, 50), pct(times, 95), last))
+    budget_rows = []
+    for k in (1, 3, 5):
+        pi = scene(DECISIONS[k])
+        times, results = run(planner, pi, args.cycles, 0.05, f"|C_t|={k} 50 ms")
+        budget_rows.append((k, pct(times, 50), pct(times, 95), results))
+
+    lines = [SECTION, "",
+             f"Command: `.venv/bin/python benchmarks/bench_planner.py --cycles {args.cycles}"
+             f"{' --threads %d' % args.threads if args.threads != 1 else ''}"
+             f"{' --population %d' % args.population if args.population != 128 else ''} --docs`",
+             "",
+             f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores shared with other engineers' jobs "
+             f"(timings are noisy, up to several x between runs), torch {torch.__version__} with "
+             f"{args.threads} thread(s), no GPU. Population {args.population} per candidate action, 10 DDIM steps, "
+             f"2 renoise-denoise rounds (5 and 1 steps), LQR + bicycle tracking and the shared PDM-style scorer "
+             f"over 40 x 0.1 s. Scene: three-lane road, ego at 10 m/s behind a 5 m/s car, traffic in both "
+             f"neighbour lanes; {args.cycles} cycles after one warm-up.",
+             "",
+             "| C_t | run | p50 (ms) | p95 (ms) | stages completed | chosen | members scored |",
+             "|---|---|---|---|---|---|---|"]
+    for k, run_name, p50, p95, last in rows:
+        lines.append(f"| {k}: {', '.join(DECISIONS[k])} | {run_name} | {p50 * 1e3:.0f} | {p95 * 1e3:.0f} | "
+                     f"{', '.join(last.stages_done)} | {last.action} ({last.mode}) | "
+                     f"{sum(1 for _ in last.candidates)} x {args.population} + warm starts |")
+    lines += ["", "Budget cut to 50 ms (`plan_detailed(input, budget=0.05)`):", "",
+              "| C_t | p50 (ms) | p95 (ms) | stages completed (last cycle) | published | origin of X* | cut reason |",
+              "|---|---|---|---|---|---|---|"]
+    for k, p50, p95, results in budget_rows:
+        last = results[-1]
+        chosen = next((c for c in last.candidates if c.action == (last.action or "")), None)
+        origin = chosen.origin if chosen else "-"
+        valid = all(r.trajectory.is_finite() and len(r.trajectory) == 81 for r in results)
+        lines.append(f"| {k} | {p50 * 1e3:.0f} | {p95 * 1e3:.0f} | {', '.join(last.stages_done) or '-'} | "
+                     f"{last.action} ({last.mode}), {'valid 8 s trajectory every cycle' if valid else 'INVALID'} | "
+                     f"{origin} | {last.budget_cut or '-'} |")
+    lines += ["",
+              "Reading: the full search cost grows with |C_t| because each candidate action has its own population "
+              "of 128 in the renoise-denoise rounds (the initial prior samples are shared). With a 50 ms budget the "
+              "planner still publishes on time-or-nearly (the floor is scoring the warm starts: IDM proposals along "
+              "each action's reference lane) and reports which stage was cut.", ""]
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    if args.docs:
+        write_section(ROOT / "docs" / "benchmarks.md", text)
+    return 0
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace this benchmark's section of ``path`` (up to the next '## ' heading), or append it."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = old.splitlines()
+    if SECTION in lines:
+        start = lines.index(SECTION)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = text.rstrip("\n").splitlines() + [""]
+        new = "\n".join(lines) + "\n"
+    else:
+        new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
+    path.write_text(new)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""DecisionGuidedPlanner end to end with the shipped diffusion prior (models/diffusion_prior) on a
+hand-built three-lane road: Eq. 19-22 selection, the degraded modes and bad input. A reduced
+population keeps each call short; the code path is the one the planner node runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from luna_core.lanes import make_lane
+from luna_core.planning.decision_guided import (DEFAULT_PRIOR, MODE_DECISION, MODE_FALLBACK, MODE_NO_DECISION,
+                                                MODE_STOP, DecisionGuidedConfig, DecisionGuidedPlanner,
+                                                PlannerInputError)
+from luna_core.planning.diffusion import TrajectoryDiffusionPrior
+from luna_core.planning.diffusion_es import DiffusionESConfig
+from luna_core.planning.objectives import selection_score
+from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
+                             Route, TrackedObject, TrackedObjects, TrafficLights)
+
+SEARCH = DiffusionESConfig(population=32, warm_starts=15, iterations=1, renoise_steps=(3,))
+
+
+@pytest.fixture(scope="module")
+def prior() -> TrajectoryDiffusionPrior:
+    torch.set_num_threads(1)
+    return TrajectoryDiffusionPrior.from_pretrained(DEFAULT_PRIOR)
+
+
+def road() -> LaneGraph:
+    g = LaneGraph()
+    g.add(make_lane("A0", [[0, 3.5], [400, 3.5]], 3.5, 15.0, "A", right_neighbor="A1"))
+    g.add(make_lane("A1", [[0, 0], [400, 0]], 3.5, 15.0, "A", left_neighbor="A0", right_neighbor="A2"))
+    g.add(make_lane("A2", [[0, -3.5], [400, -3.5]], 3.5, 15.0, "A", left_neighbor="A1"))
+    return g
+
+
+def history(x: float = 50.0, y: float = 0.0, speed: float = 10.0, now: float = 10.0) -> list[EgoState]:
+    return [EgoState(now - 0.1 * k, x - speed * 0.1 * k, y, 0.0, speed) for k in range(20, -1, -1)]
+
+
+def decision(probs: dict[str, float], stamp: float = 9.8, candidates: list[str] | None = None) -> DecisionDistribution:
+    p = np.zeros(10)
+    for code, v in probs.items():
+        p[ACTION_INDEX[code]] = v
+    return DecisionDistribution(stamp, p, candidates if candidates is not None else list(probs))
+
+
+def make_input(objects: list[TrackedObject] | None = None, dec: DecisionDistribution | None = None,
+               graph: LaneGraph | None = None, hist: list[EgoState] | None = None) -> PlannerInput:
+    return PlannerInput(10.0, hist or history(), TrackedObjects(10.0, objects or []), TrafficLights(10.0),
+                        road() if graph is None else graph, Route(0.0, ["A"]), dec)
+
+
+def planner(prior, **kw) -> DecisionGuidedPlanner:
+    return DecisionGuidedPlanner(DecisionGuidedConfig(search=SEARCH, time_budget=60.0, **kw), prior=prior)
+
+
+def slow_car(x: float = 80.0, y: float = 0.0, speed: float = 3.0) -> TrackedObject:
+    return TrackedObject("slow", ObjectClass.VEHICLE, x, y, 0.0, speed, 0.0, 4.5, 1.9)
+
+
+def assert_valid(traj, ego: EgoState) -> None:
+    assert len(traj) == 81 and traj.is_finite()
+    assert traj.t[0] == 0.0 and traj.t[-1] == pytest.approx(8.0)
+    assert math.hypot(traj.x[0] - ego.x, traj.y[0] - ego.y) < 0.5
+
+
+def test_it_is_a_planner_and_follows_eq22(prior) -> None:
+    pl = planner(prior)
+    assert callable(pl.plan) and callable(pl.reset) and isinstance(pl.name, str)  # the Planner protocol
+    pi = make_input([slow_car()], decision({"CK": 0.5, "CL": 0.3, "DK": 0.2}))
+    res = pl.plan_detailed(pi)
+    assert res.mode == MODE_DECISION and res.reasons == [] and res.budget_cut == ""
+    assert [c.action for c in res.candidates] == ["CK", "CL", "DK"]
+    for c in res.candidates:
+        assert c.trajectory is not None
+        assert c.selection_score == pytest.approx(float(selection_score(c.probability, c.j_dec, c.j_gen)))
+        assert 0.0 <= c.j_dec <= 1.0 and 0.0 <= c.j_gen <= 1.0
+        assert c.j_a == pytest.approx(c.j_dec ** 5.0 * c.j_gen, rel=1e-6)
+    best = max(res.candidates, key=lambda c: c.selection_score)
+    assert res.action == best.action
+    assert res.trajectory is best.trajectory
+    assert_valid(res.trajectory, pi.ego)
+    # Left lane change candidates end up in the left lane; the lane keepers stay in theirs.
+    cl = next(c for c in res.candidates if c.action == "CL").trajectory
+    assert cl.y[-1] > 2.0
+    ck = next(c for c in res.candidates if c.action == "CK").trajectory
+    assert abs(ck.y[-1]) < 1.5
+
+
+def test_without_decisions_is_the_diffusion_es_baseline(prior) -> None:
+    pl = planner(prior, use_decisions=False)
+    assert pl.name == "diffusion_es"
+    res = pl.plan_detailed(make_input(dec=decision({"AL": 1.0})))
+    assert res.mode == MODE_NO_DECISION and res.action is None
+    assert [c.action for c in res.candidates] == [""]
+    assert res.candidates[0].j_gen > 0.5
+    assert_valid(res.trajectory, make_input().ego)
+
+
+@pytest.mark.parametrize("dec, reason", [
+    (None, "no decision received"),
+    (decision({"CK": 1.0}, stamp=1.0), "stale"),
+    (decision({"CK": 0.5, "CL": 0.2}), "sums to 0.7"),
+    (decision({"CK": 1.0}, candidates=["CK", "XX"]), "unknown action code"),
+])
+def test_missing_stale_or_invalid_decision_falls_back_to_j_gen(prior, dec, reason) -> None:
+    res = planner(prior).plan_detailed(make_input([slow_car()], dec))
+    assert res.mode == MODE_FALLBACK and res.degraded
+    assert any(reason in r for r in res.reasons), res.reasons
+    assert [c.action for c in res.candidates] == [""]
+    assert_valid(res.trajectory, make_input().ego)
+
+
+
+def test_impossible_lane_change_is_dropped_with_a_reason(prior) -> None:
+    pi = make_input(dec=decision({"CL": 0.6, "CK": 0.4}), hist=history(y=3.5))
+    res = planner(prior).plan_detailed(pi)
+    assert [c.action for c in res.candidates] == ["CK"]
+    assert any("CL dropped" in r for r in res.reasons)
+    assert res.mode == MODE_DECISION and res.action == "CK"
+
+
+def _assert_stop(res, ego: EgoState) -> None:
+    assert res.mode == MODE_STOP and res.action is None and res.degraded
+    v = res.trajectory.velocity
+    assert res.trajectory.is_finite() and v[-1] == pytest.approx(0.0, abs=1e-9)
+    assert np.all(np.diff(v) <= 1e-9)
+    assert np.all(res.trajectory.acceleration >= -2.0 - 1e-9)  # comfortable: 2 m/s^2
+    assert math.hypot(res.trajectory.x[0] - ego.x, res.trajectory.y[0] - ego.y) < 1e-6
+
+
+def test_empty_lane_graph_gives_a_comfortable_stop(prior) -> None:
+    pi = make_input(dec=decision({"CK": 1.0}), graph=LaneGraph())
+    res = planner(prior).plan_detailed(pi)
+    _assert_stop(res, pi.ego)
+    assert any("lane graph is empty" in r for r in res.reasons)
+
+
+def test_ego_off_the_map_gives_a_comfortable_stop(prior) -> None:
+    pi = make_input(dec=decision({"CK": 1.0}), hist=history(y=300.0))
+    res = planner(prior).plan_detailed(pi)
+    _assert_stop(res, pi.ego)
+    assert any("no lane" in r for r in res.reasons)
+
+
+def test_nothing_feasible_gives_a_comfortable_stop(prior) -> None:
+    # Stopped vehicles 8 m ahead across all three lanes: no trajectory avoids them at 10 m/s, and
+    # hitting a stopped vehicle is at fault (J_gen = 0; a static object would only halve it).
+    wall = [TrackedObject(f"w{k}", ObjectClass.VEHICLE, 62.0, y, 0.0, 0.0, 0.0, 1.0, 3.4)
+            for k, y in enumerate((-3.5, 0.0, 3.5))]
+    pi = make_input(wall, decision({"CK": 0.7, "DK": 0.3}))
+    res = planner(prior).plan_detailed(pi)
+    _assert_stop(res, pi.ego)
+    assert any("no feasible trajectory" in r for r in res.reasons)
+    assert all(c.j_gen == 0.0 for c in res.candidates)
+
+
+def test_objects_with_nan_are_dropped_and_reported(prior) -> None:
+    nan_obj = TrackedObject("bad", ObjectClass.VEHICLE, math.nan, 0.0, 0.0, 1.0, 0.0, 4.5, 1.9)
+    res = planner(prior).plan_detailed(make_input([slow_car(), nan_obj], decision({"CK": 1.0})))
+    assert any("dropped 1 object" in r for r in res.reasons)
+    assert res.mode == MODE_DECISION and res.trajectory.is_finite()
+
+
+def test_nan_latest_ego_state_plans_from_the_last_finite_one(prior) -> None:
+    hist = history() + [EgoState(10.1, math.nan, 0.0, 0.0, 10.0)]
+    res = planner(prior).plan_detailed(make_input(dec=decision({"CK": 1.0}), hist=hist))
+    assert any("latest ego state is not finite" in r for r in res.reasons)
+    assert res.trajectory.is_finite()
+    with pytest.raises(PlannerInputError, match="no finite state"):
+        planner(prior).plan_detailed(make_input(hist=[EgoState(1.0, math.nan, 0.0, 0.0, 0.0)]))
+
+
+class FakeClock:
+    """Advances 30 ms per reading: a deterministic stand-in for a slow machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.03
+        return self.now
+
+
+def test_budget_cut_publishes_the_best_warm_start_fake_clock(prior) -> None:
+    pl = DecisionGuidedPlanner(DecisionGuidedConfig(search=SEARCH, time_budget=0.05), prior=prior,
+                               clock=FakeClock())
+    pi = make_input([slow_car()], decision({"CK": 0.6, "DK": 0.4}))
+    res = pl.plan_detailed(pi)
+    assert res.budget_cut and any("time budget 50 ms" in r for r in res.reasons)
+    assert res.stages_done == ["warm_starts"]
+    assert res.mode == MODE_DECISION and res.action in ("CK", "DK")
+    assert all(c.origin == "warm_start" for c in res.candidates)
+    assert_valid(res.trajectory, pi.ego)
