@@ -32,7 +32,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from tqdm import tqdm
 
@@ -65,41 +65,18 @@ class ScenarioRef:
 
     name: str
     source: str  # a file path, or whatever the loader takes
-    loader: str = "luna_bridge.scenarios.format:load_scenario"
-
-
-def _import(path: str) -> Callable[..., Any]:
-    import importlib
-
-    module, attr = path.split(":", 1)
-    return getattr(importlib.import_module(module), attr)
-
-
-def directory_suite(directory: Path) -> list[ScenarioRef]:
-    """Every scenario file in a directory (``*.json``, ``*.json.gz``; CommonRoad ``*.xml``), sorted."""
-    refs = []
-    for p in sorted(directory.iterdir()):
-        if p.name.endswith((".json", ".json.gz")):
-            refs.append(ScenarioRef(p.name.split(".json")[0], str(p)))
-        elif p.suffix == ".xml":
-            refs.append(ScenarioRef(p.stem, str(p), "luna_bridge.scenarios:load_commonroad"))
-    return refs
+    loader: str
 
 
 def resolve_suite(suite: str) -> list[ScenarioRef]:
-    """Scenario refs of a named suite (``luna_bridge.scenarios.suite_refs``) or of a directory."""
-    path = Path(suite)
-    if path.is_dir():
-        refs = directory_suite(path)
-    else:
-        try:
-            suite_refs = _import("luna_bridge.scenarios:suite_refs")
-        except (ImportError, AttributeError) as exc:
-            raise EvaluationError(f"suite {suite!r}: not a directory and no named suites available ({exc})") from None
-        try:
-            refs = [ScenarioRef(*r) if isinstance(r, tuple) else r for r in suite_refs(suite)]
-        except (KeyError, ValueError, FileNotFoundError) as exc:
-            raise EvaluationError(f"suite {suite!r}: {exc}") from None
+    """Scenario refs of a named suite or a directory of scenario files
+    (``luna_bridge.scenarios.suite_refs``), sorted by name."""
+    from luna_bridge.scenarios import suite_refs
+
+    try:
+        refs = [ScenarioRef(*r) for r in suite_refs(suite)]
+    except (KeyError, FileNotFoundError) as exc:
+        raise EvaluationError(str(exc).strip('"')) from None
     names = [r.name for r in refs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -140,13 +117,14 @@ def _dumps(obj: Any) -> str:
 
 def run_job(job: Job) -> dict[str, Any]:
     """Load, simulate, score (and render) one run; always writes a result, whatever fails."""
+    from luna_bridge.scenarios.registry import load_entry
     from luna_bridge.sim import SimulationConfig, simulate
 
     started = time.perf_counter()
     head = {"scenario": job.ref.name, "source": job.ref.source, "planner": job.planner,
             "mode": mode_name(job.reactive), "replan_every": job.replan_every}
     try:
-        scenario: Scenario = _import(job.ref.loader)(job.ref.source)
+        scenario: Scenario = load_entry(job.ref.source, job.ref.loader)
     except Exception as exc:  # noqa: BLE001 - a bad file must not stop the run; it is reported
         result = {**head, "status": STATUS_LOAD_ERROR, "score": 0.0, "scenario_type": "",
                   "error": f"{type(exc).__name__}: {exc}", "metrics": {}}
