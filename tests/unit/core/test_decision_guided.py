@@ -196,3 +196,22 @@ def test_budget_cut_publishes_the_best_warm_start_fake_clock(prior) -> None:
     assert res.mode == MODE_DECISION and res.action in ("CK", "DK")
     assert all(c.origin == "warm_start" for c in res.candidates)
     assert_valid(res.trajectory, pi.ego)
+
+
+def test_node_facing_api_flat_options_markers_and_reasons(prior) -> None:
+    from luna_core.planning.factory import make_planner
+
+    cfg = DecisionGuidedConfig(population=24, gamma_p=0.25, search=SEARCH, time_budget=60.0)
+    assert cfg.search.population == 24 and cfg.objective.gamma_p == 0.25
+    pl = DecisionGuidedPlanner(cfg, prior=prior)
+    assert pl.debug_candidates() == []
+    pl.plan(make_input([slow_car()], decision({"CK": 0.5, "CL": 0.3, "DK": 0.2})))
+    debug = pl.debug_candidates()
+    assert [d[0] for d in debug] == ["CK", "CL"]  # DK (0.2) is below gamma_p 0.25
+    assert sum(d[3] for d in debug) == 1
+    assert pl.last.degraded_reason == ""
+    pl.plan(make_input(dec=None))
+    assert pl.last.degraded_reason.startswith("mode fallback; no decision received")
+    # The planner node builds it by name with flat options.
+    built = make_planner("luna", {"population": 16, "gamma_p": 0.2, "time_budget": 0.3})
+    assert built.config.search.population == 16 and built.config.time_budget == 0.3

@@ -74,7 +74,7 @@ class DecisionGuidedConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     search: DiffusionESConfig = field(default_factory=DiffusionESConfig)
     scorer_weights: ScorerWeights = field(default_factory=ScorerWeights)
-    prior_path: str = str(DEFAULT_PRIOR)
+    model_path: str = str(DEFAULT_PRIOR)  # folder of the diffusion prior (config.json + model.safetensors)
     time_budget: float = 0.45  # s per call; the planner node replans every 0.5 s
     decision_timeout: float = 4.0  # s: 2 T_d with T_d = 2 s
     use_decisions: bool = True  # False: the "Diffusion-ES without decisions" baseline
@@ -86,8 +86,16 @@ class DecisionGuidedConfig:
     change_blend_times: tuple[float, ...] = (3.0, 4.5, 6.0)  # s to reach the target lane (L, R)
     fallback_offsets: tuple[float, ...] = (-1.0, 0.0, 1.0)  # PDM-Closed's proposal offsets (m)
     fallback_speed_fractions: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)  # of the speed limit
+    # Flat overrides of the two most-tuned nested settings (the planner node's parameters):
+    # search.population and objective.gamma_p; None keeps the nested value.
+    population: int | None = None
+    gamma_p: float | None = None
 
     def __post_init__(self) -> None:
+        if self.population is not None:
+            object.__setattr__(self, "search", replace(self.search, population=int(self.population)))
+        if self.gamma_p is not None:
+            object.__setattr__(self, "objective", replace(self.objective, gamma_p=float(self.gamma_p)))
         if not (self.time_budget > 0.0 and self.decision_timeout > 0.0 and self.output_horizon > 0.0
                 and self.comfortable_deceleration > 0.0):
             raise ValueError("DecisionGuidedConfig: time_budget, decision_timeout, output_horizon and "
@@ -124,6 +132,11 @@ class PlanResult:
     @property
     def degraded(self) -> bool:
         return self.mode in (MODE_FALLBACK, MODE_STOP)
+
+    @property
+    def degraded_reason(self) -> str:
+        """Everything that was not nominal in this cycle, for diagnostics ("" when nominal)."""
+        return "; ".join(([f"mode {self.mode}"] if self.degraded else []) + self.reasons)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -243,7 +256,7 @@ class DecisionGuidedPlanner:
                  prior: TrajectoryDiffusionPrior | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self.prior = prior if prior is not None else TrajectoryDiffusionPrior.from_pretrained(config.prior_path)
+        self.prior = prior if prior is not None else TrajectoryDiffusionPrior.from_pretrained(config.model_path)
         self.clock = clock
         self.name = "luna" if config.use_decisions else "diffusion_es"
         self.calls = 0
@@ -257,6 +270,15 @@ class DecisionGuidedPlanner:
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         return self.plan_detailed(planner_input).trajectory
+
+    def debug_candidates(self) -> list[tuple[str, Trajectory, float, bool]]:
+        """The last cycle's candidates for markers: (action code, X*_a, Eq. 22 score, chosen); the
+        J_gen-only search is labelled "J_gen"."""
+        last = self.last
+        if last is None:
+            return []
+        return [(c.action or "J_gen", c.trajectory, c.selection_score, c.trajectory is last.trajectory)
+                for c in last.candidates if c.trajectory is not None]
 
     # ---- the cycle -------------------------------------------------------------------------------
 
