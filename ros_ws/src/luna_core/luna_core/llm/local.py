@@ -22,6 +22,25 @@ import numpy as np
 from luna_core.llm.base import Choice, Completion, LLMConfigError, Message, UsageMeter
 
 
+_LOADED: dict[tuple[str, str], tuple[Any, Any, threading.Lock]] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def _load(path: Any, device: str) -> tuple[Any, Any, threading.Lock]:
+    """Tokenizer, model and its call lock, loaded once per (folder, device) and process: every chat
+    backend on the same weights (teacher agents, tests) shares one copy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = (str(path), device)
+    with _LOAD_LOCK:
+        if key not in _LOADED:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+            _LOADED[key] = (tokenizer, model, threading.Lock())
+        return _LOADED[key]
+
+
 class TransformersChatModel:
     def __init__(self, model: str = "smollm2-135m-instruct", device: str | None = None,
                  num_threads: int | None = 2, meter: UsageMeter | None = None) -> None:
@@ -29,7 +48,6 @@ class TransformersChatModel:
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from luna_core.model_cache import resolve
 
@@ -38,16 +56,16 @@ class TransformersChatModel:
         except FileNotFoundError as exc:
             raise LLMConfigError(str(exc)) from exc
         if num_threads:
+            # On a shared, busy CPU one thread is often faster than two (no spin-waiting on a core
+            # another process holds); measure before raising it.
             torch.set_num_threads(num_threads)
         self._torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.name = model
         self.meter = meter or UsageMeter()
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
+        self.tokenizer, self.model, self._lock = _load(path, self.device)
         if self.tokenizer.chat_template is None:
             raise LLMConfigError(f"model {model!r} has no chat template; a chat backend needs one")
-        self._lock = threading.Lock()
         self._prefixes: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()  # key -> (ids, cache)
         self.prefix_cache_size = 6
         self.prefix_tokens_reused = 0
