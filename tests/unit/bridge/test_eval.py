@@ -1,7 +1,7 @@
 """``luna-bridge eval`` end to end on a small directory suite: real simulator, real planners, real files.
 
-Two good 2-s scenarios (a lead vehicle on a straight two-lane road) and two bad files (not JSON; a
-NaN in the ego state). Checks the Table-III summary, the failure list, resume, determinism of the
+Two good 2-s scenarios (a lead vehicle on a straight two-lane road) and four bad files (not JSON; a
+NaN in the ego state; a missing field; a lane successor that names an unknown lane). Checks the Table-III summary, the failure list, resume, determinism of the
 metric files (hash, also across worker processes) and the CLI.
 """
 
@@ -51,6 +51,12 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bad["name"] = "d_nan_state"
     bad["ego_initial"]["velocity"] = "NaN"
     (d / "d_nan_state.json").write_text(json.dumps(bad), encoding="utf-8")
+    missing = json.loads((d / "a_lead_near.json").read_text(encoding="utf-8"))
+    del missing["expert"]
+    (d / "e_missing_expert.json").write_text(json.dumps(missing), encoding="utf-8")
+    unknown = json.loads((d / "a_lead_near.json").read_text(encoding="utf-8"))
+    unknown["lane_graph"]["lanes"][0]["successors"] = ["no_such_lane"]
+    (d / "f_unknown_lane.json").write_text(json.dumps(unknown), encoding="utf-8")
     return d
 
 
@@ -67,28 +73,32 @@ def metric_hash(out: Path) -> str:
 def test_eval_table_failures_and_resume(suite: Path, tmp_path: Path) -> None:
     cfg = EvalConfig(str(suite), ["idm"], modes=(False, True), out_dir=tmp_path / "out")
     s = run_evaluation(cfg, progress=False)
-    assert s.scenario_count == 4 and s.runs == 16 and s.skipped == 0
+    assert s.scenario_count == 6 and s.runs == 24 and s.skipped == 0
     assert [row["planner"] for row in s.table] == ["log-replay", "idm"]  # the expert row always first
     expert = s.table[0]
-    assert expert["NR-n"] == 4 and expert["R-n"] == 4
-    assert expert["NR-SR"] == pytest.approx(50.0)  # two good scenarios succeed, two bad files score 0
+    assert expert["NR-n"] == 6 and expert["R-n"] == 6
+    assert expert["NR-SR"] == pytest.approx(100.0 / 3)  # two good scenarios succeed, four bad files score 0
     failed = {(f["scenario"], f["status"]) for f in s.failures}
-    assert failed == {("c_broken", "load_error"), ("d_nan_state", "load_error")}
-    assert len(s.failures) == 8  # 2 files x 2 planners x 2 modes, none dropped
-    assert all("c_broken.json" in f["error"] for f in s.failures if f["scenario"] == "c_broken")
+    bad = ("c_broken", "d_nan_state", "e_missing_expert", "f_unknown_lane")
+    assert failed == {(b, "load_error") for b in bad}
+    assert len(s.failures) == 16  # 4 files x 2 planners x 2 modes, none dropped
+    errors = {f["scenario"]: f["error"] for f in s.failures}
+    for name in bad:  # every error names the file
+        assert f"{name}.json" in errors[name]
+    assert "expert" in errors["e_missing_expert"] and "no_such_lane" in errors["f_unknown_lane"]
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "| planner | NR-CLS | NR-SR | R-CLS | R-SR |" in md and "c_broken" in md and "Wall time" in md
     rows = (tmp_path / "out" / "per_scenario.csv").read_text().splitlines()
-    assert len(rows) == 1 + 16
+    assert len(rows) == 1 + 24
     result = json.loads((tmp_path / "out" / "scenarios" / "idm" / "reactive" / "a_lead_near.json").read_text())
     assert result["status"] == "ok" and len(result["metrics"]["time_to_collision_within_bound"]["time_series"]) == 21
 
     again = run_evaluation(cfg, progress=False)
-    assert again.skipped == 16
+    assert again.skipped == 24
     (tmp_path / "out" / "scenarios" / "idm" / "reactive" / "b_lead_far.json").unlink()
     (tmp_path / "out" / "scenarios" / "idm" / "non_reactive" / "a_lead_near.json").write_text('{"torn')
     resumed = run_evaluation(cfg, progress=False)
-    assert resumed.skipped == 14
+    assert resumed.skipped == 22
     assert metric_hash(tmp_path / "out") == metric_hash(tmp_path / "out")  # sanity of the helper
     assert resumed.table == s.table
 
@@ -106,7 +116,7 @@ def test_eval_metric_files_are_byte_identical_across_runs_and_workers(suite: Pat
 def test_eval_refuses_unknown_planner_and_wrong_count(suite: Path, tmp_path: Path) -> None:
     with pytest.raises(EvaluationError, match="unknown planner"):
         run_evaluation(EvalConfig(str(suite), ["nope"], out_dir=tmp_path / "x"), progress=False)
-    with pytest.raises(EvaluationError, match="has 4 scenarios, expected 5"):
+    with pytest.raises(EvaluationError, match="has 6 scenarios, expected 5"):
         run_evaluation(EvalConfig(str(suite), ["idm"], out_dir=tmp_path / "x", expect_count=5), progress=False)
 
 
