@@ -298,7 +298,9 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
     unknown = [p for p in planners if p not in planner_names()]
     if unknown:
         raise EvaluationError(f"unknown planner(s) {unknown}; registered: {', '.join(planner_names())}")
-    log.info("suite %s: %d scenarios x %d planners x %d modes", cfg.suite, len(refs), len(planners), len(cfg.modes))
+    if progress:  # the count is checked and shown before any work starts
+        print(f"suite {cfg.suite}: {len(refs)} scenarios x {len(planners)} planners ({', '.join(planners)}) x "
+              f"{len(cfg.modes)} mode(s)", flush=True)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [Job(ref, p, reactive, str(cfg.out_dir), cfg.render, cfg.replan_every)
             for p in planners for reactive in cfg.modes for ref in refs]
