@@ -108,15 +108,16 @@ def scenario_frames(scenario: Any, rate: float = 2.0, origin: dict[str, Any] | N
         raise FrameError(f"frame rate must be positive, got {rate}")
     interval = 1.0 / rate
     dt = 0.1
-    t0 = float(scenario.expert.t[0]) if len(scenario.expert.t) else 0.0
-    times = np.arange(t0, t0 + scenario.duration + 1e-9, interval)
+    # Frames cover the scenario from t = 0; the expert's log may start earlier (history), and two
+    # earlier samples give the first frames their recent decisions.
+    times = np.round(np.arange(-2 * interval, scenario.duration + 1e-9, interval), 6)
     egos = [_ego_at(scenario.expert, float(t), dt) for t in times]
     origin = {"scenario": scenario.name, "type": scenario.scenario_type, "split": scenario.split,
               "source": scenario.source, **(origin or {})}
     decisions = [expert_decision(scenario.lane_graph, a, b, interval) if a is not None and b is not None else ""
                  for a, b in zip(egos[:-1], egos[1:])] + [""]
     for k, (t, ego) in enumerate(zip(times, egos)):
-        if ego is None:
+        if t < 0.0 or ego is None:
             continue
         recent = [d for d in decisions[max(k - 2, 0):k] if d]
         scene = build_scene(ego, scenario.objects_at(float(t)), scenario.lights_at(float(t)), scenario.route,
