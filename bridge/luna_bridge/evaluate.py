@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import logging
 import multiprocessing as mp
 import os
 import resource
@@ -40,7 +39,6 @@ from luna_bridge.baselines import EXPERT, make_planner, planner_names
 from luna_bridge.metrics import METRIC_NAMES, ScenarioScore, aggregate, score_log
 from luna_bridge.scenario import Scenario
 
-log = logging.getLogger(__name__)
 
 MODES = {"non-reactive": (False,), "reactive": (True,), "both": (False, True)}
 STATUS_OK, STATUS_LOAD_ERROR, STATUS_CRASHED = "ok", "load_error", "crashed"
