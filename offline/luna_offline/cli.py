@@ -12,6 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     from luna_offline import train_diffusion; train_diffusion.register(subparsers)  # noqa: E702
     from luna_offline import frames; frames.register(subparsers)  # noqa: E702
     from luna_offline import collect; collect.register(subparsers)  # noqa: E702
+    from luna_offline import distill, evaluate; distill.register(subparsers); evaluate.register(subparsers)  # noqa: E702,E501
     args = parser.parse_args(argv)
     return int(args.func(args) or 0) if hasattr(args, "func") else 0
 

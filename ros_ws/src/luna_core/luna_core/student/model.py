@@ -83,6 +83,17 @@ def resolve_dtype(config: StudentConfig, device: torch.device) -> torch.dtype:
     return getattr(torch, config.dtype)
 
 
+def checked_mask(mask: np.ndarray | None) -> np.ndarray | None:
+    """An action mask as (10,) booleans with at least one allowed action, or a ValueError."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != (NUM_ACTIONS,) or not mask.any():
+        raise ValueError(f"action mask must be {NUM_ACTIONS} booleans with at least one True, "
+                         f"got {mask.tolist()}")
+    return mask
+
+
 def default_prompts() -> StudentPrompts:
     from luna_core.prompts import PromptManager  # the project's prompt manager (P_md, Eq. 13, 26)
 
@@ -253,6 +264,11 @@ class DualHeadStudent(nn.Module):
         return torch.softmax(self.head(hidden.float()), dim=-1)
 
     # ---- training (Eq. 15-18) ------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, commit_index: torch.Tensor,
+                target: torch.Tensor, alpha: float) -> dict[str, torch.Tensor]:
+        """The training pass (``losses``); through ``forward`` so DDP / accelerate wrappers sync grads."""
+        return self.losses(input_ids, attention_mask, commit_index, target, alpha)
+
     def losses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, commit_index: torch.Tensor,
                target: torch.Tensor, alpha: float) -> dict[str, torch.Tensor]:
         """L_total = L_LM + alpha * KL(pi || pi_hat) on a right-padded batch.
@@ -316,11 +332,7 @@ class DualHeadStudent(nn.Module):
     def predict(self, scene_query: str, retrieved: Sequence[MemoryItem] = (),
                 mask: np.ndarray | None = None) -> tuple[np.ndarray, PredictLatency]:
         """pi_hat(.|xi_t) (10,) from one forward pass; masked actions get 0 and the rest renormalise."""
-        if mask is not None:
-            mask = np.asarray(mask, dtype=bool)
-            if mask.shape != (NUM_ACTIONS,) or not mask.any():
-                raise ValueError(f"action mask must be {NUM_ACTIONS} booleans with at least one True, "
-                                 f"got {mask.tolist()}")
+        mask = checked_mask(mask)
         t0 = time.perf_counter()
         fitted = self.encoder.fit(scene_query, retrieved)
         t1 = time.perf_counter()
@@ -328,6 +340,7 @@ class DualHeadStudent(nn.Module):
             hidden, cached = self._commitment_hidden(fitted)
             probs = self.dpp_probabilities(hidden).to("cpu", torch.float64).numpy()
         t2 = time.perf_counter()
+        probs = probs / probs.sum()  # exact in float64 for consumers that check the sum
         if mask is not None:
             probs = mask_and_renormalise(probs, mask)
         latency = PredictLatency(total=time.perf_counter() - t0, encode=t1 - t0, forward=t2 - t1,

@@ -1,0 +1,193 @@
+"""DualHeadStudent on the real SmolLM2-135M-Instruct base (loaded once per module)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from luna_core.student import (BaseModelMismatchError, ContextOverflowError, DualHeadStudent,
+                               StudentConfig, StudentConfigError, StudentModelFileError)
+from luna_core.student import files
+from luna_core.types import ACTION_CODES
+from tests.unit.core.test_student_support import PROMPTS, memory_item, query
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def student() -> DualHeadStudent:
+    torch.manual_seed(0)
+    s = DualHeadStudent.from_base(StudentConfig(device="cpu"), PROMPTS)
+    # A non-zero adapter, so that saving and loading has something to lose.
+    with torch.no_grad():
+        for name, p in s.lm.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    return s
+
+
+def test_predict_is_a_distribution_over_the_ten_actions(student):
+    p, lat = student.predict(query(), [memory_item(1)])
+    assert p.shape == (10,)
+    assert np.all(p > 0) and abs(p.sum() - 1.0) < 1e-9
+    assert lat.examples_used == 1 and lat.prompt_tokens > 100 and lat.forward > 0
+
+
+def test_commitment_position_is_the_last_token_of_the_generation_prompt(student):
+    fitted = student.encoder.fit(query(), [])
+    tail = student.tokenizer.decode(fitted.input_ids[-4:], skip_special_tokens=False)
+    assert tail.endswith("<|im_start|>assistant\n")
+    assert fitted.commit_index == len(fitted.input_ids) - 1
+    # predict's head input is the decoder state at i* of the full prompt (no prefix cache here)
+    with torch.inference_mode():
+        h = student.decoder(input_ids=torch.tensor([fitted.input_ids])).last_hidden_state[0, fitted.commit_index]
+        expected = student.dpp_probabilities(h).double().numpy()
+    p, _ = student.predict(query(), [])
+    np.testing.assert_allclose(p, expected, atol=1e-5)
+
+
+def test_prefix_cache_reuse_gives_the_same_distribution(student):
+    q, ex = query(3), [memory_item(2), memory_item(3)]
+    student.config.reuse_prefix_cache = True
+    p1, lat1 = student.predict(q, ex)
+    p2, lat2 = student.predict(query(1), [])  # a different prompt in between must not leak into the cache
+    p3, lat3 = student.predict(q, ex)
+    student.config.reuse_prefix_cache = False
+    try:
+        p0, lat0 = student.predict(q, ex)
+    finally:
+        student.config.reuse_prefix_cache = True
+    assert lat1.cached_prefix_tokens > 100 and lat0.cached_prefix_tokens == 0
+    np.testing.assert_allclose(p1, p0, atol=1e-5)
+    np.testing.assert_allclose(p3, p0, atol=1e-5)
+    assert np.abs(p2 - p0).max() > 1e-6  # a different scene gives a different answer
+
+
+def test_action_mask_zeroes_and_renormalises(student):
+    mask = np.zeros(10, dtype=bool)
+    mask[[ACTION_CODES.index("CK"), ACTION_CODES.index("DK")]] = True
+    p_all, _ = student.predict(query(), [])
+    p, _ = student.predict(query(), [], mask=mask)
+    assert np.all(p[~mask] == 0.0) and abs(p.sum() - 1.0) < 1e-9
+    ck, dk = ACTION_CODES.index("CK"), ACTION_CODES.index("DK")
+    assert p[ck] / p[dk] == pytest.approx(p_all[ck] / p_all[dk], rel=1e-6)
+    with pytest.raises(ValueError, match="action mask"):
+        student.predict(query(), [], mask=np.zeros(10, dtype=bool))
+    with pytest.raises(ValueError, match="action mask"):
+        student.predict(query(), [], mask=np.ones(9, dtype=bool))
+
+
+def test_empty_query_is_rejected(student):
+    with pytest.raises(ValueError, match="empty"):
+        student.predict("   ", [])
+
+
+def test_context_policy_drops_examples_then_far_objects_then_fails(student):
+    enc = student.encoder
+    q = query(6)
+    examples = [memory_item(i, n_objects=4) for i in range(3)]
+    full = enc.fit(q, examples)
+    no_examples = enc.fit(q, [])
+    old = enc.max_tokens
+    try:
+        enc.max_tokens = len(no_examples.input_ids) + 5  # room for the query but for no example
+        fitted = enc.fit(q, examples)
+        assert (fitted.examples_used, fitted.objects_dropped) == (0, 0) and fitted.truncated
+        enc.max_tokens = len(no_examples.input_ids) - 20  # the query itself must shrink
+        fitted = enc.fit(q, examples)
+        assert fitted.examples_used == 0 and fitted.objects_dropped >= 1
+        assert "veh0" in fitted.query and "veh5" not in fitted.query  # the farthest object went first
+        enc.max_tokens = 50  # even the system message does not fit
+        with pytest.raises(ContextOverflowError, match="budget"):
+            enc.fit(q, examples)
+    finally:
+        enc.max_tokens = old
+    assert full.examples_used == 3 and not full.truncated
+
+
+def test_explain_starts_with_the_ranked_codes_and_can_be_stopped(student):
+    e = student.explain(query(), [memory_item(1)], ["CK", "DK"], max_new_tokens=4)
+    assert e.text.startswith("Recommended decisions: CK,DK\n")
+    assert e.text.startswith(e.prefix) and e.generated_tokens <= 4
+    assert e.stop_reason in ("eos", "max_tokens")
+    stop = threading.Event()
+    stop.set()
+    e = student.explain(query(), [], ["AK"], stop=stop)
+    assert (e.stop_reason, e.generated_tokens, e.text) == ("stop_requested", 0, e.prefix)
+    e = student.explain(query(), [], ["AK"], max_time=0.0)
+    assert e.stop_reason == "max_time"
+    with pytest.raises(ValueError):
+        student.explain(query(), [], ["XX"])
+
+
+def test_predict_while_explaining_gives_the_idle_answer(student):
+    idle, _ = student.predict(query(2), [])
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(
+        e=student.explain(query(3), [memory_item(4)], ["CK"], max_new_tokens=12)))
+    worker.start()
+    busy, _ = student.predict(query(2), [])
+    worker.join(timeout=120)
+    assert not worker.is_alive() and result["e"].generated_tokens >= 1
+    np.testing.assert_allclose(busy, idle, atol=1e-6)
+
+
+def test_save_and_load_round_trip_and_bad_files(student, tmp_path):
+    q, ex = query(2), [memory_item(5)]
+    p, _ = student.predict(q, ex)
+    out = student.save_pretrained(tmp_path / "student")
+    assert sorted(x.name for x in out.iterdir()) == sorted(
+        [files.CONFIG_FILE, files.META_FILE, files.ADAPTER_FILE, files.HEAD_FILE])
+    loaded = DualHeadStudent.from_pretrained(out, PROMPTS, device="cpu")
+    p2, _ = loaded.predict(q, ex)
+    np.testing.assert_allclose(p2, p, atol=1e-6)
+
+    head = (out / files.HEAD_FILE).read_bytes()
+    (out / files.HEAD_FILE).write_bytes(head[:-7] + b"garbage")
+    with pytest.raises(StudentModelFileError, match="corrupt"):
+        DualHeadStudent.from_pretrained(out, PROMPTS)
+    (out / files.HEAD_FILE).unlink()
+    with pytest.raises(StudentModelFileError, match="missing"):
+        DualHeadStudent.from_pretrained(out, PROMPTS)
+    (out / files.HEAD_FILE).write_bytes(head)
+
+    meta = json.loads((out / files.META_FILE).read_text())
+    meta["base_model_hash"] = "0" * 64  # as if trained on another base
+    (out / files.META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(BaseModelMismatchError, match="hash"):
+        DualHeadStudent.from_pretrained(out, PROMPTS)
+    (out / files.META_FILE).write_text("{not json")
+    with pytest.raises(StudentModelFileError, match="JSON"):
+        DualHeadStudent.from_pretrained(out, PROMPTS)
+    with pytest.raises(StudentModelFileError, match="not a directory"):
+        DualHeadStudent.from_pretrained(tmp_path / "nowhere", PROMPTS)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(StudentConfigError, match="lora_r"):
+        StudentConfig(lora_r=0)
+    with pytest.raises(StudentConfigError, match="device"):
+        StudentConfig(device="tpu")
+    with pytest.raises(StudentConfigError, match="unknown StudentConfig keys"):
+        StudentConfig.from_dict({"lora_rank": 8})
+    assert StudentConfig.from_dict(StudentConfig(lora_r=8).to_dict()).lora_r == 8
+
+
+def test_losses_are_finite_and_differentiable(student):
+    ids, commit, used = student.encode_training_sample(query(), [memory_item(1)], memory_item(9).answer)
+    assert used == 1 and commit < len(ids) - 1 and ids[-1] == student.tokenizer.eos_token_id
+    x = torch.tensor([ids])
+    target = torch.tensor(memory_item(9).distribution, dtype=torch.float32)[None]
+    student.train()
+    try:
+        out = student.losses(x, torch.ones_like(x), torch.tensor([commit]), target, alpha=0.7)
+        out["total"].backward()
+    finally:
+        student.eval()
+        student.zero_grad(set_to_none=True)
+    assert torch.isfinite(out["total"]) and out["kl"] > 0 and out["lm"] > 0
+    assert float(out["total"]) == pytest.approx(float(out["lm"] + 0.7 * out["kl"]), rel=1e-5)
