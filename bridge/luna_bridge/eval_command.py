@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=sorted(MODES), default="both",
                    help="non-reactive (log-replay agents), reactive (IDM agents) or both")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default results/eval/<suite>)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default out/eval/<suite>, git-ignored)")
     p.add_argument("--render", action="store_true", help="also write a BEV PNG and GIF per run")
     p.add_argument("--expect-count", type=int, default=None, help="refuse to run unless the suite has this many")
     p.add_argument("--limit", type=int, default=None, help="only the first N scenarios (smoke runs)")
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("luna-bridge eval: --workers must be >= 1", file=sys.stderr)
         return 2
-    out = args.out or Path("results/eval") / Path(args.suite).name
+    out = args.out or Path("out/eval") / Path(args.suite).name
     cfg = EvalConfig(suite=args.suite, planners=args.planner or ["pdm"], modes=MODES[args.mode],
                      workers=args.workers, out_dir=out, render=args.render, expect_count=args.expect_count,
                      limit=args.limit, every=args.every, replan_every=args.replan_every)

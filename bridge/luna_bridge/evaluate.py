@@ -172,7 +172,7 @@ class EvalConfig:
     planners: list[str]
     modes: tuple[bool, ...] = (False,)
     workers: int = 1
-    out_dir: Path = Path("results/eval")
+    out_dir: Path = Path("out/eval")
     render: bool = False
     expect_count: int | None = None  # refuse to run when the suite does not have this many scenarios
     limit: int | None = None  # first N scenarios only (smoke runs)
