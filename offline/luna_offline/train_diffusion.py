@@ -9,8 +9,9 @@ Training data (all as 10 s windows: 2 s of history, 8 s of future at 0.5 s, rear
 * **synthetic**: manoeuvres driven on the CommonRoad scenarios' real lanelet networks, covering the
   whole action space the planner asks for (accelerate / cruise / decelerate / stop x keep / left /
   right lane change, from standstill up to 30 m/s), with smooth jerk-limited speed profiles and
-  quintic lateral lane-change profiles. These play the role of the synthetic suite's expert
-  trajectories until that suite is available as a data source here.
+  quintic lateral lane-change profiles;
+* **suite**: the expert ego trajectories of the bundled synthetic suite's training split
+  (``synthetic-train``; never the hard / random evaluation splits), when it has been generated.
 
 Training: epsilon-prediction MSE (``TrajectoryDiffusionPrior.loss``), AdamW with cosine decay,
 wall-clock budget (``--minutes``), resumable from ``--work-dir`` (checkpoint = safetensors tensors +
@@ -268,27 +269,28 @@ def synthetic_windows(paths: list[Path], per_scenario: int, config: DiffusionPri
     return WindowSet.concat(parts)
 
 
-def suite_windows(config: DiffusionPriorConfig) -> WindowSet | None:
-    """Expert ego trajectories of the bundled synthetic suite, when ``luna_bridge.scenarios`` provides
-    it (None otherwise). Each scenario's expert track is cut into windows like a recording."""
+def suite_windows(config: DiffusionPriorConfig, suite: str = "synthetic-train") -> WindowSet | None:
+    """Windows of the expert ego trajectories of the bundled synthetic suite's *training* split
+    (the hard and random splits are evaluation data and stay out). None, with a note, when the
+    suite has not been generated (``luna-bridge generate-suite``)."""
     try:
-        from luna_bridge.scenarios import load_suite  # type: ignore[import-not-found]
-    except ImportError:
+        from luna_bridge.scenarios.registry import load_suite
+        loaded = load_suite(suite)
+    except (ImportError, KeyError, FileNotFoundError) as exc:
+        tqdm.write(f"synthetic suite {suite!r} not used: {exc}")
         return None
+    for failure in loaded.failures:
+        tqdm.write(f"synthetic suite: could not load {failure.source}: {failure.error}")
     parts = []
-    for split in ("random", "hard"):
-        try:
-            scenarios = load_suite(split)
-        except Exception as exc:  # the suite is another team's work in progress: say so, go on
-            tqdm.write(f"synthetic suite split {split!r} unavailable: {exc}")
+    for sc in tqdm(loaded.scenarios, desc=f"suite {suite}", unit="scenario"):
+        e = sc.expert
+        ok = np.isfinite(e.x) & np.isfinite(e.y) & np.isfinite(e.heading)
+        if ok.sum() < 2:
             continue
-        for sc in tqdm(scenarios, desc=f"suite {split}", unit="scenario"):
-            expert = getattr(sc, "expert", None) or getattr(sc, "ego_expert", None)
-            if expert is None:
-                continue
-            states = list(expert.states) if hasattr(expert, "states") else list(expert)
-            arr = np.array([[s.stamp, s.x, s.y, s.heading, s.velocity, s.acceleration] for s in states])
-            parts.append(track_windows(*arr.T, config=config, source="suite"))
+        h = np.unwrap(e.heading[ok])
+        speed = e.vx[ok] * np.cos(h) + e.vy[ok] * np.sin(h)  # along the heading (rear axle)
+        accel = np.gradient(speed, e.t[ok])
+        parts.append(track_windows(e.t[ok], e.x[ok], e.y[ok], h, speed, accel, config=config, source="suite"))
     return WindowSet.concat(parts) if parts else None
 
 
@@ -391,7 +393,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     work = Path(args.work_dir)
     out = Path(args.out)
-    config = DiffusionPriorConfig()
+    config = DiffusionPriorConfig(d_model=args.d_model, num_layers=args.layers, ff_dim=args.ff_dim)
     data, counts = build_dataset(Path(args.commonroad_dir), args.synthetic_per_scenario, config, args.seed)
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(data.actions))
@@ -519,7 +521,8 @@ other agents.
 ## Rebuild
 ```
 luna-offline train-diffusion --minutes {args.minutes} --max-steps {args.max_steps} \\
-    --synthetic-per-scenario {args.synthetic_per_scenario} --seed {args.seed}
+    --synthetic-per-scenario {args.synthetic_per_scenario} --seed {args.seed} \\
+    --d-model {args.d_model} --layers {args.layers} --ff-dim {args.ff_dim} --batch-size {args.batch_size}
 ```
 (reads `../shared/scenarios/commonroad` or `--commonroad-dir`; resumable from `--work-dir`).
 """
@@ -545,4 +548,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1 is fastest on the shared 2-core machine)")
     p.add_argument("--seed", type=int, default=0)
+    defaults = DiffusionPriorConfig()
+    p.add_argument("--d-model", type=int, default=defaults.d_model, help="transformer width")
+    p.add_argument("--layers", type=int, default=defaults.num_layers)
+    p.add_argument("--ff-dim", type=int, default=defaults.ff_dim)
     p.set_defaults(func=lambda a: (print(json.dumps(train(a), indent=2)), 0)[1])
