@@ -219,3 +219,36 @@ def test_journal_holds_json_lines_with_float32_arrays(tmp_path) -> None:
 
     assert np.frombuffer(base64.b64decode(record["embedding"]), "<f4").tolist() == _basis(0).tolist()
     assert record["seq"] == 1 and record["source"] == "teacher" and len(record["distribution"]) == 10
+
+
+def test_saved_hnsw_graph_is_reused_and_extended_or_ignored_when_stale(tmp_path, monkeypatch) -> None:
+    import faiss
+
+    loaded = []
+    real_read = faiss.read_index
+    monkeypatch.setattr(faiss, "read_index", lambda p: loaded.append(p) or real_read(p))
+    rng = np.random.default_rng(1)
+    path = tmp_path / "bank"
+    vectors = rng.normal(size=(300, DIM)).astype(np.float32)
+    writer = MemoryBank.create(path, SceneVectorEmbedder(DIM))
+    writer.append_many([_item(i, v) for i, v in enumerate(vectors[:200])])
+    built = MemoryBank.open(path, index="hnsw")
+    built.save_index()
+    assert (path / "index-hnsw-m32.faiss").exists()
+    writer.append_many([_item(i, v) for i, v in enumerate(vectors[200:], start=200)])
+    reopened = MemoryBank.open(path, index="hnsw")  # cached graph (200) + the 100 appended since
+    assert len(loaded) == 1 and reopened._index.ntotal == 300
+    for i in (5, 150, 250):
+        assert reopened.retrieve(vectors[i], k=1)[0][0].id == f"item-{i}"
+    # A cache that does not match the journal (here: ids differ) is ignored, not trusted.
+    meta = json.loads((path / "index-hnsw-m32.json").read_text())
+    (path / "index-hnsw-m32.json").write_text(json.dumps(dict(meta, last_id="someone-else")))
+    rebuilt = MemoryBank.open(path, index="hnsw")
+    assert len(loaded) == 1  # the meta check refused it before reading the graph
+    assert rebuilt._index.ntotal == 300 and rebuilt.retrieve(vectors[7], k=1)[0][0].id == "item-7"
+    (path / "index-hnsw-m32.faiss").write_bytes(b"garbage")
+    (path / "index-hnsw-m32.json").write_text(json.dumps(meta))
+    assert MemoryBank.open(path, index="hnsw").retrieve(vectors[9], k=1)[0][0].id == "item-9"
+    with pytest.raises(MemoryBankError, match="save_index applies"):
+        MemoryBank.open(path).save_index()
+    writer.close()

@@ -18,7 +18,10 @@ read call :meth:`MemoryBank.refresh` (cheap when nothing changed: one ``stat``) 
 
 Retrieval: faiss inner product on unit vectors, i.e. cosine similarity, with an exact ``flat`` index
 (IndexFlatIP) or an approximate ``hnsw`` one (IndexHNSWFlat), chosen when opening. The index lives in
-memory and is rebuilt from the journal on open.
+memory and is rebuilt from the journal on open; a saved HNSW graph (:meth:`MemoryBank.save_index`,
+files ``index-hnsw-m<M>.faiss/.json``, faiss' own format) spares the rebuild. Single-query searches
+are fastest with ``faiss.omp_set_num_threads(1)`` in the calling process (OpenMP start-up dominates
+otherwise, badly so on a loaded machine; see docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -92,10 +95,9 @@ class MemoryBank:
         if index not in ("flat", "hnsw"):
             raise ValueError(f"index must be 'flat' or 'hnsw', got {index!r}")
         self.index_kind: IndexKind = index
+        self._hnsw_m = hnsw_m
         self._index = (faiss.IndexFlatIP(self.dim) if index == "flat"
                        else faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT))
-        if index == "hnsw":
-            self._index.hnsw.efSearch = hnsw_ef_search
         self._items: list[MemoryItem] = []
         self._by_id: dict[str, int] = {}
         self._version = 0
@@ -110,7 +112,13 @@ class MemoryBank:
             except BaseException:
                 self.close()
                 raise
-        self._load_from(journal_path)
+        self._load_from(journal_path, index=False)
+        if index == "hnsw":
+            cached = self._cached_hnsw(hnsw_m)
+            if cached is not None:
+                self._index = cached
+            self._index.hnsw.efSearch = hnsw_ef_search
+        self._sync_index()
         if writable:
             _write_version(self.path, self._version)
 
@@ -309,7 +317,7 @@ class MemoryBank:
 
     # ------------------------------------------------------------------ internals
 
-    def _load_from(self, journal_path: str) -> None:
+    def _load_from(self, journal_path: str, index: bool = True) -> None:
         result = scan(journal_path, self._offset)
         for offset in result.skipped:
             warn(f"memory journal {journal_path}: corrupt record at byte {offset} skipped (its bytes "
@@ -331,15 +339,64 @@ class MemoryBank:
             loaded.append(item)
             last_seq = max(last_seq, seq)
         self._offset = result.end
-        self._add_loaded(loaded, last_seq)
+        self._add_loaded(loaded, last_seq, index)
 
-    def _add_loaded(self, items: list[MemoryItem], version: int) -> None:
-        if items:
-            self._index.add(np.stack([item.embedding for item in items]).astype(np.float32))
-            for item in items:
-                self._by_id[item.id] = len(self._items)
-                self._items.append(item)
+    def _add_loaded(self, items: list[MemoryItem], version: int, index: bool = True) -> None:
+        for item in items:
+            self._by_id[item.id] = len(self._items)
+            self._items.append(item)
         self._version = max(self._version, version)
+        if index:
+            self._sync_index()
+
+    def _sync_index(self) -> None:
+        """Add the items the index does not cover yet (it always covers a prefix of the items)."""
+        done = self._index.ntotal
+        if done < len(self._items):
+            self._index.add(np.stack([item.embedding for item in self._items[done:]]).astype(np.float32))
+
+    def _hnsw_cache_paths(self, m: int) -> tuple[str, str]:
+        stem = os.path.join(self.path, f"index-hnsw-m{m}")
+        return stem + ".faiss", stem + ".json"
+
+    def save_index(self) -> None:
+        """Save the HNSW graph beside the journal, so that opening with ``index="hnsw"`` loads it and
+        only adds the items appended since, instead of rebuilding the graph (minutes at 100k items).
+
+        Any process may call it (e.g. ``luna-offline collect`` after building a bank). The cache is
+        checked on open (embedder, count, ids) and ignored if it does not match the journal.
+        """
+        if self.index_kind != "hnsw":
+            raise MemoryBankError("save_index applies to banks opened with index='hnsw' (a flat index "
+                                  "is rebuilt on open at memory speed)")
+        with self._lock:
+            index_path, meta_path = self._hnsw_cache_paths(self._hnsw_m)
+            count = self._index.ntotal
+            meta = {"embedder": self.manifest["embedder"], "count": count,
+                    "first_id": self._items[0].id if count else "",
+                    "last_id": self._items[count - 1].id if count else ""}
+            tmp = f"{index_path}.tmp.{os.getpid()}"
+            faiss.write_index(self._index, tmp)
+            os.replace(tmp, index_path)
+            _atomic_write(meta_path, json.dumps(meta).encode(), sync=False)
+
+    def _cached_hnsw(self, m: int) -> Any | None:
+        """The saved HNSW index if it matches the items just loaded from the journal, else None."""
+        index_path, meta_path = self._hnsw_cache_paths(m)
+        try:
+            with open(meta_path, "rb") as f:
+                meta = json.loads(f.read())
+            count = int(meta["count"])
+            if (meta["embedder"] != self.manifest["embedder"] or count > len(self._items)
+                    or (count and (self._items[0].id != meta["first_id"]
+                                   or self._items[count - 1].id != meta["last_id"]))):
+                return None
+            index = faiss.read_index(index_path)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError):
+            return None  # no usable cache: the graph is rebuilt
+        if index.ntotal != count or index.d != self.dim or not hasattr(index, "hnsw"):
+            return None
+        return index
 
 
 # ---------------------------------------------------------------------------------------------------
