@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import faiss
 import numpy as np
 import pytest
 
@@ -17,6 +18,7 @@ from luna_core.memory.bank import JOURNAL
 from luna_core.types import MemoryItem
 
 DIM = 8
+faiss.omp_set_num_threads(1)  # polite on the shared cores; OpenMP only slows these small indexes
 
 
 def _pi(top: int) -> np.ndarray:
@@ -222,8 +224,6 @@ def test_journal_holds_json_lines_with_float32_arrays(tmp_path) -> None:
 
 
 def test_saved_hnsw_graph_is_reused_and_extended_or_ignored_when_stale(tmp_path, monkeypatch) -> None:
-    import faiss
-
     loaded = []
     real_read = faiss.read_index
     monkeypatch.setattr(faiss, "read_index", lambda p: loaded.append(p) or real_read(p))
