@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from luna_bridge import eval_command, ros_command
+from luna_bridge import eval_command, ros_command, scenario_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,6 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     eval_command.register(sub)  # each command module registers itself and sets ``func``
     ros_command.register(sub)
+    scenario_commands.register(sub)  # generate-suite, scenarios
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -62,7 +62,7 @@ def _track_to_dict(track: AgentTrack) -> dict[str, Any]:
     out: dict[str, Any] = {"id": track.id, "class": track.object_class.value,
                            "length": round(float(track.length), 3), "width": round(float(track.width), 3),
                            "t0": round(float(track.t[0]), 3) if len(track.t) else 0.0}
-    for name, digits in zip(_TRACK_FIELDS, (3, 3, 4, 3, 3)):
+    for name, digits in zip(_TRACK_FIELDS, (2, 2, 3, 2, 2)):  # 1 cm, 1 mrad, 1 cm/s
         values = getattr(track, name)
         out[name] = [_num(v, digits) if p else None for v, p in zip(values, present)]
     return out

@@ -37,6 +37,7 @@ SPLITS: dict[str, int] = {"hard": 1000, "random": 2000, "train": 3000}  # seed b
 DURATION = 15.0
 VEHICLE = VehicleParameters()
 DRIVABLE_TOLERANCE = 0.3  # m, nuPlan's drivable-area tolerance
+RELEVANT_RADIUS = 100.0  # m; agents never this close to the ego are left out of the files
 
 
 class GenerationError(RuntimeError):
@@ -240,19 +241,24 @@ def changing_lane(rng: np.random.Generator, hard: bool) -> Draft:
     side = lane - 1 if lane > 0 and (lane == n - 1 or rng.random() < 0.5) else lane + 1
     v = float(rng.uniform(8.0, 13.0))
     lc = 40.0 + v * float(rng.uniform(3.0, 5.0))
-    ego = ego_vehicle(lane_change_path(_road_path(road, lane), _road_path(road, side), lc, float(rng.uniform(40, 60))),
-                      40.0, v, target_velocity=v)
+    length = float(rng.uniform(40, 60))
+    ego = ego_vehicle(lane_change_path(_road_path(road, lane), _road_path(road, side), lc, length), 40.0, v,
+                      target_velocity=v)
     vehicles = [ego]
+    t_merge = (lc - 40.0) / v  # from T_START; the target-lane gap has to be there then
     if hard:
-        # Dense target lane: the expert merges into the one gap, behind a slower car.
-        vehicles += _stream(rng, "tgt", _road_path(road, side), 0.0, 400.0, v * 0.9, (14.0, 20.0),
-                            avoid=[(lc - 10.0, lc + 40.0)], target_velocity=v * 0.9)
+        # Dense target lane: the expert merges into the one gap, away from a slow car ahead.
+        v_tgt = v * 0.9
+        shift = v_tgt * t_merge
+        vehicles += _stream(rng, "tgt", _road_path(road, side), 0.0, 400.0, v_tgt, (14.0, 20.0),
+                            avoid=[(lc - 25.0 - shift, lc + length + 15.0 - shift)], target_velocity=v_tgt)
         vehicles.append(_car(rng, "slow", _road_path(road, lane), 40.0 + float(rng.uniform(45, 60)), v * 0.6,
                              target_velocity=v * 0.6))
         desc = "lane change into a gap of a dense lane, away from a slow car"
     else:
+        shift = v * t_merge
         vehicles += _stream(rng, "tgt", _road_path(road, side), 0.0, 400.0, v, (35.0, 60.0),
-                            avoid=[(lc - 30.0, lc + 70.0)], target_velocity=v)
+                            avoid=[(lc - 40.0 - shift, lc + length + 30.0 - shift)], target_velocity=v)
         desc = "a lane change on a multi-lane road"
     return Draft(road.graph, road.road_ids(), vehicles, description=desc)
 
@@ -621,9 +627,14 @@ def realise(draft: Draft, name: str, scenario_type: str, split: str, seed: int) 
     ego_rows = tracks["ego"]
     expert = to_track(ego_rows, "ego", ObjectClass.VEHICLE, VEHICLE.length, VEHICLE.width)
     agents = []
+    ego_xy = ego_rows[k0:, :2]
     for u in list(draft.vehicles) + list(draft.pedestrians):
         if isinstance(u, Vehicle) and u.is_ego:
             continue
+        rows = tracks[u.id][k0:]
+        near = np.hypot(rows[:, 0] - ego_xy[:, 0], rows[:, 1] - ego_xy[:, 1])
+        if not np.any(near[np.isfinite(near)] < RELEVANT_RADIUS):
+            continue  # never near the ego: irrelevant to planners, metrics and reactive agents
         cls = u.object_class if isinstance(u, Vehicle) else ObjectClass.PEDESTRIAN
         agents.append(to_track(tracks[u.id], u.id, cls, u.length, u.width, start=0.0))
     x, y, h, vx, vy = ego_rows[k0]

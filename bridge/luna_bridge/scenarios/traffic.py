@@ -27,6 +27,7 @@ T_START = -2.0
 #: A calm human driver (the expert) and ordinary traffic.
 HUMAN = IDMParameters(target_velocity=13.0, min_gap=3.0, headway=1.4, accel_max=1.4, decel_max=2.5, exponent=4.0)
 TRAFFIC = IDMParameters(target_velocity=13.0, min_gap=2.0, headway=1.2, accel_max=1.5, decel_max=3.0, exponent=4.0)
+LEADER_RANGE = 80.0  # m of path searched for a leader
 EMERGENCY_DECEL = 6.0  # m/s^2: the most a scripted driver brakes when IDM asks for more
 
 
@@ -109,14 +110,43 @@ class Pedestrian:
 
 
 def _conflicts(a: Polyline, b: Polyline) -> tuple[float, float] | None:
-    """Arc lengths on ``a`` and ``b`` of their first crossing, if the paths cross."""
+    """Arc lengths on ``a`` and ``b`` of their first crossing at an angle (shared stretches of
+    the same lane and tangent merges are not crossings), if any."""
     inter = shapely.LineString(a.points).intersection(shapely.LineString(b.points))
     if inter.is_empty:
         return None
-    pts = np.array([g.coords[0] for g in getattr(inter, "geoms", [inter]) if not g.is_empty])
+    parts = getattr(inter, "geoms", [inter])
+    pts = np.array([g.coords[0] for g in parts if g.geom_type == "Point"])
+    if len(pts) == 0:
+        return None
     pa, pb = a.project(pts), b.project(pts)
-    k = int(np.argmin(pa.s))
+    crossing = np.abs(np.sin(pa.heading - pb.heading)) > 0.3
+    if not crossing.any():
+        return None
+    k = int(np.flatnonzero(crossing)[np.argmin(pa.s[crossing])])
     return float(pa.s[k]), float(pb.s[k])
+
+
+def _project_window(path: Polyline, q: np.ndarray, s_lo: float, s_hi: float) -> tuple[np.ndarray, ...]:
+    """(s, lateral, heading, distance) of points ``q`` (P, 2) on the segments of ``path`` between
+    arc lengths s_lo and s_hi (a cheap, local ``Polyline.project``)."""
+    i0 = max(int(np.searchsorted(path.s, s_lo)) - 1, 0)
+    i1 = min(int(np.searchsorted(path.s, s_hi)) + 1, len(path.s) - 1)
+    i0 = min(i0, i1 - 1)  # at least one segment (past the end: the last one, extrapolated)
+    a = path.points[i0:i1]
+    seg = path.points[i0 + 1:i1 + 1] - a
+    length = np.maximum(np.hypot(seg[:, 0], seg[:, 1]), 1e-9)
+    rel = q[:, None, :] - a[None]
+    t = np.clip((rel[..., 0] * seg[:, 0] + rel[..., 1] * seg[:, 1]) / length ** 2, 0.0, 1.0)
+    fx = a[:, 0] + t * seg[:, 0] - q[:, None, 0]
+    fy = a[:, 1] + t * seg[:, 1] - q[:, None, 1]
+    dist = np.hypot(fx, fy)
+    best = np.argmin(dist, axis=1)
+    rows = np.arange(len(q))
+    ub = seg[best] / length[best, None]
+    rb = rel[rows, best]
+    return (path.s[i0 + best] + t[rows, best] * length[best], ub[:, 0] * rb[:, 1] - ub[:, 1] * rb[:, 0],
+            np.arctan2(ub[:, 1], ub[:, 0]), dist[rows, best])
 
 
 class TrafficScript:
@@ -145,13 +175,24 @@ class TrafficScript:
                 c = _conflicts(vi.path, uj.path)
                 if c is not None:
                     self._yield.append((vi, uj, c[0], c[1]))
+        self._yield_by: dict[str, list[tuple[Vehicle, object, float, float]]] = {}
+        for entry in self._yield:
+            self._yield_by.setdefault(entry[0].id, []).append(entry)
 
     # -- per-step helpers ---------------------------------------------------------------------------
 
-    def _pose(self, u: Vehicle | Pedestrian) -> tuple[float, float, float]:
-        s = u.centre_s() if isinstance(u, Vehicle) else u.s
-        x, y, h = u.path.interpolate(s)
-        return float(x), float(y), float(h)
+    def _poses(self) -> dict[str, tuple[float, float, float]]:
+        """Box-centre poses of everyone, one interpolation per shared path (streams share lanes)."""
+        groups: dict[int, list[Vehicle | Pedestrian]] = {}
+        for u in self.vehicles + self.pedestrians:
+            groups.setdefault(id(u.path), []).append(u)
+        out = {}
+        for members in groups.values():
+            s = np.array([u.centre_s() if isinstance(u, Vehicle) else u.s for u in members])
+            xyh = members[0].path.interpolate(s)
+            for u, row in zip(members, xyh):
+                out[u.id] = (float(row[0]), float(row[1]), float(row[2]))
+        return out
 
     def _present(self, u: Vehicle | Pedestrian, t: float) -> bool:
         return t + 1e-9 >= u.appear
@@ -163,18 +204,26 @@ class TrafficScript:
         if not users:
             return math.inf, 0.0
         xyh = np.array([poses[u.id] for u in users])
-        p = v.path.project(xyh[:, :2])
+        here = v.centre_s()
+        x0, y0, _ = poses[v.id]
+        near = np.hypot(xyh[:, 0] - x0, xyh[:, 1] - y0) < LEADER_RANGE + 10.0
+        if not near.any():
+            return math.inf, 0.0
+        users = [u for u, k in zip(users, near) if k]
+        xyh = xyh[near]
+        # Project onto the stretch of path around the vehicle only (paths are long, queries many).
+        p_s, p_lat, p_head, p_dist = _project_window(v.path, xyh[:, :2], here - 15.0, here + LEADER_RANGE)
         is_ped = np.array([isinstance(u, Pedestrian) for u in users])
         half_w = (np.array([u.width for u in users]) + v.width) / 2 + np.where(is_ped, 0.3, 0.0)
-        ahead = p.s - v.centre_s()
-        ok = (np.abs(p.lateral) <= half_w) & (ahead > 0.0) & (ahead <= 80.0)
+        ahead = p_s - here
+        ok = (np.abs(p_lat) <= half_w) & (ahead > 0.0) & (ahead <= LEADER_RANGE) & (p_dist <= half_w + 0.5)
         if not ok.any():
             return math.inf, 0.0
         gaps = np.where(ok, ahead - (np.array([u.length for u in users]) + v.length) / 2, np.inf)
         k = int(np.argmin(gaps))
         u = users[k]
         speed = u.v if isinstance(u, Vehicle) else 0.0
-        return float(gaps[k]), max(speed * math.cos(xyh[k, 2] - float(p.heading[k])), 0.0)
+        return float(gaps[k]), max(speed * math.cos(xyh[k, 2] - float(p_head[k])), 0.0)
 
     def _curve_speed(self, v: Vehicle) -> float:
         """Highest speed from which ``v`` can slow (at 2 m/s^2) to every curve speed ahead."""
@@ -206,8 +255,8 @@ class TrafficScript:
         for s_stop, t_from, t_until in v.stops:
             if t_from <= t < t_until and s_stop - front > -1.0:
                 gap = min(gap, max(s_stop - front, 0.0))
-        for vi, uj, s_i, s_j in self._yield:
-            if vi is not v or not self._present(uj, t):
+        for vi, uj, s_i, s_j in self._yield_by.get(v.id, ()):
+            if not self._present(uj, t):
                 continue
             stop_line = s_i - v.width / 2 - 2.5 - v.length / 2 - v.rear_offset
             d = stop_line - v.s
@@ -235,7 +284,7 @@ class TrafficScript:
         out = {u.id: np.full((n, 5), np.nan) for u in self.vehicles + self.pedestrians}
         for k in range(n):
             t = T_START + k * SIM_DT
-            poses = {u.id: self._pose(u) for u in self.vehicles + self.pedestrians}
+            poses = self._poses()
             for u in self.vehicles + self.pedestrians:
                 if not self._present(u, t):
                     continue
