@@ -71,6 +71,7 @@ def _stop(proc, timeout: float = 30.0) -> str:
     return out
 
 
+@pytest.mark.slow  # ~15-25 s each on the shared 2-core machine: two subprocesses, record then play
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
 def test_record_then_play_round_trip_message_by_message(storage, tmp_path: Path, ros_context):
     node = Node("bag_roundtrip_test", context=ros_context)
@@ -149,13 +150,14 @@ def test_record_then_play_round_trip_message_by_message(storage, tmp_path: Path,
         executor.shutdown()
 
 
-def test_recorder_killed_hard_leaves_a_readable_prefix(tmp_path: Path, ros_context):
-    """SIGKILL (no chance to finalise): the periodic flush put what was received on disk; the reader
-    recovers it from the unfinalised file, in order, and says the recording was not finalised."""
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_recorder_killed_hard_leaves_a_readable_prefix(storage, tmp_path: Path, ros_context):
+    """SIGKILL (no chance to finalise): the periodic flush (MCAP chunk written, sqlite3 committed) put
+    what was received on disk; the reader recovers it in order and says the recording was not finalised."""
     node = Node("bag_kill_test", context=ros_context)
     bag = tmp_path / "killed"
     pub = node.create_publisher(Odometry, "/localization/kinematic_state", Q.SENSOR)
-    recorder = start_python(["-m", "luna_bringup.cli", "bag", "record", "-q", "-o", str(bag),
+    recorder = start_python(["-m", "luna_bringup.cli", "bag", "record", "-q", "-o", str(bag), "--storage", storage,
                              "--flush-period", "0.2", "/localization/kinematic_state"])
     try:
         wait_for_subscribers(pub, timeout=30.0)

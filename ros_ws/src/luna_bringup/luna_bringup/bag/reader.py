@@ -12,7 +12,7 @@ failing on the first inconsistency, the MCAP reader here walks the data section 
   order is reported.
 
 Every such finding is a ``BagIssue`` (kind, where, what), so callers can tell the user precisely what was
-lost. sqlite3 storage is read through rosbags; damage there ends reading with an issue.
+lost. sqlite3 storage is read row by row up to the first unreadable page.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import shutil
+import sqlite3
 import struct
 import tempfile
 import zlib
@@ -31,7 +32,6 @@ import yaml
 from rosbags.interfaces import MessageDefinition, MessageDefinitionFormat, Qos
 from rosbags.rosbag2.errors import ReaderError
 from rosbags.rosbag2.metadata import parse_qos
-from rosbags.rosbag2.storage_sqlite3 import Sqlite3Reader
 
 try:  # Python < 3.14 (rosbags depends on the backport)
     from backports import zstd
@@ -392,6 +392,14 @@ class McapStorage:
             if channel_id in channel_ids:
                 yield log_time, offset, channel_id, rec[_MESSAGE_HEAD.size:]
 
+    def time_range(self) -> tuple[int, int]:
+        times = [t for ref in self.chunks if ref.good_records and ref.start <= ref.end for t in (ref.start, ref.end)]
+        times += [log_time for log_time, _, _ in self.loose]
+        return (min(times), max(times)) if times else (2**63 - 1, 0)
+
+    def close(self) -> None:
+        """Nothing stays open between reads."""
+
     def topics(self) -> dict[int, BagTopic]:
         out: dict[int, BagTopic] = {}
         for cid, ch in self.channels.items():
@@ -400,6 +408,90 @@ class McapStorage:
             msgdef = MessageDefinition(_SCHEMA_FORMATS.get(encoding, MessageDefinitionFormat.NONE), text)
             out[cid] = BagTopic(ch.topic, name, msgdef, qos, "", self.counts.get(cid, 0))
         return out
+
+
+# --------------------------------------------------------------------------------------------------
+# sqlite3
+# --------------------------------------------------------------------------------------------------
+
+
+class SqliteStorage:
+    """One rosbag2 sqlite3 file, read with the sqlite3 module so a damaged file yields what it can.
+
+    The scan reads rows in insertion order until the first unreadable page; an intact file is then
+    read in timestamp order, a damaged one in insertion order (receive order for a recorder) up to the
+    damage.
+    """
+
+    def __init__(self, path: Path, issues: list[BagIssue]) -> None:
+        self.path = path
+        self.issues = issues
+        try:
+            self.db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+            self._topics = self._read_topics()
+        except sqlite3.Error as err:
+            raise BagError(f"{path}: not a readable rosbag2 sqlite3 file ({err})") from err
+        self.counts: dict[int, int] = {cid: 0 for cid in self._topics}
+        self.first, self.last = 2**63 - 1, 0
+        self.out_of_order = self.largest_step_back = 0
+        self.readable_rows: int | None = None  # None: every row is readable
+        self._scan()
+
+    def _read_topics(self) -> dict[int, BagTopic]:
+        cur = self.db.execute("SELECT * FROM topics")
+        columns = [d[0] for d in cur.description]
+        definitions: dict[str, MessageDefinition] = {}
+        if self.db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='message_definitions'"
+                           ).fetchone():
+            for name, encoding, text in self.db.execute(
+                    "SELECT topic_type, encoding, encoded_message_definition FROM message_definitions"):
+                definitions[name] = MessageDefinition(
+                    _SCHEMA_FORMATS.get(encoding, MessageDefinitionFormat.NONE), text or "")
+        topics = {}
+        for row in cur.fetchall():
+            t = dict(zip(columns, row))
+            qos = _parse_qos(t.get("offered_qos_profiles"), t["name"], self.issues)
+            none = MessageDefinition(MessageDefinitionFormat.NONE, "")
+            topics[t["id"]] = BagTopic(t["name"], t["type"], definitions.get(t["type"], none), qos,
+                                       t.get("type_description_hash") or "")
+        return topics
+
+    def _scan(self) -> None:
+        rows, latest = 0, 0
+        try:
+            for topic_id, timestamp in self.db.execute("SELECT topic_id, timestamp FROM messages ORDER BY id"):
+                rows += 1
+                if topic_id in self.counts:
+                    self.counts[topic_id] += 1
+                self.first, self.last = min(self.first, timestamp), max(self.last, timestamp)
+                if timestamp < latest:
+                    self.out_of_order += 1
+                    self.largest_step_back = max(self.largest_step_back, latest - timestamp)
+                latest = max(latest, timestamp)
+        except sqlite3.DatabaseError as err:
+            self.readable_rows = rows
+            self.issues.append(BagIssue("truncated", str(self.path), f"database damaged after {rows} readable "
+                                        f"messages ({err}); the recording was probably not finalised"))
+
+    def topics(self) -> dict[int, BagTopic]:
+        for cid, topic in self._topics.items():
+            topic.count = self.counts.get(cid, 0)
+        return self._topics
+
+    def time_range(self) -> tuple[int, int]:
+        return self.first, self.last
+
+    def messages(self, channel_ids: set[int], start: int, stop: int) -> Iterator[tuple[int, int, bytes]]:
+        if self.readable_rows is None:
+            query = "SELECT topic_id, timestamp, data FROM messages ORDER BY timestamp, id"
+        else:
+            query = f"SELECT topic_id, timestamp, data FROM messages ORDER BY id LIMIT {self.readable_rows}"
+        for topic_id, timestamp, data in self.db.execute(query):
+            if topic_id in channel_ids and start <= timestamp < stop:
+                yield topic_id, timestamp, bytes(data)
+
+    def close(self) -> None:
+        self.db.close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -414,7 +506,7 @@ class BagReader:
         self.path = Path(path)
         self.issues: list[BagIssue] = []
         self.topics: dict[str, BagTopic] = {}
-        self._sources: list[tuple[McapStorage | Sqlite3Reader, dict[int, str]]] = []
+        self._sources: list[tuple[McapStorage | SqliteStorage, dict[int, str]]] = []
         self._message_compression = False
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if not self.path.exists():
@@ -466,17 +558,13 @@ class BagReader:
                 return
         try:
             if file.suffix == ".mcap":
-                storage: McapStorage | Sqlite3Reader = McapStorage(file, self.issues)
-                topics = storage.topics()
+                storage: McapStorage | SqliteStorage = McapStorage(file, self.issues)
             elif file.suffix == ".db3":
-                storage = Sqlite3Reader(file)
-                storage.open()
-                topics = {c.id: BagTopic(c.topic, c.msgtype, c.msgdef,
-                                         list(getattr(c.ext, "offered_qos_profiles", [])), c.digest,
-                                         c.msgcount) for c in storage.connections}
+                storage = SqliteStorage(file, self.issues)
             else:
                 raise BagError(f"{file}: unknown storage format (expected .mcap or .db3)")
-        except (ReaderError, OSError) as err:
+            topics = storage.topics()
+        except OSError as err:
             self.issues.append(BagIssue("storage", str(file), f"cannot be read: {err}"))
             return
         except BagError as err:
@@ -497,7 +585,7 @@ class BagReader:
                 if have.msgdef.format is MessageDefinitionFormat.NONE:
                     have.msgdef = topic.msgdef
             by_id[cid] = topic.name
-        if isinstance(storage, McapStorage) and storage.out_of_order:
+        if storage.out_of_order:
             self.issues.append(BagIssue(
                 "non_monotonic", str(file),
                 f"{storage.out_of_order} messages are stored out of receive-time order (largest step back "
@@ -536,17 +624,8 @@ class BagReader:
 
     def time_range(self) -> tuple[int, int]:
         """(first, last) receive time in ns over readable messages; (0, 0) for an empty bag."""
-        first, last = 2**63 - 1, 0
-        for storage, _ in self._sources:
-            if isinstance(storage, McapStorage):
-                for ref in storage.chunks:
-                    if ref.good_records and ref.start <= ref.end:
-                        first, last = min(first, ref.start), max(last, ref.end)
-                for log_time, _, _ in storage.loose:
-                    first, last = min(first, log_time), max(last, log_time)
-            elif storage.metadata.message_count:
-                first = min(first, storage.metadata.start_time)
-                last = max(last, storage.metadata.end_time - 1)
+        ranges = [storage.time_range() for storage, _ in self._sources]
+        first, last = min(r[0] for r in ranges), max(r[1] for r in ranges)
         return (first, last) if last >= first else (0, 0)
 
     def messages(self, topics: Iterable[str] | None = None, start_ns: int | None = None,
@@ -566,29 +645,16 @@ class BagReader:
                     continue
             yield BagMessage(topic, timestamp, data)
 
-    def _stream(self, storage: McapStorage | Sqlite3Reader, by_id: dict[int, str], wanted: set[str],
+    def _stream(self, storage: McapStorage | SqliteStorage, by_id: dict[int, str], wanted: set[str],
                 start: int, stop: int) -> Iterator[tuple[int, str, bytes]]:
         ids = {cid for cid, name in by_id.items() if name in wanted}
-        if not ids:
-            return
-        if isinstance(storage, McapStorage):
+        if ids:
             for cid, timestamp, data in storage.messages(ids, start, stop):
                 yield timestamp, by_id[cid], data
-            return
-        count = 0
-        try:
-            conns = [c for c in storage.connections if c.id in ids]
-            for conn, timestamp, data in storage.messages(conns, start, stop):
-                count += 1
-                yield timestamp, by_id[conn.id], bytes(data)
-        except Exception as err:  # apsw raises many error types for a damaged database
-            self.issues.append(BagIssue("storage", str(storage.path), f"sqlite3 storage damaged after {count} "
-                                        f"messages ({type(err).__name__}: {err}); the rest is skipped"))
 
     def close(self) -> None:
         for storage, _ in self._sources:
-            if isinstance(storage, Sqlite3Reader):
-                storage.close()
+            storage.close()
         self._sources.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
