@@ -38,7 +38,7 @@ from luna_core.lanes import Polyline, lane_map
 from luna_core.types import EgoState, Lane, LaneGraph, ObjectClass, Route, VehicleParameters
 
 from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
-from luna_bridge.scenarios.traffic import HUMAN, lane_change_path
+from luna_bridge.scenarios.traffic import HUMAN, curve_speed, curve_speed_caps, lane_change_path
 
 VEHICLE = VehicleParameters()
 HISTORY = 2.0  # s
@@ -231,6 +231,7 @@ def _expert_track(path: Polyline, s0: float, v0: float, speed_limit: float, agen
     s[:n_hist + 1] = s0 + v0 * SIM_DT * np.arange(-n_hist, 1)
     v[:n_hist + 1] = v0
     target = max(speed_limit, v0, 1.0)
+    caps = curve_speed_caps(path, 3.0)  # slow for turns like a calm driver (3 m/s^2 lateral)
     for k in range(n_hist, n - 1):
         t = (k - n_hist) * SIM_DT
         objs = [a.state_at(t) for a in agents]
@@ -247,7 +248,7 @@ def _expert_track(path: Polyline, s0: float, v0: float, speed_limit: float, agen
                 j = int(np.argmin(gaps))
                 gap = float(gaps[j])
                 lead_v = max(objs[j].vx * math.cos(p.heading[j]) + objs[j].vy * math.sin(p.heading[j]), 0.0)
-        a = float(idm_acceleration(v[k], gap, lead_v, HUMAN, target))
+        a = float(idm_acceleration(v[k], gap, lead_v, HUMAN, min(target, curve_speed(caps, s[k] + d))))
         v[k + 1] = max(v[k] + a * SIM_DT, 0.0)
         s[k + 1] = s[k] + 0.5 * (v[k] + v[k + 1]) * SIM_DT
     poses = path.interpolate(s)

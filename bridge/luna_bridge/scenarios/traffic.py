@@ -127,6 +127,26 @@ def _conflicts(a: Polyline, b: Polyline) -> tuple[float, float] | None:
     return float(pa.s[k]), float(pb.s[k])
 
 
+def curve_speed_caps(path: Polyline, lateral_accel_max: float) -> tuple[np.ndarray, np.ndarray]:
+    """Arc lengths every metre along ``path`` and the highest speed that keeps the lateral
+    acceleration within ``lateral_accel_max`` there."""
+    s = np.arange(0.0, path.length + 1.0, 1.0)
+    h = np.unwrap(path.interpolate(s)[:, 2])
+    kappa = np.abs(np.gradient(h, s)) if len(s) > 2 else np.zeros_like(s)
+    return s, np.sqrt(lateral_accel_max / np.maximum(kappa, 1e-4))
+
+
+def curve_speed(caps: tuple[np.ndarray, np.ndarray], here: float, decel: float = 2.0,
+                horizon: float = 60.0) -> float:
+    """Highest speed at arc length ``here`` from which every curve speed in the next ``horizon``
+    metres can be reached braking at ``decel``."""
+    s, cap = caps
+    window = (s >= here) & (s <= here + horizon)
+    if not window.any():
+        return math.inf
+    return float(np.min(np.sqrt(cap[window] ** 2 + 2.0 * decel * (s[window] - here))))
+
+
 def _project_window(path: Polyline, q: np.ndarray, s_lo: float, s_hi: float) -> tuple[np.ndarray, ...]:
     """(s, lateral, heading, distance) of points ``q`` (P, 2) on the segments of ``path`` between
     arc lengths s_lo and s_hi (a cheap, local ``Polyline.project``)."""
@@ -226,20 +246,10 @@ class TrafficScript:
         return float(gaps[k]), max(speed * math.cos(xyh[k, 2] - float(p_head[k])), 0.0)
 
     def _curve_speed(self, v: Vehicle) -> float:
-        """Highest speed from which ``v`` can slow (at 2 m/s^2) to every curve speed ahead."""
         caps = self._caps.get(v.id)
         if caps is None:
-            s = np.arange(0.0, v.path.length + 1.0, 1.0)
-            h = np.unwrap(v.path.interpolate(s)[:, 2])
-            kappa = np.abs(np.gradient(h, s)) if len(s) > 2 else np.zeros_like(s)
-            caps = (s, np.sqrt(v.lateral_accel_max / np.maximum(kappa, 1e-4)))
-            self._caps[v.id] = caps
-        s, cap = caps
-        here = v.centre_s()
-        window = (s >= here) & (s <= here + 60.0)
-        if not window.any():
-            return math.inf
-        return float(np.min(np.sqrt(cap[window] ** 2 + 2.0 * 2.0 * (s[window] - here))))
+            caps = self._caps[v.id] = curve_speed_caps(v.path, v.lateral_accel_max)
+        return curve_speed(caps, v.centre_s())
 
     def _stop_gap(self, v: Vehicle, t: float) -> float:
         """Distance from the front to the nearest active stop (light, scripted stop, yield)."""
