@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     node = Node("luna_bag_player")
     try:
         player = Player(node, reader, rate=args.rate, start_offset=args.start, topics=args.topics,
-                        loop=args.loop, clock=args.clock, clock_rate=args.clock_rate)
+                        loop=args.loop, clock=args.clock, clock_rate=args.clock_rate, validate=not args.no_check)
         if not player.prepare():
             print("luna bag play: nothing to play; " + "; ".join(player.report.lines()[1:]), file=sys.stderr)
             return 1
@@ -291,6 +291,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clock-rate", type=float, default=100.0, help="generated /clock ticks per s")
     parser.add_argument("--wait-for-subscribers", type=float, default=0.0, metavar="TIMEOUT",
                         help="before playing, wait up to TIMEOUT s for a subscriber on every topic")
+    parser.add_argument("--no-check", action="store_true",
+                        help="publish without decoding each message first (faster for large messages; damaged "
+                        "messages then reach the subscribers)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
