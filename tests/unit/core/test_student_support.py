@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from luna_core.prompts import PromptManager, format_ranked_answer
+from luna_core.scene import scene_vector
+from luna_core.prompts import Knowledge, PromptManager, format_ranked_answer
 from luna_core.types import (ACTION_CODES, ObjectClass, ObjectDescription, RoadSection, SceneDescriptor,
                              MemoryItem)
 
-PROMPTS = PromptManager()
+# The real prompt manager with a short decision-making instruction: the default one is ~460 tokens,
+# which would make every forward pass in these tests several times slower on two shared cores.
+PROMPTS = PromptManager(Knowledge(decision_making=(
+    "You recommend driving decisions for the ego vehicle. Answer with 'Recommended decisions:' and the "
+    "ranked action codes, then 'Explanations:' with one line per code.")))
 
 
 def scene(n_objects: int = 2, speed: float = 8.0, left: bool = True, right: bool = False) -> SceneDescriptor:
@@ -37,6 +42,8 @@ def answer(codes: list[str], why: str) -> str:
 
 
 def memory_item(i: int, top: str = "CK", n_objects: int = 1) -> MemoryItem:
-    return MemoryItem(id=f"m{i}", query=query(n_objects, speed=5.0 + i),
-                      answer=answer([top, "DK"], f"keep a safe gap to veh0 at {5 + i} m/s."),
-                      distribution=distribution(top))
+    sc = scene(n_objects, speed=5.0 + i)
+    second = "DK" if top != "DK" else "CK"
+    return MemoryItem(id=f"m{i}", query=PROMPTS.decision_query(sc),
+                      answer=answer([top, second], f"keep a safe gap to veh0 at {5 + i} m/s."),
+                      distribution=distribution(top), scene_vector=scene_vector(sc))

@@ -1,0 +1,176 @@
+"""Student latency (issue 5): one-pass DPP decision versus an autoregressive chain-of-thought decision.
+
+Same machine, same base model (SmolLM2-135M-Instruct), same prompts (the project's PromptManager with
+its default decision-making instruction; K retrieved examples with teacher-style answers):
+
+- DPP: ``DualHeadStudent.predict`` (one forward pass to the commitment position + head), K = 0 and 3,
+  with and without reuse of the system message's KV cache, and through ONNX Runtime (CPU provider here);
+- CoT: the knowledge-driven baselines' way, greedy generation of ~200 tokens of reasoning + decision
+  after the same prompt (``min_new_tokens = max_new_tokens = 200``);
+- decision latency while an explanation is being generated in a worker thread, versus idle.
+
+Medians over repeats; the machine's 2 cores are shared with other jobs, so absolute figures are noisy
+(ratios from one run are more stable than absolute times). The latency of an untrained student equals
+that of a distilled one (same graph), so ``--student`` is optional.
+
+    .venv/bin/python benchmarks/bench_student.py --docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from luna_core.prompts import PromptManager, format_ranked_answer
+from luna_core.student import DualHeadStudent, StudentConfig
+from luna_core.student.onnx_dpp import OnnxDecisionPredictor, export_dpp_onnx
+from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSection, SceneDescriptor
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "## Student latency (issue 5)"
+COMMAND = ".venv/bin/python benchmarks/bench_student.py --docs"
+COT_TOKENS = 200
+
+
+def scene(i: int, n_objects: int = 4) -> SceneDescriptor:
+    objects = [ObjectDescription(id=f"veh{j}", object_class=ObjectClass.VEHICLE, distance=8.0 + 9.0 * j + i,
+                                 bearing=0.1 * ((-1) ** j) * j, heading=0.0, speed=5.0 + j, length=4.6,
+                                 width=1.9, lane_relation=("same lane", "left lane", "right lane")[j % 3])
+               for j in range(n_objects)]
+    return SceneDescriptor(stamp=float(i), road_section=RoadSection.NORMAL_MULTI_LANE, num_lanes=3,
+                           ego_lane_index=2, ego_speed=7.0 + i, objects=objects, has_left_lane=True,
+                           has_right_lane=True, recent_decisions=["CK", "CK"])
+
+
+def example(prompts: PromptManager, i: int) -> MemoryItem:
+    why = {"CK": "The lead vehicle veh0 keeps a steady speed with a safe gap, so cruising keeps progress "
+                 "without closing in; no lane change is needed.",
+           "DK": "If veh0 slows further the gap shrinks below two seconds, so a gentle deceleration keeps "
+                 "the time headway and comfort.",
+           "AL": "The left lane is free for a long stretch; changing left and accelerating gains progress."}
+    return MemoryItem(id=f"ex{i}", query=prompts.decision_query(scene(10 + i)),
+                      answer=format_ranked_answer(["CK", "DK", "AL"], why), distribution=np.full(10, 0.1))
+
+
+def timed(fn, repeats: int, desc: str) -> list[float]:
+    fn()  # warm-up (allocations, caches)
+    out = []
+    for _ in tqdm(range(repeats), desc=desc, leave=False):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+@torch.inference_mode()
+def cot_decision(student: DualHeadStudent, query: str, examples: list[MemoryItem]) -> int:
+    """The base model's autoregressive answer: prompt prefill + COT_TOKENS greedy tokens (adapters off)."""
+    ids = torch.tensor([student.encoder.fit(query, examples).input_ids])
+    with student.lm.disable_adapter():
+        out = student.lm.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=COT_TOKENS, min_new_tokens=COT_TOKENS,
+                                  pad_token_id=student.tokenizer.eos_token_id)
+    return int(out.shape[1] - ids.shape[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--student", help="a saved student directory (default: a fresh one on the default base)")
+    ap.add_argument("--repeats", type=int, default=7, help="timed DPP calls per setting")
+    ap.add_argument("--cot-repeats", type=int, default=2, help="timed 200-token generations per K")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    prompts = PromptManager()
+    student = (DualHeadStudent.from_pretrained(args.student, prompts, device="cpu") if args.student
+               else DualHeadStudent.from_base(StudentConfig(device="cpu"), prompts))
+    query = prompts.decision_query(scene(0))
+    pool = [example(prompts, i) for i in range(3)]
+
+    rows: dict[str, dict[int, list[float]]] = {}
+    tokens: dict[int, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = export_dpp_onnx(student, Path(tmp) / "dpp.onnx")
+        onnx = OnnxDecisionPredictor(onnx_path, student.tokenizer, prompts, student.config,
+                                     threads=args.threads)
+        for k in (0, 3):
+            ex = pool[:k]
+            tokens[k] = student.predict(query, ex)[1].prompt_tokens
+            student.config.reuse_prefix_cache = True
+            rows.setdefault("DPP torch, system-message KV cache reused", {})[k] = timed(
+                lambda: student.predict(query, ex), args.repeats, f"dpp cached K={k}")
+            student.config.reuse_prefix_cache = False
+            rows.setdefault("DPP torch, full prefill", {})[k] = timed(
+                lambda: student.predict(query, ex), args.repeats, f"dpp full K={k}")
+            student.config.reuse_prefix_cache = True
+            rows.setdefault("DPP ONNX Runtime (CPU provider), full prefill", {})[k] = timed(
+                lambda: onnx.predict(query, ex), args.repeats, f"onnx K={k}")
+            rows.setdefault(f"CoT: generate {COT_TOKENS} tokens (base model)", {})[k] = timed(
+                lambda: cot_decision(student, query, ex), args.cot_repeats, f"cot K={k}")
+
+    # Decision latency while an explanation is generated in a worker thread (shared model instance).
+    stop = threading.Event()
+
+    def explain_until_stopped() -> None:
+        while not stop.is_set():
+            student.explain(query, pool, ["CK", "DK"], max_new_tokens=64, stop=stop)
+
+    worker = threading.Thread(target=explain_until_stopped)
+    idle = timed(lambda: student.predict(query, pool), args.repeats, "idle")
+    worker.start()
+    time.sleep(1.0)
+    busy = [student.predict(query, pool)[1].total for _ in tqdm(range(args.repeats), desc="busy", leave=False)]
+    stop.set()
+    worker.join()
+
+    med = {name: {k: statistics.median(v) for k, v in per_k.items()} for name, per_k in rows.items()}
+    cot = med[f"CoT: generate {COT_TOKENS} tokens (base model)"]
+    lines = [SECTION, "",
+             f"Command: `{COMMAND}` (torch {torch.__version__}, {args.threads} threads, SmolLM2-135M-Instruct "
+             f"fp32 on the CPU; {args.repeats} timed DPP calls and {args.cot_repeats} generations per "
+             "setting after one warm-up; medians from one run). The 2 cores are shared with other "
+             "jobs: absolute times are noisy, the ratios less so.", "",
+             f"Prompt: the default decision-making system message + one scene query with 4 objects; "
+             f"K retrieved examples with teacher-style answers. Prompt tokens: K=0: {tokens[0]}, "
+             f"K=3: {tokens[3]}.", "",
+             "| setting | K = 0 (s) | K = 3 (s) | CoT / this, K = 0 | CoT / this, K = 3 |",
+             "|---|---|---|---|---|"]
+    for name, m in med.items():
+        lines.append(f"| {name} | {m[0]:.3f} | {m[3]:.3f} | {cot[0] / m[0]:.1f}x | {cot[3] / m[3]:.1f}x |")
+    lines += ["", f"Decision latency (torch, K = 3) while an explanation is generated in a worker thread "
+                  f"sharing the model: {statistics.median(busy):.3f} s median (idle: "
+                  f"{statistics.median(idle):.3f} s). The worker yields between tokens to a pending "
+                  "decision, so the decision waits at most one token step; both still share the 2 cores.",
+              ""]
+    text = "\n".join(lines)
+    print(text)
+    if args.docs:
+        write_section(ROOT / "docs" / "benchmarks.md", text)
+    return 0
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace this benchmark's section of ``path`` (up to the next '## ' heading), or append it."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = old.splitlines()
+    if SECTION in lines:
+        start = lines.index(SECTION)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = text.rstrip("\n").splitlines() + [""]
+        new = "\n".join(lines) + "\n"
+    else:
+        new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
+    path.write_text(new)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

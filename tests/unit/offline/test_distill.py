@@ -1,0 +1,101 @@
+"""luna-offline distill on a real memory bank (faiss, scene-vector embedder) and the real SmolLM2 base."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from luna_core.memory import MemoryBank, SceneVectorEmbedder
+from luna_core.student import DualHeadStudent, StudentConfig
+from luna_offline.distill import (DistillError, DistillSettings, distill, is_heldout, retrieve_examples,
+                                  sample_order, split_items)
+from luna_offline.evaluate import kl_divergence
+from tests.unit.core.test_student_support import PROMPTS, memory_item
+
+torch.set_num_threads(1)  # shared CI machine
+
+TOPS = ("AK", "CK", "DK", "SK")
+
+
+def make_bank(path, n: int) -> str:
+    with MemoryBank.create(path, SceneVectorEmbedder()) as bank:
+        # The teacher's top action follows the ego speed, so there is something to learn.
+        bank.append_many([memory_item(i, top=TOPS[i % len(TOPS)]) for i in range(n)])
+    return str(path)
+
+
+def test_split_order_and_retrieval_exclude_the_sample_and_held_out_items(tmp_path):
+    bank_path = make_bank(tmp_path / "bank", 12)
+    bank = MemoryBank.open(bank_path)
+    try:
+        train, held = split_items(bank.items(), 0.3)
+        assert len(train) + len(held) == 12 and held
+        assert all(is_heldout(it.id, 0.3) for it in held) and not any(is_heldout(it.id, 0.3) for it in train)
+        exclude = {it.id for it in held}
+        for item in train:
+            got = retrieve_examples(bank, item, 3, exclude)
+            assert len(got) == 3 and item.id not in {g.id for g in got} and not exclude & {g.id for g in got}
+        assert retrieve_examples(bank, train[0], 0, exclude) == []
+    finally:
+        bank.close()
+    order = sample_order(5, 2, seed=3, k_min=0, k_max=3)
+    assert len(order) == 10 and sorted(i for i, _ in order[:5]) == list(range(5))
+    assert {k for _, k in order} <= {0, 1, 2, 3} and order == sample_order(5, 2, 3, 0, 3)
+
+
+def test_distill_writes_student_curves_and_resumes(tmp_path):
+    bank_path = make_bank(tmp_path / "bank", 6)
+    out = tmp_path / "run"
+    settings = DistillSettings(bank=bank_path, out=str(out), max_steps=2, batch_size=2, grad_accum=1,
+                               k_min=0, k_max=1, heldout_fraction=0.0, checkpoint_every=1, lr=1e-3,
+                               max_context_tokens=1024, device="cpu")
+    final = distill(settings, prompts=PROMPTS, progress=False)
+    history = json.loads((out / "history.json").read_text())
+    assert [h["step"] for h in history] == [1, 2]
+    assert all(np.isfinite(h["lm"]) and h["kl"] > 0 for h in history)
+    assert (out / "loss_curves.png").stat().st_size > 1000
+    state = json.loads((out / "checkpoint" / "trainer_state.json").read_text())
+    assert (state["step"], state["samples_seen"]) == (2, 4)
+    student = DualHeadStudent.from_pretrained(final, PROMPTS, device="cpu")
+    p, _ = student.predict(memory_item(0).query, [])
+    assert abs(p.sum() - 1.0) < 1e-9
+
+    settings.max_steps = 3  # resume: one more step, history continues
+    distill(settings, prompts=PROMPTS, progress=False)
+    assert [h["step"] for h in json.loads((out / "history.json").read_text())] == [1, 2, 3]
+
+    settings.alpha = 0.1
+    with pytest.raises(DistillError, match="alpha"):
+        distill(settings, prompts=PROMPTS, progress=False)
+
+
+def test_bad_settings_and_an_empty_bank_are_refused(tmp_path):
+    with pytest.raises(DistillError, match="k_min"):
+        DistillSettings(bank="b", out="o", k_min=3, k_max=1).validate()
+    with MemoryBank.create(tmp_path / "empty", SceneVectorEmbedder()):
+        pass
+    with pytest.raises(DistillError, match="no teacher items"):
+        distill(DistillSettings(bank=str(tmp_path / "empty"), out=str(tmp_path / "o"), device="cpu"),
+                prompts=PROMPTS, progress=False)
+
+
+@pytest.mark.slow
+def test_kl_to_the_teacher_falls_on_a_small_synthetic_set(tmp_path):
+    """20 items whose teacher distribution depends on the scene: ~3 epochs must lower the mean KL."""
+    bank_path = make_bank(tmp_path / "bank", 20)
+    items = [memory_item(i, top=TOPS[i % len(TOPS)]) for i in range(20)]
+
+    def mean_kl(student: DualHeadStudent) -> float:
+        return float(np.mean([kl_divergence(it.distribution, student.predict(it.query, [])[0]) for it in items]))
+
+    settings = DistillSettings(bank=bank_path, out=str(tmp_path / "run"), epochs=3, batch_size=4,
+                               grad_accum=1, k_min=0, k_max=0, heldout_fraction=0.0, lr=2e-3,
+                               warmup_steps=2, checkpoint_every=100, max_context_tokens=1024, device="cpu")
+    torch.manual_seed(settings.seed)
+    before = mean_kl(DualHeadStudent.from_base(StudentConfig(device="cpu", max_context_tokens=1024), PROMPTS))
+    after = mean_kl(DualHeadStudent.from_pretrained(distill(settings, prompts=PROMPTS, progress=False),
+                                                    PROMPTS, device="cpu"))
+    assert after < 0.7 * before, (before, after)
