@@ -147,28 +147,6 @@ def curve_speed(caps: tuple[np.ndarray, np.ndarray], here: float, decel: float =
     return float(np.min(np.sqrt(cap[window] ** 2 + 2.0 * decel * (s[window] - here))))
 
 
-def _project_window(path: Polyline, q: np.ndarray, s_lo: float, s_hi: float) -> tuple[np.ndarray, ...]:
-    """(s, lateral, heading, distance) of points ``q`` (P, 2) on the segments of ``path`` between
-    arc lengths s_lo and s_hi (a cheap, local ``Polyline.project``)."""
-    i0 = max(int(np.searchsorted(path.s, s_lo)) - 1, 0)
-    i1 = min(int(np.searchsorted(path.s, s_hi)) + 1, len(path.s) - 1)
-    i0 = min(i0, i1 - 1)  # at least one segment (past the end: the last one, extrapolated)
-    a = path.points[i0:i1]
-    seg = path.points[i0 + 1:i1 + 1] - a
-    length = np.maximum(np.hypot(seg[:, 0], seg[:, 1]), 1e-9)
-    rel = q[:, None, :] - a[None]
-    t = np.clip((rel[..., 0] * seg[:, 0] + rel[..., 1] * seg[:, 1]) / length ** 2, 0.0, 1.0)
-    fx = a[:, 0] + t * seg[:, 0] - q[:, None, 0]
-    fy = a[:, 1] + t * seg[:, 1] - q[:, None, 1]
-    dist = np.hypot(fx, fy)
-    best = np.argmin(dist, axis=1)
-    rows = np.arange(len(q))
-    ub = seg[best] / length[best, None]
-    rb = rel[rows, best]
-    return (path.s[i0 + best] + t[rows, best] * length[best], ub[:, 0] * rb[:, 1] - ub[:, 1] * rb[:, 0],
-            np.arctan2(ub[:, 1], ub[:, 0]), dist[rows, best])
-
-
 class TrafficScript:
     """Runs all scripted road users jointly; ``run(duration)`` returns their tracks."""
 
@@ -217,33 +195,46 @@ class TrafficScript:
     def _present(self, u: Vehicle | Pedestrian, t: float) -> bool:
         return t + 1e-9 >= u.appear
 
-    def _leader(self, v: Vehicle, t: float, poses: dict[str, tuple[float, float, float]]) -> tuple[float, float]:
-        """Gap (front to rear, m) and speed of the nearest road user ahead on ``v``'s path."""
-        users = [u for u in self.vehicles + self.pedestrians
-                 if u is not v and self._present(u, t) and u.id not in v.ignore]
-        if not users:
-            return math.inf, 0.0
+    def _leaders(self, t: float, poses: dict[str, tuple[float, float, float]]) -> dict[str, tuple[float, float]]:
+        """Gap (front to rear, m) and speed of the nearest road user ahead on each IDM vehicle's
+        path. Vehicles sharing a path (a lane's traffic) share one projection of everyone."""
+        users = [u for u in self.vehicles + self.pedestrians if self._present(u, t)]
+        drivers = [v for v in self.vehicles if self._present(v, t) and v.speed_profile is None]
+        out: dict[str, tuple[float, float]] = {}
+        if not users or not drivers:
+            return out
         xyh = np.array([poses[u.id] for u in users])
-        here = v.centre_s()
-        x0, y0, _ = poses[v.id]
-        near = np.hypot(xyh[:, 0] - x0, xyh[:, 1] - y0) < LEADER_RANGE + 10.0
-        if not near.any():
-            return math.inf, 0.0
-        users = [u for u, k in zip(users, near) if k]
-        xyh = xyh[near]
-        # Project onto the stretch of path around the vehicle only (paths are long, queries many).
-        p_s, p_lat, p_head, p_dist = _project_window(v.path, xyh[:, :2], here - 15.0, here + LEADER_RANGE)
-        is_ped = np.array([isinstance(u, Pedestrian) for u in users])
-        half_w = (np.array([u.width for u in users]) + v.width) / 2 + np.where(is_ped, 0.3, 0.0)
-        ahead = p_s - here
-        ok = (np.abs(p_lat) <= half_w) & (ahead > 0.0) & (ahead <= LEADER_RANGE) & (p_dist <= half_w + 0.5)
-        if not ok.any():
-            return math.inf, 0.0
-        gaps = np.where(ok, ahead - (np.array([u.length for u in users]) + v.length) / 2, np.inf)
-        k = int(np.argmin(gaps))
-        u = users[k]
-        speed = u.v if isinstance(u, Vehicle) else 0.0
-        return float(gaps[k]), max(speed * math.cos(xyh[k, 2] - float(p_head[k])), 0.0)
+        widths = np.array([u.width for u in users])
+        lengths = np.array([u.length for u in users])
+        speeds = np.array([u.v if isinstance(u, Vehicle) else 0.0 for u in users])
+        pad = np.array([0.3 if isinstance(u, Pedestrian) else 0.0 for u in users])
+        index = {u.id: k for k, u in enumerate(users)}
+        groups: dict[int, list[Vehicle]] = {}
+        for v in drivers:
+            groups.setdefault(id(v.path), []).append(v)
+        for members in groups.values():
+            path = members[0].path
+            p = path.project(xyh[:, :2])
+            here = np.array([v.centre_s() for v in members])[:, None]  # (M, 1)
+            ahead = p.s[None, :] - here  # (M, U)
+            half_w = (widths[None, :] + np.array([v.width for v in members])[:, None]) / 2 + pad[None, :]
+            ok = (np.abs(p.lateral)[None, :] <= half_w) & (ahead > 0.0) & (ahead <= LEADER_RANGE) & \
+                 (p.distance[None, :] <= half_w + 0.5)
+            for m, v in enumerate(members):
+                ok[m, index[v.id]] = False
+                for other in v.ignore:
+                    if other in index:
+                        ok[m, index[other]] = False
+            gaps = np.where(ok, ahead - (lengths[None, :] + np.array([v.length for v in members])[:, None]) / 2,
+                            np.inf)
+            best = np.argmin(gaps, axis=1)
+            for m, v in enumerate(members):
+                k = int(best[m])
+                if not np.isfinite(gaps[m, k]):
+                    out[v.id] = (math.inf, 0.0)
+                else:
+                    out[v.id] = (float(gaps[m, k]), max(speeds[k] * math.cos(xyh[k, 2] - float(p.heading[k])), 0.0))
+        return out
 
     def _curve_speed(self, v: Vehicle) -> float:
         caps = self._caps.get(v.id)
@@ -311,12 +302,11 @@ class TrafficScript:
                     out[u.id][k] = (x, y, h, speed * math.cos(h), speed * math.sin(h))
             # advance
             accels = {}
+            leaders = self._leaders(t, poses)
             for v in self.vehicles:
-                if not self._present(v, t):
+                if v.id not in leaders:
                     continue
-                if v.speed_profile is not None:
-                    continue
-                gap, lead_v = self._leader(v, t, poses)
+                gap, lead_v = leaders[v.id]
                 stop = self._stop_gap(v, t)
                 if stop < gap:
                     gap, lead_v = stop, 0.0
