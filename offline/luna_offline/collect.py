@@ -155,6 +155,12 @@ def collect(frames: Sequence[Frame], teacher: Teacher, bank: Any, run_dir: str |
                     summary.stopped = f"spending cap reached: {exc}"
                     queue.clear()
                     continue
+                except Exception as exc:  # one broken frame must not end the run: record it, go on
+                    _append_record(records, {"frame": frame.id, "scenario": frame.scenario, "time": frame.time,
+                                             "ok": False, "reason": f"{type(exc).__name__}: {exc}"})
+                    summary.failed += 1
+                    bar.update(1)
+                    continue
                 if result.ok:
                     item = result.memory_item(frame.id, time.time(), scene_vector(frame.scene))
                     bank.append(item)  # durable before the record says the frame is done
