@@ -25,10 +25,10 @@ from luna_core.types import ACTION_CODES  # noqa: E402
 
 from .msgtypes import MessageTypes, UnknownMessageType  # noqa: E402
 from .reader import BagIssue, BagReader  # noqa: E402
-from .topics import (DECISION, DIAGNOSTICS, EXPLANATION, FAILURE, INPUT_TOPICS, LANE_GRAPH, ODOMETRY,  # noqa: E402
-                     OUTPUT_TOPICS, REFLECTION, TRAJECTORY)
+from .topics import (DECISION, DIAGNOSTICS, EXPLANATION, FAILURE, INPUT_TOPICS, LANE_GRAPH, OBJECTS,  # noqa: E402
+                     ODOMETRY, OUTPUT_TOPICS, REFLECTION, TRAJECTORY)
 
-_REPORT_TOPICS = (ODOMETRY, LANE_GRAPH, DECISION, FAILURE, EXPLANATION, REFLECTION, TRAJECTORY, DIAGNOSTICS)
+_REPORT_TOPICS = (ODOMETRY, OBJECTS, LANE_GRAPH, DECISION, FAILURE, EXPLANATION, REFLECTION, TRAJECTORY, DIAGNOSTICS)
 _DIAG_LEVELS = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
 _TEXT_LIMIT = 600  # characters of an explanation / reflection shown in the tables
 
@@ -187,6 +187,14 @@ def trajectories(data: ReportData, out: Path, every: float = 1.0) -> Section:
             xy = np.array([[p.x, p.y] for p in lane.centerline])
             if len(xy):
                 ax.plot(xy[:, 0], xy[:, 1], color="0.8", lw=0.8, zorder=1)
+    tracks: dict[str, list[tuple[float, float]]] = {}
+    for _, m in data.get(OBJECTS):
+        for o in m.objects:
+            tracks.setdefault(o.id, []).append((o.pose.position.x, o.pose.position.y))
+    for i, track in enumerate(tracks.values()):
+        xy = np.array(track)
+        ax.plot(xy[:, 0], xy[:, 1], color="tab:blue", lw=0.8, alpha=0.35, zorder=2,
+                label="perceived objects" if i == 0 else None)
     if odom:
         xy = np.array([[m.pose.pose.position.x, m.pose.pose.position.y] for _, m in odom])
         speed = np.array([m.twist.twist.linear.x for _, m in odom])
@@ -207,7 +215,8 @@ def trajectories(data: ReportData, out: Path, every: float = 1.0) -> Section:
                     label="planned trajectory" if shown == 0 else None)
             last, shown = t, shown + 1
         sec.paragraphs.append(f"{len(plans)} planned trajectories; one every {every:.0f} s is drawn (orange) "
-                              "over the recorded ego path (coloured by speed); red crosses mark failures.")
+                              "over the recorded ego path (coloured by speed) and the perceived objects' tracks (blue); red crosses "
+                              "mark failures.")
     else:
         sec.paragraphs.append(_absent(TRAJECTORY, "the planner"))
     ax.set_aspect("equal", adjustable="datalim")
