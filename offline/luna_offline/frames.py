@@ -18,12 +18,13 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from luna_core.lanes import lane_map
-from luna_core.scene import SceneConfig, SceneInputError, build_scene, scene_from_dict, scene_to_dict
+from luna_core.scene import SceneConfig, build_scene, scene_from_dict, scene_to_dict
 from luna_core.types import EgoState, SceneDescriptor
 
 FRAME_FORMAT = 1
@@ -164,45 +165,57 @@ def write_frames(frames: Iterable[Frame], path: str | Path) -> int:
     return n
 
 
-def _scenarios(args: argparse.Namespace) -> Iterator[tuple[Any, dict[str, Any]]]:
-    for name in args.suite or []:
-        try:
-            from luna_bridge.scenarios import load_suite
-        except ImportError as exc:
-            raise FrameError(f"--suite needs luna_bridge.scenarios.load_suite, which is unavailable: {exc}") from exc
-        for scenario in load_suite(name):
-            yield scenario, {"suite": name}
-    for path in args.scenario or []:
+def _sources(args: argparse.Namespace) -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
+    """(label, loader, origin) of every requested scenario; loading happens one at a time later."""
+    sources: list[tuple[str, Callable[[], Any], dict[str, Any]]] = []
+    if args.suite:
+        from luna_bridge.scenarios.registry import load_entry, suite_refs
+
+        for suite in args.suite:
+            for _name, source, loader in suite_refs(suite):
+                sources.append((source, partial(load_entry, source, loader), {"suite": suite, "file": source}))
+    if args.scenario:
         from luna_bridge.scenarios.format import load_scenario
 
-        yield load_scenario(path), {"file": str(path)}
+        for path in args.scenario:
+            sources.append((str(path), partial(load_scenario, path), {"file": str(path)}))
+    return sources
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    def generate() -> Iterator[Frame]:
-        skipped = 0
-        for scenario, origin in tqdm(list(_scenarios(args)), desc="scenarios", unit="scn"):
-            try:
-                yield from scenario_frames(scenario, args.rate, origin)
-            except SceneInputError as exc:
-                skipped += 1
-                print(f"[frames] skipped scenario {scenario.name}: {exc}", file=sys.stderr)
-        if skipped:
-            print(f"[frames] {skipped} scenario(s) skipped", file=sys.stderr)
-
     if not (args.suite or args.scenario):
         raise SystemExit("luna-offline frames: give --suite NAME and/or --scenario FILE")
+    failures: list[str] = []
+
+    def generate() -> Iterator[Frame]:
+        taken: dict[str, str] = {}  # scenario name -> where it came from (frame ids must be unique)
+        for label, load, origin in tqdm(_sources(args), desc="scenarios", unit="scn"):
+            try:
+                scenario = load()
+                if scenario.name in taken:
+                    raise FrameError(f"scenario name {scenario.name!r} already taken from {taken[scenario.name]}")
+                frames = list(scenario_frames(scenario, args.rate, origin))
+            except Exception as exc:  # noqa: BLE001 - a bad scenario is reported and skipped, never silently
+                failures.append(f"{label}: {type(exc).__name__}: {exc}")
+                continue
+            taken[scenario.name] = label
+            yield from frames
+
     n = write_frames(generate(), args.out)
-    print(f"[frames] wrote {n} frames to {args.out}")
-    return 0 if n else 1
+    for failure in failures:
+        print(f"[frames] skipped {failure}", file=sys.stderr)
+    print(f"[frames] wrote {n} frames to {args.out}" + (f"; {len(failures)} scenario(s) skipped" if failures else ""))
+    return 0 if n and not failures else 1
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("frames", help="2 Hz frames with scene descriptors from scenario sources",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", action="append", help="scenario suite (luna_bridge.scenarios.load_suite); repeatable")
+    p.add_argument("--suite", action="append",
+                   help="scenario suite (synthetic-train, synthetic-hard, synthetic-random, commonroad) or a "
+                        "directory of scenario files; repeatable")
     p.add_argument("--scenario", action="append", type=Path, help="scenario file; repeatable")
     p.add_argument("--rate", type=float, default=2.0, help="frames per second (default 2)")
     p.add_argument("--out", type=Path, required=True, help="output JSON-lines file")

@@ -98,16 +98,24 @@ def test_frames_file_round_trip_and_errors(tmp_path):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
-def test_frames_command_from_scenario_files(tmp_path):
+def test_frames_command_from_scenario_files_and_suites(tmp_path, capsys):
     fmt = pytest.importorskip("luna_bridge.scenarios.format")
     from luna_offline.cli import main
 
-    files = []
+    suite = tmp_path / "suite"
+    suite.mkdir()
     for name in ("s-one", "s-two"):
-        files += ["--scenario", str(fmt.save_scenario(junction_scenario(name), tmp_path / f"{name}.json"))]
+        fmt.save_scenario(junction_scenario(name), suite / f"{name}.json")
     out = tmp_path / "frames.jsonl"
-    assert main(["frames", *files, "--rate", "1", "--out", str(out)]) == 0
+    assert main(["frames", "--suite", str(suite), "--rate", "1", "--out", str(out)]) == 0
     frames = read_frames(out)
     assert len(frames) == 8 and {f.scenario for f in frames} == {"s-one", "s-two"}
-    assert frames[0].origin["file"].endswith("s-one.json")
+    assert frames[0].origin["suite"] == str(suite) and frames[0].origin["file"].endswith("s-one.json")
     assert math.isclose(frames[1].time - frames[0].time, 1.0)
+    # A broken file is reported and skipped (exit code 1); the good scenarios still give frames.
+    (suite / "s-zero.json").write_text('{"format": "luna-scenario"}')
+    single = ["--scenario", str(suite / "s-one.json")]
+    assert main(["frames", "--suite", str(suite), *single, "--out", str(out)]) == 1
+    assert len(read_frames(out)) == 2 * 7  # s-one once: a second copy would repeat frame ids
+    err = capsys.readouterr().err
+    assert "skipped " + str(suite / "s-zero.json") in err and "'s-one' already taken" in err
