@@ -195,3 +195,15 @@ def test_fake_scorer_simulation_grounded_voters():
     assert np.array_equal(again.distribution, r.distribution)  # seeded
     broken = Teacher(ScoredVoterPool(FakeScorer(RuntimeError("simulator crashed")), cfg), config=cfg).run(scene())
     assert not broken.ok and broken.failures[0].stage == "scorer" and "simulator crashed" in broken.failures[0].reason
+
+
+def test_fake_model_parallel_voters_give_the_same_result_as_sequential():
+    def run(parallel: int):
+        model = FakeScriptedModel(votes=[vote("DK")] * 4, confidences=[conf(0.5)] * 4, summaries=[SUMMARY])
+        cfg = TeacherConfig(num_voters=4, parallel=parallel)
+        return Teacher(LLMVoterPool(model, config=cfg), config=cfg).run(scene(), seed=1), model
+
+    (seq, m1), (par, m2) = run(1), run(4)
+    assert np.array_equal(seq.distribution, par.distribution) and seq.answer == par.answer
+    assert sorted(c["seed"] for c in m1.calls) == sorted(c["seed"] for c in m2.calls)  # seeds per voter index
+    assert [b.voter for b in par.voting.ballots] == [0, 1, 2, 3]

@@ -33,7 +33,7 @@ from luna_core.llm.base import BudgetExceeded, ChatModel, ChoiceModel, LLMError
 from luna_core.prompts import (CONFIDENCE_TAG, DECISION_TAG, MalformedModelOutput, PromptManager,
                                allowed_actions, format_ranked_answer, parse_confidence,
                                parse_ranked_answer, parse_vote)
-from luna_core.scene import FIELD_OF_VIEW, JUNCTION, LEFT_LANE, RIGHT_LANE, SAME_LANE, TARGET_ROAD, safe_id
+from luna_core.scene import JUNCTION, LEFT_LANE, RIGHT_LANE, SAME_LANE, TARGET_ROAD, safe_id
 from luna_core.types import (ACTION_CODES, ACTION_INDEX, NUM_ACTIONS, Action, MemoryItem, ObjectClass,
                              ObjectDescription, RoadSection, SceneDescriptor, TrafficLightPhase,
                              validate_distribution)
