@@ -177,3 +177,17 @@ def test_luna_replay_plays_a_bag_through_real_stack_nodes_and_records_their_outp
     assert "| /luna/scene | luna_msgs/msg/SceneDescriptor |" in md
     assert "The progress monitor ran and reported no failure." in md or "| time (s) | issued decision" in md
     assert (tmp_path / "out" / "report" / "stack.log").read_text().count("started ") == 2
+
+
+def test_shipped_sample_bag_is_intact_and_self_describing():
+    sample = Path(__file__).resolve().parents[2] / "models" / "sample_bags" / "USA_US101-4_1_T-1"
+    with BagReader(sample) as reader:
+        assert reader.issues == []
+        counts = {t: i.count for t, i in reader.topics.items()}
+        first, last = reader.time_range()
+        graph = next(reader.messages([TOP.LANE_GRAPH]))
+    assert counts == {TOP.CLOCK: 121, TOP.ODOMETRY: 121, TOP.OBJECTS: 121, TOP.TRAFFIC_LIGHTS: 121,
+                      TOP.ROUTE: 1, TOP.LANE_GRAPH: 1}
+    assert math.isclose((last - first) / 1e9, 12.0)
+    assert len(C.msg_to_lane_graph(deserialize_message(graph.data, lm.LaneGraph)).lanes) == 12
+    assert sum(p.stat().st_size for p in sample.iterdir()) < 5 * 2**20
