@@ -135,6 +135,17 @@ def test_objects_polar_frame_relations_and_selection():
     assert LEFT_LANE not in {o.lane_relation for o in s.objects}
 
 
+def test_vehicle_moving_into_the_ego_lane_is_marked_cutting_in():
+    cx = 85.0 + VEH.rear_axle_to_center
+    cut = TrackedObject("cut", ObjectClass.VEHICLE, cx + 8.0, 0.8, 0.15, 7.0, 1.05, 4.5, 1.9)  # 1 m/s leftwards
+    stay = TrackedObject("stay", ObjectClass.VEHICLE, cx + 2.0, 0.0, 0.0, 7.0, 0.1, 4.5, 1.9)
+    s = near_junction_scene([cut, stay])
+    by_id = {o.id: o for o in s.objects}
+    assert by_id["cut"].lane_relation == RIGHT_LANE and by_id["cut"].cutting_in
+    assert by_id["stay"].lane_relation == RIGHT_LANE and not by_id["stay"].cutting_in
+    assert "- cut vehicle, right lane, moving into the ego lane: " in render_traffic_state(s)
+
+
 def test_non_finite_objects_dropped_with_reason_and_ids_cannot_inject_text():
     objs = [car("ok", 100.0, W), TrackedObject("nan", ObjectClass.VEHICLE, math.nan, 0, 0, 0, 0, 4, 2),
             TrackedObject("inf", ObjectClass.VEHICLE, 90.0, 0, 0, math.inf, 0, 4, 2),

@@ -144,6 +144,9 @@ def test_template_rationale_names_the_key_objects_of_each_decision():
     s = near_junction_scene([car("lead", CX + 10.0, W, v=4.0), car("right-behind", CX - 6.0, 0.0),
                              car("right-ahead", CX + 8.0, 0.0)])
     assert [o.id for o in key_objects(s, "CK")] == ["lead"]
+    cut = near_junction_scene([car("lead", CX + 10.0, W, v=4.0), car("cut", CX + 6.0, 0.6, heading=0.2)])
+    assert [o.id for o in key_objects(cut, "DK")] == ["lead", "cut"]
+    assert "vehicle cut ahead (right lane, moving into the ego lane)" in template_rationale(cut, "DK")
     assert [o.id for o in key_objects(s, "CR")] == ["lead", "right-ahead", "right-behind"]
     text = template_rationale(s, "AR", ActionOutcome(0.7, reason="no collision, 41.2 m progress"))
     assert text.startswith("Accelerate x Right Lane-Change: change to the right lane and speed up from 8.00 m/s.")

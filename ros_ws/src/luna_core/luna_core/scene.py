@@ -23,8 +23,8 @@ import numpy as np
 
 from luna_core.lanes import LaneMap, lane_map, route_lanes_from_pose
 from luna_core.types import (ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, Navigation, ObjectClass,
-                             ObjectDescription, RoadSection, Route, SceneDescriptor, TrackedObjects,
-                             TrafficLightPhase, TrafficLights, VehicleParameters, wrap_angle)
+                             ObjectDescription, RoadSection, Route, SceneDescriptor, TrackedObject,
+                             TrackedObjects, TrafficLightPhase, TrafficLights, VehicleParameters, wrap_angle)
 
 # Lane relations (ObjectDescription.lane_relation)
 SAME_LANE = "same lane"
@@ -55,6 +55,7 @@ class SceneConfig:
     light_range: float = 60.0  # a junction's light and distance are stated up to this distance (m)
     turn_threshold: float = math.radians(30.0)  # connector heading change that counts as a turn
     lane_match_slack: float = 0.5  # m beyond half the lane width still counted as on the lane
+    cut_in_lateral_speed: float = 0.5  # m/s sideways towards the ego lane that counts as cutting in
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,24 +156,27 @@ def _topology(lm: LaneMap, route: Route, ego: EgoState, cfg: SceneConfig) -> _To
                      frozenset(left - corridor), frozenset(right - corridor))
 
 
-def _relation(lm: LaneMap, topo: _Topology, x: float, y: float, heading: float,
-              cfg: SceneConfig) -> str:
-    """The lane relation of an object pose to the ego ("" when it is on no relevant lane)."""
+def _relation(lm: LaneMap, topo: _Topology, obj: TrackedObject, cfg: SceneConfig) -> tuple[str, bool]:
+    """The lane relation of an object to the ego ("" when it is on no relevant lane), and whether it
+    is cutting in: in an adjacent lane, moving sideways towards the ego lane faster than
+    ``cut_in_lateral_speed``."""
     lanes = lm.graph.lanes
-    on = [m.lane_id for m in lm.match_lanes(x, y, heading, max_distance=6.0)
+    on = [m for m in lm.match_lanes(obj.x, obj.y, obj.heading, max_distance=6.0)
           if abs(m.lateral) <= lanes[m.lane_id].width / 2 + cfg.lane_match_slack]
-    for lane_id in on:  # best match first; the first relevant lane decides
-        if lane_id in topo.corridor:
-            return SAME_LANE
-        if lane_id in topo.left:
-            return LEFT_LANE
-        if lane_id in topo.right:
-            return RIGHT_LANE
-        if lanes[lane_id].in_junction:
-            return JUNCTION
-        if lane_id in topo.target_road:
-            return TARGET_ROAD
-    return ""
+    for m in on:  # best match first; the first relevant lane decides
+        if m.lane_id in topo.corridor:
+            return SAME_LANE, False
+        if m.lane_id in topo.left or m.lane_id in topo.right:
+            lane_heading = obj.heading - m.heading_error
+            lateral_speed = -obj.vx * math.sin(lane_heading) + obj.vy * math.cos(lane_heading)  # + left
+            if m.lane_id in topo.left:
+                return LEFT_LANE, lateral_speed < -cfg.cut_in_lateral_speed
+            return RIGHT_LANE, lateral_speed > cfg.cut_in_lateral_speed
+        if lanes[m.lane_id].in_junction:
+            return JUNCTION, False
+        if m.lane_id in topo.target_road:
+            return TARGET_ROAD, False
+    return "", False
 
 
 def build_scene(ego: EgoState, objects: TrackedObjects | None, lights: TrafficLights | None,
@@ -244,12 +248,12 @@ def _select_objects(lm: LaneMap, topo: _Topology, objects: TrackedObjects | None
         d, bearing = _polar(cx, cy, heading, obj.x, obj.y)
         if d < 1e-6:
             bearing = 0.0
-        relation = ""
+        relation, cutting_in = "", False
         if obj.object_class.is_vru:
             if d <= cfg.vru_range and abs(bearing) <= cfg.vru_half_angle:
-                relation = _relation(lm, topo, obj.x, obj.y, obj.heading, cfg) or FIELD_OF_VIEW
+                relation = _relation(lm, topo, obj, cfg)[0] or FIELD_OF_VIEW
         elif d <= cfg.max_object_distance and lm.ids:
-            relation = _relation(lm, topo, obj.x, obj.y, obj.heading, cfg)
+            relation, cutting_in = _relation(lm, topo, obj, cfg)
             relation = relation if relation in wanted else ""
         if not relation:
             continue
@@ -259,7 +263,7 @@ def _select_objects(lm: LaneMap, topo: _Topology, objects: TrackedObjects | None
         speed = 0.0 if obj.object_class is ObjectClass.STATIC else obj.speed
         selected.append(ObjectDescription(obj.id, obj.object_class, d, bearing,
                                           float(wrap_angle(obj.heading - heading)), speed,
-                                          obj.length, obj.width, relation))
+                                          obj.length, obj.width, relation, cutting_in))
     return selected, dropped
 
 
@@ -307,7 +311,8 @@ def render_traffic_state(scene: SceneDescriptor) -> str:
         lines.append("Objects (id, type, relation: distance, line-of-sight angle, heading, speed, length x width):")
         for o in scene.objects:
             speed = "" if o.object_class is ObjectClass.STATIC else f", {o.speed:.2f} m/s"
-            lines.append(f"- {safe_id(o.id)} {_CLASS_WORD[o.object_class]}, {o.lane_relation}: "
+            relation = o.lane_relation + (", moving into the ego lane" if o.cutting_in else "")
+            lines.append(f"- {safe_id(o.id)} {_CLASS_WORD[o.object_class]}, {relation}: "
                          f"{o.distance:.2f} m, {_deg(o.bearing)}, heading {_deg(o.heading)}{speed}, "
                          f"{o.length:.2f} x {o.width:.2f} m.")
     else:

@@ -332,13 +332,14 @@ def _describe(o: ObjectDescription) -> str:
             ObjectClass.BICYCLE: "cyclist", ObjectClass.STATIC: "static object"}[o.object_class]
     where = "ahead" if math.cos(o.bearing) >= 0.0 else "behind"
     moving = "" if o.object_class is ObjectClass.STATIC else f", {o.speed:.2f} m/s"
-    return f"{kind} {safe_id(o.id)} {where} ({o.lane_relation}) at {o.distance:.2f} m{moving}"
+    relation = o.lane_relation + (", moving into the ego lane" if o.cutting_in else "")
+    return f"{kind} {safe_id(o.id)} {where} ({relation}) at {o.distance:.2f} m{moving}"
 
 
 def key_objects(scene: SceneDescriptor, code: str) -> list[ObjectDescription]:
     """The objects that bear on one decision (Step 2 of the guideline): the nearest object ahead in
-    the ego lane, the nearest ahead and behind in the target lane of a lane change, objects in the
-    junction or on the target road (nearest two), VRUs within 15 m."""
+    the ego lane, vehicles cutting into it, the nearest ahead and behind in the target lane of a lane
+    change, objects in the junction or on the target road (nearest two), VRUs within 15 m."""
     lateral = code[1]
     chosen: list[ObjectDescription] = []
 
@@ -348,6 +349,7 @@ def key_objects(scene: SceneDescriptor, code: str) -> list[ObjectDescription]:
         chosen.extend(sorted(pool, key=lambda o: o.distance)[:n])
 
     nearest(SAME_LANE, ahead=True)
+    chosen += [o for o in scene.objects if o.cutting_in and o not in chosen]
     if lateral == "L":
         nearest(LEFT_LANE, ahead=True)
         nearest(LEFT_LANE, ahead=False)

@@ -326,6 +326,7 @@ class ObjectDescription:
     length: float
     width: float
     lane_relation: str = ""  # e.g. "same lane", "left lane", "right lane", "junction", "target road"
+    cutting_in: bool = False  # in an adjacent lane and moving sideways into the ego lane
 
 
 @dataclass
