@@ -10,11 +10,12 @@ Conditioning: the ego history only, 5 frames at 0.5 s (-2 s .. now) x 7 features
 speed, acceleration, yaw rate) in the same ego frame.
 
 Denoiser: a compact transformer, deliberately cheaper than Diffusion-ES's (8 layers, 21 tokens of
-width 256): one history token plus 4 trajectory tokens of 4 waypoints each, width 96, 3 layers
-(~0.4 M parameters). Measured on the 2 shared cores here, 21 tokens made one network evaluation of
-a 640-member population (5 candidate actions x 128) cost ~270 ms and 5 tokens ~50 ms at width 128;
-under the usual load of the shared machine a width-128, 4-layer model still took ~110 ms per
-evaluation of 128 members (16 evaluations per cycle), hence the smaller default. The diffusion timestep is embedded
+width 256): one history token plus 4 trajectory tokens of 4 waypoints each, width 128, 4 layers
+(~0.85 M parameters). Measured on the 2 shared cores here, 21 tokens made one network evaluation of
+a 640-member population (5 candidate actions x 128) cost ~270 ms and 5 tokens ~50 ms. A smaller
+model (width 96, 3 layers, 0.37 M) trained in the same 13 minutes sampled clearly worse
+trajectories (a quarter of them running backwards from a 3 m/s history), so the default stays at
+this size and the cycle relies on the anytime budget when the machine is busy. The diffusion timestep is embedded
 (sinusoidal + MLP) and added to every token; epsilon prediction, cosine noise schedule over 100
 training steps, DDIM (eta 0) over 10 "trailing" steps at inference.
 
@@ -59,10 +60,10 @@ class DiffusionPriorConfig:
     waypoint_dt: float = 0.5  # s between waypoints (and between history frames)
     history_frames: int = 5  # frames at waypoint_dt ending now
     waypoints_per_token: int = 4
-    d_model: int = 96
-    num_layers: int = 3
+    d_model: int = 128
+    num_layers: int = 4
     num_heads: int = 4
-    ff_dim: int = 384
+    ff_dim: int = 512
     train_timesteps: int = 100
     inference_steps: int = 10
     x0_clip: float = 6.0  # clip predicted clean actions to +- this many spreads (DDIM stability)
