@@ -41,6 +41,8 @@ class Recorder:
         self.warnings: list[str] = []
         self.received = 0
         self._before_clock: list[tuple[str, bytes]] = []  # sim time not started yet (clock reads 0)
+        # discover() may run in another thread than the callbacks (luna replay): one writer user at a time.
+        self._lock = threading.Lock()
 
     def discover(self) -> list[str]:
         """Subscribe to topics that appeared since the last call; returns the new ones."""
@@ -72,7 +74,9 @@ class Recorder:
         publishers = self.node.get_publishers_info_by_topic(topic)
         offered = [p.qos_profile for p in publishers]
         type_hash = next((str(p.topic_type_hash) for p in publishers if p.topic_type_hash), "")
-        if not self.writer.add_topic(topic, msgtype, [to_bag_qos(q) for q in offered], type_hash):
+        with self._lock:
+            complete = self.writer.add_topic(topic, msgtype, [to_bag_qos(q) for q in offered], type_hash)
+        if not complete:
             self.warnings.append(f"{topic}: no .msg definition of {msgtype} found; recorded without an "
                                  "embedded definition")
         self.subscriptions[topic] = self.node.create_subscription(
@@ -80,21 +84,23 @@ class Recorder:
         return True
 
     def _on_message(self, topic: str, data: bytes) -> None:
-        self.received += 1
         now = self.node.get_clock().now().nanoseconds
-        if now == 0:  # on sim time before the first /clock: keep, stamp with the first clock time
-            self._before_clock.append((topic, data))
-            return
-        for early_topic, early in self._before_clock:
-            self.writer.write(early_topic, now, early)
-        self._before_clock.clear()
-        self.writer.write(topic, now, data)
+        with self._lock:
+            self.received += 1
+            if now == 0:  # on sim time before the first /clock: keep, stamp with the first clock time
+                self._before_clock.append((topic, data))
+                return
+            for early_topic, early in self._before_clock:
+                self.writer.write(early_topic, now, early)
+            self._before_clock.clear()
+            self.writer.write(topic, now, data)
 
     def flush_pending(self) -> None:
         """Write messages still waiting for a first /clock (stamped 0: the clock never started)."""
-        for topic, data in self._before_clock:
-            self.writer.write(topic, 0, data)
-        self._before_clock.clear()
+        with self._lock:
+            for topic, data in self._before_clock:
+                self.writer.write(topic, 0, data)
+            self._before_clock.clear()
 
 
 def _hidden(topic: str) -> bool:

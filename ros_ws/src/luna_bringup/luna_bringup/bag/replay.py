@@ -2,7 +2,8 @@
 
 1. start the stack (the ``luna up`` topology, every node on ``use_sim_time``) unless ``--no-stack``
    (a stack already running, e.g. from ``ros2 launch`` on the vehicle computer);
-2. wait until the stack subscribes to the bag's input topics (never a fixed sleep);
+2. wait until every node of the topology is up (managed nodes: active, or failed for good) and the
+   stack subscribes to the bag's input topics (never a fixed sleep);
 3. play the bag's inputs (``luna bag play`` semantics; recorded stack outputs are left out so they do
    not collide with the live ones) while recording every topic on the graph into ``-o`` on bag time;
 4. let the stack settle, stop it, finalise the bag, and write ``<out>/report/report.html`` (+ ``.md``,
@@ -38,12 +39,24 @@ from .writer import BagExistsError, BagWriter, resolve_output
 StackStarter = Callable[[Path], AbstractContextManager]
 
 
-def topology_stack(topology: Path | None = None, only: str = "") -> StackStarter:
-    """The ``luna up`` topology as a StackStarter (all nodes with ``use_sim_time``).
+@dataclass
+class TopologyStack:
+    """The ``luna up`` topology as a StackStarter (all nodes with ``use_sim_time``), and its node names."""
 
-    The topology and every process's command line are checked here, so a missing executable or a bad
-    topology fails before anything is created (TopologyError, a ValueError).
-    """
+    topology: object  # luna_bringup.topology.Topology
+    nodes: list[str]
+
+    def __call__(self, log_path: Path) -> AbstractContextManager:
+        from luna_bringup.supervisor import Supervisor
+        from luna_bringup.topology import config_dir
+
+        return Supervisor(self.topology, config_dir(), use_sim_time=True,
+                          out=log_path.open("w", encoding="utf-8"))
+
+
+def topology_stack(topology: Path | None = None, only: str = "") -> TopologyStack:
+    """Load the topology and check every process's command line now, so a missing executable or a bad
+    topology fails before anything is created (TopologyError, a ValueError)."""
     from luna_bringup.supervisor import Supervisor
     from luna_bringup.topology import config_dir, load_topology
 
@@ -53,10 +66,68 @@ def topology_stack(topology: Path | None = None, only: str = "") -> StackStarter
     check = Supervisor(spec, config_dir(), use_sim_time=True)
     for process in spec.processes:
         check.command(process)
+    return TopologyStack(spec, [n for p in spec.processes for n in p.nodes])
 
-    def start(log_path: Path) -> AbstractContextManager:
-        return Supervisor(spec, config_dir(), use_sim_time=True, out=log_path.open("w", encoding="utf-8"))
-    return start
+
+class StackReadiness:
+    """Tells when every named node is on the graph and, if it is a managed node, active.
+
+    Create it before the stack starts: it listens to each node's lifecycle ``transition_event`` so a
+    node whose activation failed (back to unconfigured, or errored) is reported at once instead of
+    being waited for. ``wait`` needs ``node`` to be spun by another thread (``get_state`` calls).
+    """
+
+    def __init__(self, node: Node, names: list[str]) -> None:
+        from lifecycle_msgs.msg import TransitionEvent
+
+        self.node = node
+        self.states: dict[str, str] = {n: "not started" for n in names}
+        self.failed: dict[str, str] = {}
+        self._subs = [node.create_subscription(TransitionEvent, f"/{n}/transition_event",
+                                               lambda m, n=n: self._on_transition(n, m), 10) for n in names]
+
+    def _on_transition(self, name: str, event) -> None:
+        from lifecycle_msgs.msg import State
+
+        failed_configure = (event.start_state.id == State.TRANSITION_STATE_CONFIGURING
+                            and event.goal_state.id == State.PRIMARY_STATE_UNCONFIGURED)
+        if failed_configure or event.goal_state.id in (State.TRANSITION_STATE_ERRORPROCESSING,
+                                                       State.PRIMARY_STATE_FINALIZED):
+            self.failed[name] = f"failed: {event.start_state.label} -> {event.goal_state.label}"
+
+    def wait(self, timeout: float, stop: threading.Event) -> list[str]:
+        """Block until all are ready, one failed for good, or the timeout; the not-ready ones with why."""
+        from lifecycle_msgs.msg import State
+        from lifecycle_msgs.srv import GetState
+
+        clients: dict[str, object] = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not stop.is_set():
+            present = set(self.node.get_node_names())
+            services = {name for name, _ in self.node.get_service_names_and_types()}
+            for name in [n for n, s in self.states.items() if s != "ready" and n not in self.failed]:
+                if name not in present:
+                    continue
+                service = f"/{name}/get_state"
+                if service not in services:
+                    self.states[name] = "ready"  # not a managed node: on the graph means ready
+                    continue
+                client = clients.setdefault(name, self.node.create_client(GetState, service))
+                future = client.call_async(GetState.Request())
+                answered = time.monotonic() + 2.0
+                while not future.done() and time.monotonic() < answered:
+                    time.sleep(0.01)
+                if future.done() and future.result() is not None:
+                    state = future.result().current_state
+                    self.states[name] = "ready" if state.id == State.PRIMARY_STATE_ACTIVE else state.label
+            if all(s == "ready" or n in self.failed for n, s in self.states.items()):
+                break
+            time.sleep(0.1)
+        for client in clients.values():
+            self.node.destroy_client(client)
+        for sub in self._subs:
+            self.node.destroy_subscription(sub)
+        return [f"{n} ({self.failed.get(n, s)})" for n, s in self.states.items() if s != "ready"]
 
 
 @dataclass
@@ -66,10 +137,11 @@ class ReplayResult:
     play: PlayReport
     recorded: dict[str, int]
     missing_subscribers: list[str]
+    not_ready: list[str]
 
 
 def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter | None = None,
-           rate: float = 1.0, topics: list[str] | None = None, ready_timeout: float = 60.0,
+           rate: float = 1.0, topics: list[str] | None = None, ready_timeout: float = 120.0,
            settle: float = 3.0, progress: bool = True, stop: threading.Event | None = None) -> ReplayResult:
     """Play ``bag`` through ``stack`` (None: a stack already running) and record everything into ``output``."""
     stop = stop or threading.Event()
@@ -93,15 +165,18 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
             executor.spin_once(timeout_sec=0.05)
 
     spinner = threading.Thread(target=spin, name="replay-recorder", daemon=True)
+    spinner.start()
     try:
         player = Player(node, reader, rate=rate, topics=topics)
         player.prepare()
+        readiness = StackReadiness(node, list(getattr(stack, "nodes", [])))
         with (stack(report_dir / "stack.log") if stack else nullcontext()):
-            # Subscriptions are created from this thread before spinning starts, then by the spinner.
-            missing = player.wait_for_subscribers(timeout=ready_timeout, stop=stop)
+            started = time.monotonic()
+            not_ready = readiness.wait(ready_timeout, stop)
+            left = max(1.0, ready_timeout - (time.monotonic() - started))
+            missing = player.wait_for_subscribers(timeout=left, stop=stop)
             recorder.discover()
             _wait_for_matches(recorder, timeout=10.0, stop=stop)
-            spinner.start()
             timer = node.create_timer(0.5, recorder.discover, clock=_steady_clock())
             player.play(stop, progress=progress)
             deadline = time.monotonic() + settle
@@ -125,7 +200,7 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
     from .report import write_report  # matplotlib: imported only when a report is written
 
     report = write_report(output, report_dir, title=f"LUNA-AD replay of {bag.name}")
-    return ReplayResult(output, report, player.report, dict(writer.counts), missing)
+    return ReplayResult(output, report, player.report, dict(writer.counts), missing, not_ready)
 
 
 def _steady_clock():
@@ -164,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     for topic in result.missing_subscribers:
         print(f"warning: nothing in the stack subscribed to {topic}", file=sys.stderr)
+    for name in result.not_ready:
+        print(f"warning: node {name} was not ready when playback started", file=sys.stderr)
     print(f"recorded {sum(result.recorded.values())} messages into {result.output}", file=sys.stderr)
     print(f"report: {result.report}", file=sys.stderr)
     return 0
@@ -179,8 +256,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-stack", action="store_true", help="do not start the stack (one is running)")
     parser.add_argument("--topology", type=Path, help="topology file (default: luna_bringup's)")
     parser.add_argument("--only", default="", help="comma-separated process or node names to start")
-    parser.add_argument("--ready-timeout", type=float, default=60.0,
-                        help="wait this long (s) for the stack to subscribe to the inputs")
+    parser.add_argument("--ready-timeout", type=float, default=120.0,
+                        help="wait this long (s) for every node to be up (managed nodes: active) and for the "
+                        "stack to subscribe to the inputs")
     parser.add_argument("--settle", type=float, default=3.0,
                         help="keep recording this long (s) after the last message")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
