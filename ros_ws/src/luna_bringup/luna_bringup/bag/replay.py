@@ -199,7 +199,11 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
         reader.close()
     from .report import write_report  # matplotlib: imported only when a report is written
 
-    report = write_report(output, report_dir, title=f"LUNA-AD replay of {bag.name}")
+    notes = [f"node {n} was not ready when playback started" for n in not_ready]
+    notes += [f"nothing in the stack subscribed to {t}" for t in missing]
+    notes += [f"{t} not played: {why}" for t, why in player.report.skipped_topics.items()]
+    notes += [f"{n} undecodable messages on {t} skipped" for t, n in player.report.undecodable.items()]
+    report = write_report(output, report_dir, title=f"LUNA-AD replay of {bag.name}", notes=notes)
     return ReplayResult(output, report, player.report, dict(writer.counts), missing, not_ready)
 
 

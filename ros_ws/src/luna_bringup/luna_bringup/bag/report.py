@@ -96,18 +96,24 @@ def _absent(topic: str, producer: str) -> str:
     return f"No messages on `{topic}` in this bag: {producer} did not run or published nothing."
 
 
-def overview(data: ReportData, title: str) -> Section:
+def overview(data: ReportData, title: str, notes: list[str]) -> Section:
     sec = Section("Overview")
     span = max((t for msgs in data.messages.values() for t, _ in msgs), default=0.0)
     sec.paragraphs.append(f"{title}: {sum(c for _, c in data.counts.values())} messages on "
                           f"{len(data.counts)} topics over {span:.1f} s. Times below are seconds from the "
                           "first message of the bag.")
-    rows = [[t, ty, str(c), "output" if t in OUTPUT_TOPICS else "input" if t in INPUT_TOPICS else "other"]
-            for t, (ty, c) in sorted(data.counts.items())]
+    role = {**{t: "input" for t in INPUT_TOPICS}, **{t: "output" for t in OUTPUT_TOPICS}}
+    rows = [[t, ty, str(c), role.get(t, "other")] for t, (ty, c) in sorted(data.counts.items())
+            if c or t in role]
     sec.tables.append((["topic", "type", "messages", "role"], rows))
+    silent = sorted(t for t, (_, c) in data.counts.items() if not c and t not in role)
+    if silent:
+        sec.paragraphs.append("Also on the graph, without messages: " + ", ".join(silent) + ".")
     problems = [str(i) for i in data.issues]
     problems += [f"{n} undecodable messages on {t} skipped" for t, n in sorted(data.undecodable.items())]
     sec.paragraphs.append("Bag problems: " + ("; ".join(problems) if problems else "none."))
+    if notes:
+        sec.paragraphs.append("Replay notes: " + "; ".join(notes) + ".")
     return sec
 
 
@@ -368,12 +374,15 @@ def _html(title: str, sections: list[Section]) -> str:
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
 
 
-def write_report(bag: Path, out_dir: Path, title: str | None = None) -> Path:
-    """Write ``report.html`` and ``report.md`` (+ PNGs) for ``bag`` into ``out_dir``; returns the HTML path."""
+def write_report(bag: Path, out_dir: Path, title: str | None = None, notes: list[str] | None = None) -> Path:
+    """Write ``report.html`` and ``report.md`` (+ PNGs) for ``bag`` into ``out_dir``; returns the HTML path.
+
+    ``notes``: how the run went (e.g. nodes that were not ready), shown in the overview.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     data = load(bag)
     title = title or f"LUNA-AD replay report: {bag.name}"
-    sections = [overview(data, str(bag)), decisions(data, out_dir), candidate_sets(data, out_dir),
+    sections = [overview(data, str(bag), notes or []), decisions(data, out_dir), candidate_sets(data, out_dir),
                 trajectories(data, out_dir), failures(data), explanations(data), latencies(data, out_dir),
                 diagnostics(data)]
     (out_dir / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
