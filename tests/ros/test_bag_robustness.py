@@ -294,3 +294,32 @@ def test_start_offset_still_delivers_the_latched_map_first(tmp_path, ros_context
         node.destroy_node()
     assert report.published == {"/map/lane_graph": 1, "/odom": 10}
     assert np.isclose(player.start_ns, T0 + 10**9)
+
+
+def test_loop_plays_the_bag_again_until_stopped(tmp_path, ros_context):
+    import threading
+
+    from tests.ros.helpers import wait_for
+
+    path = tmp_path / "loop"
+    with BagWriter(path) as bag:
+        bag.add_topic("/odom", "nav_msgs/msg/Odometry")
+        for i in range(5):
+            bag.write("/odom", T0 + i * 10**8, _odometry(i))
+    node = Node("bag_loop_test", context=ros_context)
+    stop = threading.Event()
+    try:
+        with BagReader(path) as reader:
+            player = Player(node, reader, rate=20.0, loop=True)
+            player.prepare()
+            worker = threading.Thread(target=player.play, kwargs={"stop": stop, "progress": False})
+            worker.start()
+            wait_for(lambda: player.report.loops >= 3, 30.0, "three loops")
+            stop.set()
+            worker.join(timeout=10)
+    finally:
+        stop.set()
+        node.destroy_node()
+    assert not worker.is_alive()
+    assert player.report.published["/odom"] >= 3 * 5
+    assert player.report.clock_source == "generate"
