@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import rclpy
 from rclpy.duration import Duration
 from rclpy.node import Node
-from rclpy.signals import SignalHandlerOptions
 from rosbags.interfaces import MessageDefinition, QosDurability
 from rosgraph_msgs.msg import Clock
 from builtin_interfaces.msg import Time
 from tqdm import tqdm
 
+from .ros import init_ros
 from .msgtypes import MessageTypes, UnknownMessageType, import_message_class
 from .qos import playback_qos
 from .reader import BagError, BagIssue, BagMessage, BagReader
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+    init_ros()
     node = Node("luna_bag_player")
     try:
         player = Player(node, reader, rate=args.rate, start_offset=args.start, topics=args.topics,

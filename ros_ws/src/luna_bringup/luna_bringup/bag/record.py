@@ -19,9 +19,9 @@ import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.signals import SignalHandlerOptions
 from tqdm import tqdm
 
+from .ros import init_ros
 from .msgtypes import MessageTypes, import_message_class
 from .qos import recording_qos, to_bag_qos
 from .writer import BagExistsError, BagWriter, resolve_output
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+    init_ros()
     node = Node("luna_bag_recorder", parameter_overrides=[Parameter("use_sim_time", value=args.use_sim_time)])
     executor = SingleThreadedExecutor()
     executor.add_node(node)

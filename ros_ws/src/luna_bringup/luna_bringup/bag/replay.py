@@ -26,8 +26,8 @@ import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.signals import SignalHandlerOptions
 
+from .ros import init_ros
 from .msgtypes import MessageTypes
 from .play import PlayReport, Player
 from .reader import BagError, BagReader
@@ -103,13 +103,15 @@ class StackReadiness:
         clients: dict[str, object] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not stop.is_set():
-            present = set(self.node.get_node_names())
-            services = {name for name, _ in self.node.get_service_names_and_types()}
+            present = dict(self.node.get_node_names_and_namespaces())
             for name in [n for n, s in self.states.items() if s != "ready" and n not in self.failed]:
                 if name not in present:
                     continue
-                service = f"/{name}/get_state"
-                if service not in services:
+                services = {s for s, _ in self.node.get_service_names_and_types_by_node(name, present[name])}
+                if not services:
+                    continue  # on the graph, its services not discovered yet
+                service = next((s for s in services if s.endswith(f"{name}/get_state")), None)
+                if service is None:
                     self.states[name] = "ready"  # not a managed node: on the graph means ready
                     continue
                 client = clients.setdefault(name, self.node.create_client(GetState, service))
@@ -153,7 +155,7 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
     report_dir.mkdir()
     own_context = not rclpy.ok()
     if own_context:
-        rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+        init_ros()
     node = Node("luna_replay", parameter_overrides=[Parameter("use_sim_time", value=True)])
     executor = SingleThreadedExecutor()
     executor.add_node(node)
