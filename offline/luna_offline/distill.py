@@ -234,7 +234,7 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
 
     bank = MemoryBank.open(settings.bank)
     try:
-        train, held = split_items(bank.items(), settings.heldout_fraction)
+        train, held = split_items(list(bank), settings.heldout_fraction)
         if settings.limit:
             train = train[:settings.limit]
         if not train:

@@ -176,7 +176,8 @@ def majority_baseline(train: Sequence[MemoryItem], held: Sequence[MemoryItem]) -
 @torch.inference_mode()
 def zero_shot_distribution(student: DualHeadStudent, query: str) -> np.ndarray:
     """pi of the base model without adapters: P(code | prompt || u_pref) over the 10 codes."""
-    prefix = student.prompts.explanation_prefix([ACTION_CODES[0]]).split(ACTION_CODES[0])[0]
+    # u_pref without its trailing space: BPE tokenisers attach the space to the code (" AK").
+    prefix = student.prompts.explanation_prefix([ACTION_CODES[0]]).split(ACTION_CODES[0])[0].rstrip()
     tok = student.tokenizer
     fitted = student.encoder.fit(query, [])
     ids = fitted.input_ids + list(tok(prefix, add_special_tokens=False)["input_ids"])
@@ -186,7 +187,7 @@ def zero_shot_distribution(student: DualHeadStudent, query: str) -> np.ndarray:
         cache, first = out.past_key_values, torch.log_softmax(out.logits[0, -1].float(), -1)
         base_len = len(ids)
         for a, code in enumerate(ACTION_CODES):
-            code_ids = list(tok(code, add_special_tokens=False)["input_ids"])
+            code_ids = list(tok(" " + code, add_special_tokens=False)["input_ids"])
             logp = float(first[code_ids[0]])
             if len(code_ids) > 1:
                 rest = student.lm(input_ids=torch.tensor([code_ids[:-1]], device=student.device),
@@ -208,7 +209,7 @@ def evaluate(student: DualHeadStudent, bank_path: str, ks: Sequence[int] = range
 
     bank = MemoryBank.open(bank_path)
     try:
-        train, held = split_items(bank.items(), heldout_fraction)
+        train, held = split_items(list(bank), heldout_fraction)
         if limit:
             held = held[:limit]
         if not held or not train:
@@ -243,7 +244,8 @@ def evaluate(student: DualHeadStudent, bank_path: str, ks: Sequence[int] = range
                     dpp_latency_median=statistics.median(lats), prompt_tokens_median=statistics.median(toks),
                     n_explained=len(hyps))
         if hyps:
-            r.__dict__.update(metrics.score(hyps, refs))
+            text = metrics.score(hyps, refs)
+            r.bleu1, r.bleu4, r.meteor, r.rougeL = text["bleu1"], text["bleu4"], text["meteor"], text["rougeL"]
             r.explain_latency_median = statistics.median(exp_lats)
         report.results.append(r)
     if zero_shot:

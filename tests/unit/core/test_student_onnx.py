@@ -26,6 +26,7 @@ def exported(tmp_path_factory):
     return student, directory
 
 
+@pytest.mark.slow  # export + three prompt lengths in both runtimes: ~20-30 s on two cores
 def test_onnx_matches_torch_at_several_prompt_lengths(exported):
     student, directory = exported
     onnx = OnnxDecisionPredictor.from_student_dir(directory, prompts=PROMPTS, threads=1)

@@ -31,7 +31,7 @@ def test_split_order_and_retrieval_exclude_the_sample_and_held_out_items(tmp_pat
     bank_path = make_bank(tmp_path / "bank", 12)
     bank = MemoryBank.open(bank_path)
     try:
-        train, held = split_items(bank.items(), 0.3)
+        train, held = split_items(list(bank), 0.3)
         assert len(train) + len(held) == 12 and held
         assert all(is_heldout(it.id, 0.3) for it in held) and not any(is_heldout(it.id, 0.3) for it in train)
         exclude = {it.id for it in held}
@@ -46,6 +46,7 @@ def test_split_order_and_retrieval_exclude_the_sample_and_held_out_items(tmp_pat
     assert {k for _, k in order} <= {0, 1, 2, 3} and order == sample_order(5, 2, 3, 0, 3)
 
 
+@pytest.mark.slow  # three short runs, each loading the base model: ~30 s on two cores
 def test_distill_writes_student_curves_and_resumes(tmp_path):
     bank_path = make_bank(tmp_path / "bank", 6)
     out = tmp_path / "run"
