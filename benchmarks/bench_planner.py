@@ -15,8 +15,8 @@ docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
     base = DecisionGuidedConfig()
     cfg = DecisionGuidedConfig(search=type(base.search)(population=args.population))
     planner = DecisionGuidedPlanner(cfg)
@@ -95,6 +96,7 @@ def main() -> int:
         times, results = run(planner, pi, args.cycles, 0.05, f"|C_t|={k} 50 ms")
         budget_rows.append((k, pct(times, 50), pct(times, 95), results))
 
+    load_after = os.getloadavg()[0]
     lines = [SECTION, "",
              f"Command: `.venv/bin/python benchmarks/bench_planner.py --cycles {args.cycles}"
              f"{' --threads %d' % args.threads if args.threads != 1 else ''}"
@@ -105,7 +107,9 @@ def main() -> int:
              f"{args.threads} thread(s), no GPU. Population {args.population} per candidate action, 10 DDIM steps, "
              f"2 renoise-denoise rounds (5 and 1 steps), LQR + bicycle tracking and the shared PDM-style scorer "
              f"over 40 x 0.1 s. Scene: three-lane road, ego at 10 m/s behind a 5 m/s car, traffic in both "
-             f"neighbour lanes; {args.cycles} cycles after one warm-up.",
+             f"neighbour lanes; {args.cycles} cycles after one warm-up. 1-minute load average "
+             f"{load_before:.1f} at the start and {load_after:.1f} at the end of the run (on 2 cores: other jobs "
+             f"held most of the CPU).",
              "",
              "| C_t | run | p50 (ms) | p95 (ms) | stages completed | chosen | members scored |",
              "|---|---|---|---|---|---|---|"]

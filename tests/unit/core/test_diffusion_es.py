@@ -117,3 +117,20 @@ def test_densify_passes_through_the_knots() -> None:
     assert dense.shape == (2, 81, 3)
     np.testing.assert_allclose(dense[:, 0], 0.0, atol=1e-9)
     np.testing.assert_allclose(dense[:, 5::5], poses, atol=1e-9)
+
+
+def test_known_stage_costs_limit_the_warm_starts_scored_fake_clock(prior) -> None:
+    from luna_core.planning.diffusion_es import StageTimer
+
+    timer = StageTimer()
+    timer.record("evaluate", 10, 0.1)  # 10 ms per member, as measured in an earlier call
+    clock = FakeClock(0.001)
+    obj = EndLateral([2.0, -2.0])
+    warm = [np.stack([straight(y, 1)[0] for y in np.linspace(-3, 3, 10)]) for _ in range(2)]
+    res = diffusion_es(prior, HIST, SEED, warm, obj, DiffusionESConfig(population=8, warm_starts=10),
+                       deadline=0.045, clock=clock, timer=timer)
+    # ~44 ms left -> 4 members fit -> 2 per group, spread over each list (its first and last entries).
+    assert obj.evaluated == 4
+    assert "scored 4 of 20 warm starts" in res.budget_cut
+    assert res.best[0].terms["y_end"] == pytest.approx(3.0)
+    assert res.best[1].terms["y_end"] == pytest.approx(-3.0)

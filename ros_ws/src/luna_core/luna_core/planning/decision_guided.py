@@ -43,7 +43,7 @@ from luna_core.control import StateIndex, simulate_proposals, state_from_ego
 from luna_core.lanes import LaneMap, Polyline, lane_map
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
                                           to_map_frame)
-from luna_core.planning.diffusion_es import (DiffusionESConfig, ESResult, Evaluation, densify,
+from luna_core.planning.diffusion_es import (DiffusionESConfig, ESResult, Evaluation, StageTimer, densify,
                                              diffusion_es)
 from luna_core.planning.forecast import constant_velocity_forecast
 from luna_core.planning.objectives import (ObjectiveConfig, action_objective, candidate_actions,
@@ -263,6 +263,7 @@ class DecisionGuidedPlanner:
         self.last: PlanResult | None = None
         self._local_key: tuple | None = None
         self._local_graph = LaneGraph()
+        self.timer = StageTimer()  # stage costs measured in earlier calls, for the anytime budget
 
     def reset(self) -> None:
         self.calls = 0
@@ -322,9 +323,9 @@ class DecisionGuidedPlanner:
         hist, seed = history_from_states(planner_input.ego_history, self.prior.config)
         objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, ctx, c.scorer_weights, groups,
                                      paths, c.objective)
-        warm = [self._warm_starts(a, ego, paths, full_forecast, steps_out, planner_input.vehicle) for a in groups]
+        warm = self._warm_starts(groups, ego, paths, full_forecast, steps_out, planner_input.vehicle)
         gen = torch.Generator().manual_seed(c.search.seed * 1_000_003 + self.calls)
-        search = diffusion_es(self.prior, hist, seed, warm, objective, c.search, deadline, gen, self.clock)
+        search = diffusion_es(self.prior, hist, seed, warm, objective, c.search, deadline, gen, self.clock, self.timer)
         if search.budget_cut:
             reasons.append(f"time budget {budget * 1e3:.0f} ms: {search.budget_cut}")
         return self._select(search, groups, probs, mode, reasons, objective, ego, keep, start, budget, stamp,
@@ -386,40 +387,63 @@ class DecisionGuidedPlanner:
             return [""], [1.0], MODE_FALLBACK, d.stamp
         return chosen, [float(p[ACTION_INDEX[a]]) for a in chosen], MODE_DECISION, d.stamp
 
-    def _warm_starts(self, action: str, ego: EgoState, paths: dict[str, ReferencePath], forecast: ObjectBoxes,
-                     steps: int, vehicle: VehicleParameters) -> np.ndarray:
-        """Ego-frame waypoints (W, N, 3) of the warm starts of one group ("" = PDM-Closed's proposals)."""
+    def _warm_starts(self, groups: list[str], ego: EgoState, paths: dict[str, ReferencePath],
+                     forecast: ObjectBoxes, steps: int, vehicle: VehicleParameters) -> list[np.ndarray]:
+        """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals).
+
+        IDM proposals run once per reference path for all the groups that share it (one vectorised
+        rollout over every target speed), then each group blends its own lateral profiles.
+        """
         c = self.config
         dt = c.objective.dt
         every = int(round(self.prior.config.waypoint_dt / dt))
         steps = max(steps, every * self.prior.config.num_waypoints)
         origin = (ego.x, ego.y, ego.heading)
-        path = paths[_lateral(action)] if action else paths["K"]
-        d0 = float(path.lateral_offset(np.array([ego.x, ego.y])))
-        out = []
-        if action and action[0] == "S":
-            for decel in np.linspace(1.0, 4.0, c.warm_speeds):
-                stop = stopping_trajectory(ego, path.centerline, float(decel), steps, dt)
-                poses = np.column_stack([stop.x, stop.y, stop.heading])[None]
-                for tb in c.keep_blend_times:
-                    out.append(blended_poses(poses, stop.velocity[None], d0, 0.0, tb, dt))
-        else:
+        plans: dict[str, tuple[str, np.ndarray, list[tuple[float, float]]]] = {}
+        for action in groups:
+            if action and action[0] == "S":
+                continue
+            lateral = _lateral(action) if action else "K"
+            path = paths[lateral]
             if action:
                 lo, hi = speed_interval(action, ego.velocity, c.objective)
                 lo_v, hi_v = float(lo[0]), float(hi[0])
                 if not math.isfinite(hi_v):  # accelerate: up to the limit, at least 3 m/s above the floor
                     hi_v = max(path.speed_limit, lo_v + 3.0)
                 speeds = np.linspace(lo_v, max(hi_v * 0.98, lo_v), c.warm_speeds)
-                targets = [(0.0, tb) for tb in (c.keep_blend_times if action[1] == "K" else c.change_blend_times)]
+                blends = c.keep_blend_times if lateral == "K" else c.change_blend_times
+                targets = [(0.0, tb) for tb in blends]
             else:
                 speeds = np.array(c.fallback_speed_fractions) * path.speed_limit
                 targets = [(off, c.keep_blend_times[len(c.keep_blend_times) // 2]) for off in c.fallback_offsets]
-            props = idm_proposals(ego, path.centerline, forecast, offsets=(0.0,), target_speeds=tuple(speeds),
-                                  steps=steps, simulate_steps=0, dt=dt, vehicle=vehicle)
-            for off, tb in targets:
-                out.append(blended_poses(props.poses, props.velocity, d0, off, tb, dt))
-        poses = np.concatenate(out)
-        return _to_waypoints(poses, origin, every)[:, : self.prior.config.num_waypoints]
+            plans[action] = (lateral, speeds, targets)
+        rollouts: dict[str, tuple[np.ndarray, np.ndarray, dict[str, slice]]] = {}
+        for lateral in {plan[0] for plan in plans.values()}:
+            members = [a for a, plan in plans.items() if plan[0] == lateral]
+            speeds = np.concatenate([plans[a][1] for a in members])
+            props = idm_proposals(ego, paths[lateral].centerline, forecast, offsets=(0.0,),
+                                  target_speeds=tuple(speeds), steps=steps, simulate_steps=0, dt=dt, vehicle=vehicle)
+            bounds = np.cumsum([0] + [len(plans[a][1]) for a in members])
+            rollouts[lateral] = (props.poses, props.velocity,
+                                 {a: slice(bounds[k], bounds[k + 1]) for k, a in enumerate(members)})
+        out = []
+        for action in groups:
+            path = paths[_lateral(action)] if action else paths["K"]
+            d0 = float(path.lateral_offset(np.array([ego.x, ego.y])))
+            parts = []
+            if action and action[0] == "S":
+                for decel in np.linspace(1.0, 4.0, c.warm_speeds):
+                    stop = stopping_trajectory(ego, path.centerline, float(decel), steps, dt)
+                    poses = np.column_stack([stop.x, stop.y, stop.heading])[None]
+                    for tb in c.keep_blend_times:
+                        parts.append(blended_poses(poses, stop.velocity[None], d0, 0.0, tb, dt))
+            else:
+                lateral, _, targets = plans[action]
+                poses, velocity, rows = rollouts[lateral]
+                for off, tb in targets:
+                    parts.append(blended_poses(poses[rows[action]], velocity[rows[action]], d0, off, tb, dt))
+            out.append(_to_waypoints(np.concatenate(parts), origin, every)[:, : self.prior.config.num_waypoints])
+        return out
 
     def _select(self, search: ESResult, groups: list[str], probs: list[float], mode: str, reasons: list[str],
                 objective: PlannerObjective, ego: EgoState, keep: ReferencePath, start: float, budget: float,

@@ -105,27 +105,41 @@ def densify(poses: np.ndarray, seed: np.ndarray, waypoint_dt: float, dt: float, 
     return CubicSpline(times, knots, axis=1)(dt * np.arange(steps + 1))
 
 
-class _Timer:
-    def __init__(self) -> None:
-        self.rates: dict[str, float] = {}  # seconds per member and stage kind
+class StageTimer:
+    """Seconds per member (per denoising step for "denoise") of each stage kind, as a moving
+    average. Keep one per planner so that even the first stage of a call is predicted from the
+    previous calls."""
+
+    def __init__(self, smoothing: float = 0.5) -> None:
+        self.rates: dict[str, float] = {}
+        self.smoothing = smoothing
 
     def estimate(self, kind: str, members: int) -> float:
         return self.rates.get(kind, 0.0) * members
 
+    def affordable(self, kind: str, seconds: float) -> int | None:
+        """How many members fit in ``seconds`` (None if the rate is not known yet)."""
+        rate = self.rates.get(kind)
+        return None if not rate else int(max(seconds, 0.0) / rate)
+
     def record(self, kind: str, members: int, seconds: float) -> None:
-        self.rates[kind] = max(self.rates.get(kind, 0.0), seconds / max(members, 1))
+        rate = seconds / max(members, 1)
+        old = self.rates.get(kind)
+        self.rates[kind] = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
 
 
 def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.ndarray,
                  warm_starts: list[np.ndarray], objective: PopulationObjective,
                  config: DiffusionESConfig = DiffusionESConfig(), deadline: float | None = None,
                  generator: torch.Generator | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> ESResult:
+                 clock: Callable[[], float] = time.monotonic, timer: StageTimer | None = None) -> ESResult:
     """Run Diffusion-ES for ``len(warm_starts)`` groups.
 
     ``history`` (H, 7) and ``seed`` (2, 3): the prior's conditioning and Verlet seed
     (``diffusion.history_from_states``); ``warm_starts[g]``: (W_g, N, 3) ego-frame waypoints (W_g may
-    be 0); ``deadline``: absolute ``clock()`` time after which the search returns what it has.
+    be 0); ``deadline``: absolute ``clock()`` time after which the search returns what it has;
+    ``timer``: stage-cost estimates carried over from earlier calls (the warm-start stage scores only
+    as many warm starts, spread over each group's list, as the estimate says fit before the deadline).
     """
     groups = len(warm_starts)
     pop = config.population
@@ -133,7 +147,7 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
     gen = generator if generator is not None else torch.Generator().manual_seed(config.seed)
     rng = np.random.default_rng(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen)))
     result = ESResult(best=[None] * groups)
-    timer = _Timer()
+    timer = timer if timer is not None else StageTimer()
     hist_t = prior.history_tensor(history)
 
     def time_left() -> float:
@@ -167,13 +181,13 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
     def denoise(noisy: torch.Tensor, steps: int, kind: str) -> torch.Tensor | None:
         members = noisy.shape[0]
         if timer.estimate(kind, members * steps) > time_left():
-            result.budget_cut = f"skipped {kind} ({members} members x {steps} steps): not enough time left"
+            _cut(result, f"skipped {kind} ({members} members x {steps} steps): not enough time left")
             return None
         t0 = clock()
         x = prior.denoise(noisy, hist_t, steps, should_stop=stop_now)
         result.network_evaluations += steps if x is not None else 0
         if x is None:
-            result.budget_cut = f"deadline reached while denoising ({kind})"
+            _cut(result, f"deadline reached while denoising ({kind})")
             return None
         timer.record(kind, members * steps, clock() - t0)
         return x
@@ -181,6 +195,13 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
     t_start = clock()
     # 1. Warm starts.
     warm = [np.asarray(w, dtype=np.float64).reshape(-1, n, 3)[: config.warm_starts] for w in warm_starts]
+    fit = timer.affordable("evaluate", time_left())
+    total = sum(len(w) for w in warm)
+    if fit is not None and fit < total:
+        per_group = max(fit // max(groups, 1), 1)  # at least one per group: something to compare
+        warm = [w[np.unique(np.linspace(0, len(w) - 1, min(per_group, len(w))).round().astype(int))]
+                if len(w) else w for w in warm]
+        _cut(result, f"scored {sum(len(w) for w in warm)} of {total} warm starts: not enough time")
     sizes = [len(w) for w in warm]
     warm_scores = [np.zeros(0) for _ in range(groups)]
     if sum(sizes):
@@ -193,7 +214,7 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
     # 2. Prior samples shared by all groups.
     t0 = clock()
     if stop_now():
-        result.budget_cut = "deadline reached after scoring the warm starts"
+        _cut(result, "deadline reached after scoring the warm starts")
         return result
     noise = torch.randn((pop, n, 3), generator=gen, device=prior.device)
     clean = denoise(noise, prior.config.inference_steps, "denoise")
@@ -203,7 +224,7 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
     populations: list[np.ndarray] = []
     members = [np.arange(pop - len(w)) for w in warm]
     if timer.estimate("evaluate", pop) > time_left():
-        result.budget_cut = "skipped scoring the prior samples: not enough time left"
+        _cut(result, "skipped scoring the prior samples: not enough time left")
         return result
     prior_scores = score(prior_poses, members, "prior")
     scores: list[np.ndarray] = []
@@ -233,7 +254,7 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
             break
         new = _decode(prior, clean, seed)
         if timer.estimate("evaluate", len(new)) > time_left():
-            result.budget_cut = f"skipped scoring iteration {it + 1}: not enough time left"
+            _cut(result, f"skipped scoring iteration {it + 1}: not enough time left")
             break
         rows = [np.arange(g * pop, (g + 1) * pop) for g in range(groups)]
         new_scores = score(new, rows, f"iteration {it + 1}")
@@ -242,6 +263,10 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
         result.stages_done.append(f"iteration {it + 1}")
         result.timings[f"iteration {it + 1}"] = clock() - t0
     return result
+
+
+def _cut(result: ESResult, message: str) -> None:
+    result.budget_cut = f"{result.budget_cut}; {message}" if result.budget_cut else message
 
 
 def _decode(prior: TrajectoryDiffusionPrior, actions: torch.Tensor, seed: np.ndarray) -> np.ndarray:
