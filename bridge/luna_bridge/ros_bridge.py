@@ -85,11 +85,17 @@ class RosStackPlanner:
         d.stamp -= TIME_OFFSET
         self.decisions.append(d)
 
-    def _spin_until(self, predicate, timeout: float) -> bool:
+    def _spin_until(self, predicate, timeout: float, heartbeat=None) -> bool:
+        """Spin until ``predicate``; ``heartbeat`` is called every 50 ms meanwhile."""
         deadline = time.monotonic() + timeout
+        beat = time.monotonic() + 0.05
         while not predicate():
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return False
+            if heartbeat is not None and now >= beat:
+                heartbeat()
+                beat = now + 0.05
             self.executor.spin_once(timeout_sec=0.005)
         return True
 
@@ -137,11 +143,14 @@ class RosStackPlanner:
         lights_msg = convert.lights_to_msg(planner_input.traffic_lights)
         lights_msg.header.stamp = objects_msg.header.stamp
         self.lights_pub.publish(lights_msg)
-        self.clock_pub.publish(Clock(clock=convert.to_time(t + TIME_OFFSET)))
+        clock = Clock(clock=convert.to_time(t + TIME_OFFSET))
+        self.clock_pub.publish(clock)
         period = self.config.replan_period
         if self.current is None or abs(t / period - round(t / period)) < 1e-6:
+            # The clock is re-sent while waiting: a node that joined late, or missed the message, still
+            # sees this instant (its periodic callbacks fire once per instant, so repeats are harmless).
             arrived = self._spin_until(lambda: self.latest is not None and self.latest.stamp >= t - 1e-6,
-                                       self.config.timeout)
+                                       self.config.timeout, heartbeat=lambda: self.clock_pub.publish(clock))
             if not arrived:
                 raise PlannerTimeout(f"no trajectory for t={t:.1f} s within {self.config.timeout:.1f} s")
             self.current = self.latest

@@ -8,6 +8,8 @@ EXECUTABLES = {
     "scene_descriptor": "luna_nodes.scene_descriptor:main",
     "progress_monitor": "luna_nodes.progress_monitor:main",
     "planner": "luna_nodes.planner:main",
+    "decision_stack": "luna_nodes.decision_stack:main",
+    "explainer": "luna_nodes.decision_stack:main_explainer",
 }
 
 setup(

@@ -27,7 +27,8 @@ def test_every_topology_node_is_documented():
 
 @pytest.mark.parametrize("node", sorted(NODE_MODULES))
 def test_bundled_parameter_file_is_valid(node):
-    specs = {s.name: s for s in importlib.import_module(NODE_MODULES[node]).INTERFACE.params}
+    module, _, attr = NODE_MODULES[node].partition(":")
+    specs = {s.name: s for s in getattr(importlib.import_module(module), attr or "INTERFACE").params}
     path = config_dir() / f"{node}.yaml"
     assert path.exists(), f"missing {path}"
     values = yaml.safe_load(path.read_text())[node]["ros__parameters"]

@@ -16,11 +16,12 @@ from typing import Any, Callable, Sequence
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
-from rclpy.clock import Clock, ClockType
 from rclpy.lifecycle import LifecycleNode
 from rclpy.node import Node
+from rosgraph_msgs.msg import Clock as Clock_
 
 from luna_nodes import qos
 from luna_nodes.params import NodeInterface, ParameterError, declare_parameters
@@ -112,26 +113,34 @@ class LunaNodeMixin:
         """Call ``callback`` every ``period`` seconds of node time.
 
         On wall time this is a plain timer. Under ``use_sim_time`` the calls happen at the instants
-        k * period of simulation time, checked against ``/clock`` every few milliseconds of wall
-        time: a lock-step simulator that holds the clock gets exactly one call per instant, never
-        a burst after a clock jump and never a call at the unset time 0.
+        k * period of simulation time, driven by ``/clock`` messages: a lock-step simulator that
+        holds the clock gets exactly one call per instant, never a burst after a clock jump, never a
+        call at the unset time 0, and nothing runs while the clock stands still.
         """
         if not self.sim_time():
             return self.create_timer(period, callback, callback_group=callback_group)
         state = {"next": None}
 
-        def poll() -> None:
-            now = self.now_s()
+        def on_clock(msg: Clock_) -> None:
+            now = msg.clock.sec + msg.clock.nanosec * 1e-9
             if now <= 0.0:
                 return
             if state["next"] is None:
                 state["next"] = math.ceil(now / period - 1e-9) * period
             if now + 1e-9 >= state["next"]:
                 state["next"] = (math.floor(now / period + 1e-9) + 1) * period
+                self._await_clock(now)
                 callback()
 
-        return self.create_timer(0.002, poll, callback_group=callback_group,
-                                 clock=Clock(clock_type=ClockType.STEADY_TIME))
+        # Own callback group: rclpy's time source updates the node clock from /clock in the default
+        # group, which must stay free while _await_clock waits for it.
+        group = callback_group or MutuallyExclusiveCallbackGroup()
+        return self.create_subscription(Clock_, "/clock", on_clock, qos.CLOCK, callback_group=group)
+
+    def _await_clock(self, now: float, timeout: float = 0.5) -> None:
+        """The node clock follows /clock through its own subscription: make sure it has reached ``now``
+        before a periodic callback reads it."""
+        self.wait_until(lambda: self.now_s() >= now - 1e-9, timeout)
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Poll ``predicate`` for up to ``timeout`` s of wall time (inputs arrive on other threads)."""
@@ -218,6 +227,11 @@ def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = No
         code = 2
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except Exception:  # noqa: BLE001 - report what killed the process, then exit non-zero
+        if rclpy.ok():
+            print(f"[FATAL] {traceback.format_exc()}", file=sys.stderr, flush=True)
+            code = 1
+        # else: a shutdown (SIGINT) arrived while the nodes were being built: a clean stop
     finally:
         for node in nodes:
             close = getattr(node, "close", None)

@@ -22,6 +22,8 @@ NODE_MODULES = {
     "scene_descriptor": "luna_nodes.scene_descriptor",
     "progress_monitor": "luna_nodes.progress_monitor",
     "planner": "luna_nodes.planner",
+    "decision_inference": "luna_nodes.decision_stack:DECISION_INTERFACE",
+    "explainer": "luna_nodes.decision_stack:EXPLAINER_INTERFACE",
 }
 
 BEGIN = "<!-- BEGIN GENERATED: interface (python -m luna_nodes.docs docs/nodes) -->"
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = []
     for name, module in NODE_MODULES.items():
-        iface = importlib.import_module(module).INTERFACE
+        module, _, attr = module.partition(":")
+        iface = getattr(importlib.import_module(module), attr or "INTERFACE")
         page = args.directory / f"{name}.md"
         existing = page.read_text() if page.exists() else None
         new = render_page(existing, iface)

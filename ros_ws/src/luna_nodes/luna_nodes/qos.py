@@ -14,3 +14,6 @@ RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=Rel
 #: /diagnostics, as diagnostic_aggregator expects.
 DIAGNOSTICS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE)
+#: /clock, as rclpy's time source subscribes to it.
+CLOCK = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
+                   durability=DurabilityPolicy.VOLATILE)

@@ -1,0 +1,297 @@
+"""decision_inference (managed) and explainer: the heuristic system on the vehicle.
+
+``decision_inference`` loads the student and the memory bank in ``configure`` and every T_d turns the
+latest scene descriptor into a decision distribution (one forward pass, K retrieved items), published
+with the candidate set, the query, the retrieved ids and the latency. It reloads the memory index in
+the background when ``luna/memory/version`` (or the bank on disk) changes, without pausing decisions.
+
+``explainer`` explains, on each failure event, the decision that was being executed; generation runs
+in a worker that yields to the periodic decision (the student pauses between tokens while a decision
+is pending). The ``decision_stack`` executable runs both nodes in one process on one model instance;
+``explainer`` alone loads its own.
+
+Model calls never run in a ROS callback: callbacks hand work to single worker threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import luna_msgs.msg as lm
+from rclpy.lifecycle import TransitionCallbackReturn
+from std_msgs.msg import UInt64
+
+from luna_core.assets import resolve
+from luna_core.heuristic import HeuristicConfig, HeuristicSystem
+from luna_core.types import DecisionDistribution, FailureEvent
+from luna_nodes import convert, qos
+from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, LunaNode, run
+from luna_nodes.params import NodeInterface, ParamSpec
+
+MODEL_PARAMS = [
+    ParamSpec("student_model", str, "", "Folder of the trained student (adapter + head); empty = bundled."),
+    ParamSpec("base_model", str, "", "Base LM folder or packaged name overriding the student's saved base "
+              "(e.g. a local Qwen3-1.7B copy on a vehicle); must be the base it was trained on."),
+    ParamSpec("memory_bank", str, "", "Memory bank directory; empty = bundled; 'none' = no retrieval."),
+    ParamSpec("device", str, "auto", "Torch device.", choices=("auto", "cpu", "cuda")),
+    ParamSpec("k", int, 3, "Retrieved memory items per decision (K).", min=0, max=10),
+    ParamSpec("gamma_p", float, 0.1, "Candidate-set threshold gamma_p (Eq. 19).", min=0.0, max=1.0),
+]
+
+
+class SharedHeuristic:
+    """One HeuristicSystem per process, loaded on first use by whichever node configures first (in the
+    composed process: decision_inference, so its model parameters apply)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.system: HeuristicSystem | None = None
+
+    def get(self, params: dict) -> HeuristicSystem:
+        with self._lock:
+            if self.system is None:
+                self.system = load_heuristic(params)
+            return self.system
+
+
+def load_heuristic(params: dict) -> HeuristicSystem:
+    """Student + prompt manager + memory bank from node parameters (raises on missing/corrupt files)."""
+    from luna_core.memory.bank import MemoryBank
+    from luna_core.prompts import PromptManager
+    from luna_core.student import DualHeadStudent
+
+    device = None if params["device"] == "auto" else params["device"]
+    student = DualHeadStudent.from_pretrained(resolve(params["student_model"], "student"), device=device,
+                                              base_model=params["base_model"] or None)
+    bank = None
+    if params["memory_bank"] != "none":
+        bank = MemoryBank.open(resolve(params["memory_bank"], "memory_bank"), writable=False)
+    return HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=params["k"], gamma_p=params["gamma_p"]))
+
+
+DECISION_INTERFACE = NodeInterface(
+    name="decision_inference",
+    summary="Every T_d predicts the decision distribution pi_hat (LUNA-AD Eq. 16) for the latest scene "
+            "descriptor with one forward pass of the student and K retrieved memory items.",
+    inputs=[("luna/scene", "luna_msgs/SceneDescriptor", "reliable, keep last 10"),
+            ("luna/memory/version", "std_msgs/UInt64", "reliable, transient local")],
+    outputs=[("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
+    params=[ParamSpec("autostart", bool, True, "Configure and activate on start."),
+            ParamSpec("decision_period", float, 0.5, "T_d.", "s", min=0.05, max=10.0),
+            ParamSpec("max_scene_age", float, 1.0, "Older scenes are not decided on.", "s", min=0.01),
+            ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a cycle waits for "
+                      "the scene of its own instant.", "s", min=0.0),
+            ParamSpec("memory_poll_period", float, 2.0, "How often the bank on disk is checked for new items "
+                      "(besides luna/memory/version).", "s", min=0.1),
+            *MODEL_PARAMS],
+)
+
+
+class DecisionInference(LunaLifecycleNode):
+    def __init__(self, shared: SharedHeuristic | None = None) -> None:
+        super().__init__(DECISION_INTERFACE)
+        self.shared = shared or SharedHeuristic()
+        self.heuristic: HeuristicSystem | None = None
+        self.scene = None
+        self.scene_lock = threading.Lock()
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="decide")
+        self.memory_worker = ThreadPoolExecutor(1, thread_name_prefix="memory")
+        self.busy = threading.Event()
+        self.publisher = None
+        self.cycle_timers = []
+        self.luna_subscription(lm.SceneDescriptor, "luna/scene", self.on_scene, qos.RELIABLE)
+        self.luna_subscription(UInt64, "luna/memory/version", self.on_memory_version, qos.LATCHED)
+
+    def on_configure(self, state) -> TransitionCallbackReturn:
+        try:
+            self.heuristic = self.shared.get(self.params)
+        except Exception as exc:  # noqa: BLE001 - missing/corrupt model or bank: stay up, diagnosed
+            self.diagnostics.set_condition("model", ERROR, f"cannot load the heuristic system: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        self.diagnostics.clear("model")
+        self.diagnostics.set_value("memory_version", self.heuristic.memory_version)
+        self.publisher = self.luna_publisher(lm.DecisionDistribution, "luna/decision", qos.RELIABLE, lifecycle=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state) -> TransitionCallbackReturn:
+        self.cycle_timers = [self.create_periodic(self.params["decision_period"], self.tick),
+                       self.create_timer(self.params["memory_poll_period"], self.poll_memory)]
+        return super().on_activate(state)
+
+    def on_deactivate(self, state) -> TransitionCallbackReturn:
+        for timer in self.cycle_timers:
+            self.destroy_timer(timer)
+        self.cycle_timers = []
+        return super().on_deactivate(state)
+
+    def on_scene(self, msg: lm.SceneDescriptor) -> None:
+        scene = convert.msg_to_scene(msg)
+        with self.scene_lock:
+            self.scene = scene
+
+    def on_memory_version(self, msg: UInt64) -> None:
+        if self.heuristic is not None and msg.data > self.heuristic.memory_version:
+            self.memory_worker.submit(self._reload_memory)
+
+    def poll_memory(self) -> None:
+        self.memory_worker.submit(self._reload_memory)
+
+    def _reload_memory(self) -> None:
+        try:
+            if self.heuristic is not None and self.heuristic.refresh_memory():
+                self.diagnostics.set_value("memory_version", self.heuristic.memory_version)
+                self.get_logger().info(f"memory bank reloaded: version {self.heuristic.memory_version}")
+        except Exception as exc:  # noqa: BLE001 - a broken bank must not stop decisions on the old index
+            self.diagnostics.set_condition("memory", WARN, f"reload failed, deciding on the loaded items: {exc}")
+
+    def tick(self) -> None:
+        if self.heuristic is None or self.publisher is None:
+            return
+        now = self.now_s()
+        if self.busy.is_set():
+            self.diagnostics.increment("skipped_cycles_busy")
+            self.diagnostics.set_condition("latency", WARN, "the previous decision is still running: cycle skipped")
+            return
+        self.busy.set()
+        self.worker.submit(self._decide, now)
+
+    def _decide(self, now: float) -> None:
+        try:
+            if self.sim_time():
+                self.wait_until(lambda: self.scene is not None and self.scene.stamp >= now - 1e-6,
+                                self.params["input_sync_timeout"])
+            with self.scene_lock:
+                scene = self.scene
+            if scene is None:
+                self.diagnostics.set_condition("inputs", WARN, "waiting for luna/scene")
+                return
+            age = now - scene.stamp
+            if age > self.params["max_scene_age"]:
+                self.diagnostics.set_condition("inputs", WARN, f"scene is stale ({age:.2f} s old)")
+                return
+            self.diagnostics.clear("inputs")
+            try:
+                decision = self.heuristic.decide(scene)
+            except Exception as exc:  # noqa: BLE001 - a bad scene or a model error: no decision this cycle
+                self.diagnostics.set_condition("decision", ERROR, f"decision failed: {exc}")
+                self.diagnostics.increment("failed_decisions")
+                return
+            self.diagnostics.clear("decision")
+            decision.stamp = now
+            self.publisher.publish(convert.decision_to_msg(decision))
+            self.diagnostics.set_value("latency_s", decision.latency)
+            self.diagnostics.set_value("top_action", decision.top_action)
+            self.diagnostics.increment("decisions")
+            if decision.latency <= self.params["decision_period"]:
+                self.diagnostics.clear("latency")
+        finally:
+            self.busy.clear()
+
+    def close(self) -> None:
+        # A forward pass in flight finishes on its own; nothing waits for it at shutdown.
+        self.worker.shutdown(wait=False, cancel_futures=True)
+        self.memory_worker.shutdown(wait=False, cancel_futures=True)
+
+
+EXPLAINER_INTERFACE = NodeInterface(
+    name="explainer",
+    summary="On each failure event explains the decision that was being executed (LUNA-AD Eq. 25-28), "
+            "asynchronously, yielding to the periodic decision.",
+    inputs=[("luna/failure", "luna_msgs/FailureEvent", "reliable, keep last 10"),
+            ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
+    outputs=[("luna/explanation", "luna_msgs/DecisionExplanation", "reliable, keep last 10")],
+    params=[ParamSpec("decision_history", float, 30.0, "How long past decisions are kept to be explained.", "s",
+                      min=1.0),
+            ParamSpec("max_queue", int, 8, "Pending explanations beyond this drop the oldest.", min=1, max=1000),
+            ParamSpec("max_tokens", int, 200, "Generated tokens per explanation.", min=1, max=4096),
+            ParamSpec("max_time", float, 60.0, "Wall time per explanation before it is cut.", "s", min=0.1),
+            *MODEL_PARAMS],
+)
+
+
+class Explainer(LunaNode):
+    def __init__(self, shared: SharedHeuristic | None = None) -> None:
+        super().__init__(EXPLAINER_INTERFACE)
+        self.shared = shared or SharedHeuristic()
+        self.decisions: collections.deque[DecisionDistribution] = collections.deque()
+        self.queue: collections.deque[FailureEvent] = collections.deque()
+        self.queue_ready = threading.Condition()
+        self.stop = threading.Event()
+        self.publisher = self.luna_publisher(lm.DecisionExplanation, "luna/explanation", qos.RELIABLE)
+        self.luna_subscription(lm.DecisionDistribution, "luna/decision", self.on_decision, qos.RELIABLE)
+        self.luna_subscription(lm.FailureEvent, "luna/failure", self.on_failure, qos.RELIABLE)
+        self.thread = threading.Thread(target=self._work, name="explain", daemon=True)
+        self.thread.start()
+
+    def on_decision(self, msg: lm.DecisionDistribution) -> None:
+        d = convert.msg_to_decision(msg)
+        self.decisions.append(d)
+        while self.decisions and d.stamp - self.decisions[0].stamp > self.params["decision_history"]:
+            self.decisions.popleft()
+
+    def on_failure(self, msg: lm.FailureEvent) -> None:
+        with self.queue_ready:
+            self.queue.append(convert.msg_to_failure(msg))
+            while len(self.queue) > self.params["max_queue"]:
+                dropped = self.queue.popleft()
+                self.diagnostics.increment("dropped_failures")
+                self.diagnostics.set_condition("queue", WARN, f"explanation queue full: dropped the failure at "
+                                                              f"{dropped.stamp:.2f} s")
+            self.queue_ready.notify()
+
+    def decision_for(self, failure: FailureEvent) -> DecisionDistribution | None:
+        """The decision executed when the failure happened: issued at ``decision_stamp`` (or the last
+        one before the failure)."""
+        candidates = [d for d in self.decisions if d.stamp <= failure.stamp + 1e-6]
+        exact = [d for d in candidates if abs(d.stamp - failure.decision_stamp) < 1e-3]
+        return (exact or candidates or [None])[-1]
+
+    def _work(self) -> None:
+        while not self.stop.is_set():
+            with self.queue_ready:
+                self.queue_ready.wait_for(lambda: self.queue or self.stop.is_set(), timeout=0.5)
+                if not self.queue:
+                    continue
+                failure = self.queue.popleft()
+            self._explain(failure)
+
+    def _explain(self, failure: FailureEvent) -> None:
+        decision = self.decision_for(failure)
+        if decision is None:
+            self.diagnostics.set_condition("explanation", WARN, f"no decision known for the failure at "
+                                                                f"{failure.stamp:.2f} s")
+            return
+        try:
+            heuristic = self.shared.get(self.params)
+            explanation = heuristic.explain(decision, failure, stop=self.stop)
+        except Exception as exc:  # noqa: BLE001 - keep serving later failures
+            self.diagnostics.set_condition("explanation", ERROR, f"explanation failed: {exc}")
+            return
+        self.diagnostics.clear("explanation")
+        explanation.stamp = self.now_s()
+        self.publisher.publish(convert.explanation_to_msg(explanation))
+        self.diagnostics.set_value("last_latency_s", explanation.latency)
+        self.diagnostics.increment("explanations")
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.queue_ready:
+            self.queue_ready.notify_all()
+        self.thread.join(timeout=5.0)
+
+
+def main(args=None) -> int:
+    """decision_inference + explainer in one process, sharing one model instance."""
+    shared = SharedHeuristic()
+    return run([lambda: DecisionInference(shared), lambda: Explainer(shared)], args)
+
+
+def main_explainer(args=None) -> int:
+    return run([Explainer], args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
