@@ -13,6 +13,7 @@ one run, as a Markdown table (stdout, or ``--markdown FILE``) and a PNG plot.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Callable
@@ -110,8 +111,10 @@ def main() -> None:
             t_shp = median_time(lambda: shapely_loop(boxes), 3, 1.0)
             rows.append((n_obj, steps, len(expected), t_ours, t_dev, t_np, t_lit, t_shp))
 
+    load = os.getloadavg()[0]
     lines = [f"Device: `{device}`, torch {torch.__version__}, {args.threads} threads. "
-             "Medians of repeated calls in one run; shared 2-core machine, so timings are noisy.",
+             "Medians of repeated calls in one run; shared 2-core machine (1-min load average "
+             f"{load:.1f} at the end of the run), so timings are noisy.",
              "",
              "| N_obj | T | colliding | checker (NumPy in) ms | checker (tensor on device) ms | "
              "NumPy backend ms | Algorithm 1 literal ms | shapely loop ms | shapely / checker | "

@@ -99,6 +99,7 @@ def test_versions_and_a_reader_following_the_writer(tmp_path) -> None:
     assert reader.refresh() and reader.version == 3
     assert reader.retrieve(_basis(1), k=1)[0][0].id == "item-1"
     assert not reader.refresh()
+    stale = MemoryBank.open(path)
     with pytest.raises(BankLockedError, match="already open for writing"):
         MemoryBank.open(path, writable=True)
     writer.close()
@@ -107,6 +108,9 @@ def test_versions_and_a_reader_following_the_writer(tmp_path) -> None:
     with MemoryBank.open(path, writable=True) as again:  # the lock was released
         assert again.version == 3
     assert stored_version(path) == 3
+    (path / JOURNAL).write_bytes(b"")  # the bank replaced under a reader
+    with pytest.raises(MemoryBankError, match="shrank"):
+        stale.refresh()
 
 
 def test_embedder_mismatch_is_refused_with_both_names(tmp_path) -> None:

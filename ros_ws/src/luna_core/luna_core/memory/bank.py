@@ -261,8 +261,12 @@ class MemoryBank:
         """
         with self._lock:
             journal_path = os.path.join(self.path, JOURNAL)
-            if os.path.getsize(journal_path) == self._offset:
+            size = os.path.getsize(journal_path)
+            if size == self._offset:
                 return False
+            if size < self._offset:  # only a rebuilt bank shrinks below what was loaded
+                raise MemoryBankError(f"memory journal {journal_path} shrank from {self._offset} to {size} "
+                                      "bytes: the bank was replaced; open it again")
             before = self._version
             self._load_from(journal_path)
             return self._version != before
