@@ -138,8 +138,7 @@ class ReplayResult:
     report: Path
     play: PlayReport
     recorded: dict[str, int]
-    missing_subscribers: list[str]
-    not_ready: list[str]
+    notes: list[str]  # how the run went: dead processes, nodes not ready, inputs nobody subscribed to
 
 
 def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter | None = None,
@@ -172,7 +171,8 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
         player = Player(node, reader, rate=rate, topics=topics)
         player.prepare()
         readiness = StackReadiness(node, list(getattr(stack, "nodes", [])))
-        with (stack(report_dir / "stack.log") if stack else nullcontext()):
+        died: list[str] = []
+        with (stack(report_dir / "stack.log") if stack else nullcontext()) as running:
             started = time.monotonic()
             not_ready = readiness.wait(ready_timeout, stop)
             left = max(1.0, ready_timeout - (time.monotonic() - started))
@@ -189,6 +189,8 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
             node.destroy_timer(timer)
             drain(executor, recorder)
             recorder.flush_pending()
+            died = [f"process {p.spec.name} exited with code {p.popen.returncode} during the replay"
+                    for p in getattr(running, "dead", lambda: [])()]
     finally:
         spinning.set()
         if spinner.is_alive():
@@ -201,12 +203,12 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
         reader.close()
     from .report import write_report  # matplotlib: imported only when a report is written
 
-    notes = [f"node {n} was not ready when playback started" for n in not_ready]
+    notes = died + [f"node {n} was not ready when playback started" for n in not_ready]
     notes += [f"nothing in the stack subscribed to {t}" for t in missing]
     notes += [f"{t} not played: {why}" for t, why in player.report.skipped_topics.items()]
     notes += [f"{n} undecodable messages on {t} skipped" for t, n in player.report.undecodable.items()]
     report = write_report(output, report_dir, title=f"LUNA-AD replay of {bag.name}", notes=notes)
-    return ReplayResult(output, report, player.report, dict(writer.counts), missing, not_ready)
+    return ReplayResult(output, report, player.report, dict(writer.counts), notes)
 
 
 def _steady_clock():
@@ -243,10 +245,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in result.play.lines():
         print(line, file=sys.stderr)
-    for topic in result.missing_subscribers:
-        print(f"warning: nothing in the stack subscribed to {topic}", file=sys.stderr)
-    for name in result.not_ready:
-        print(f"warning: node {name} was not ready when playback started", file=sys.stderr)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
     print(f"recorded {sum(result.recorded.values())} messages into {result.output}", file=sys.stderr)
     print(f"report: {result.report}", file=sys.stderr)
     return 0
