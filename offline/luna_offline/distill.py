@@ -292,6 +292,8 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
 
     # Each process takes every num_processes-th batch of the shared order.
     batches = [order[i:i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+    # Equal shares, so that no process waits for a gradient all-reduce the others never start.
+    batches = batches[:len(batches) - len(batches) % accelerator.num_processes]
     start_batch = state.samples_seen // settings.batch_size
     bar = tqdm(total=total_steps, initial=state.step, desc="distill", unit="step",
                disable=not (progress and accelerator.is_main_process))
