@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from luna_core.llm import BudgetExceeded, CachingChatModel, EndpointConfig, OpenAIChatModel, UsageMeter
+from luna_core.memory import InvalidItemError
 from luna_core.scene import scene_vector
 from luna_core.teacher import (LLMVoterPool, ScoredVoterPool, Teacher, TeacherConfig, TeacherResult,
                                derive_seed)
@@ -161,11 +162,16 @@ def collect(frames: Sequence[Frame], teacher: Teacher, bank: Any, run_dir: str |
                     summary.failed += 1
                     bar.update(1)
                     continue
+                record = result.record()
                 if result.ok:
                     item = result.memory_item(frame.id, time.time(), scene_vector(frame.scene))
-                    bank.append(item)  # durable before the record says the frame is done
+                    try:
+                        bank.append(item)  # durable before the record says the frame is done
+                    except InvalidItemError as exc:  # this item only; a broken bank raises other errors
+                        result.ok, result.reason = False, f"memory bank refused the item: {exc}"
+                        record.update(ok=False, reason=result.reason)
                 _append_record(records, {"frame": frame.id, "scenario": frame.scenario, "time": frame.time,
-                                         "expert_decision": frame.expert_decision, **result.record()})
+                                         "expert_decision": frame.expert_decision, **record})
                 _tally(summary, result)
                 bar.update(1)
                 if meter is not None:
@@ -213,7 +219,7 @@ def build_model(args: argparse.Namespace, meter: UsageMeter) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from luna_core.memory import MemoryBank, MiniLMEmbedder, SceneVectorEmbedder
+    from luna_core.memory import MemoryBank, MiniLMEmbedder, SceneVectorEmbedder  # MiniLM loads lazily
 
     frames = read_frames(args.frames)[: args.limit or None]
     config = TeacherConfig(num_voters=args.voters, vote_temperature=args.temperature, top_k=args.top_k,

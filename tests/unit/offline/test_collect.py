@@ -156,3 +156,14 @@ def test_collect_records_a_crashing_frame_and_continues_with_fake_voters(frames,
                           "ok": False, "reason": "RuntimeError: plug-in bug"}
     with MemoryBank.open(tmp_path / "bank", writable=True) as bank:  # failed frames are retried on request
         assert done_frames(tmp_path / "run", bank, retry_failed=True) == {frames[1].id}
+
+
+def test_collect_records_an_item_the_bank_refuses_with_fake_scorer(frames, tmp_path):
+    """A scene-vector bank of another dimension refuses the items: each frame is recorded as failed
+    with the bank's reason, nothing is half-written, and the run finishes."""
+    teacher = Teacher(ScoredVoterPool(cruise_scorer(), TeacherConfig(num_voters=2)))
+    with MemoryBank.create(tmp_path / "bank", SceneVectorEmbedder(dim=5)) as bank:
+        summary = collect(frames, teacher, bank, tmp_path / "run", progress=False)
+        assert (summary.ok, summary.failed, len(bank)) == (0, 2, 0)
+    records = [json.loads(line) for line in (tmp_path / "run" / RECORDS).read_text().splitlines()]
+    assert all(not r["ok"] and r["reason"].startswith("memory bank refused the item") for r in records)
