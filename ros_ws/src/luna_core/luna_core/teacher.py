@@ -11,7 +11,8 @@ decision distribution is Eq. 10 over the ballots. Voters are pluggable:
   simulator); each voter samples an action from the scores and takes its score as confidence.
 
 Every failure (endpoint error, malformed answer) is recorded with its stage and reason and the run
-continues (except ``BudgetExceeded``, which propagates: the spending cap stops the collection): a failed voter is dropped and counted, and a frame fails only when no voter survives.
+continues (except ``BudgetExceeded``, which propagates: the spending cap stops the collection): a
+failed voter is dropped and counted, and a frame fails only when no voter survives.
 When a weak model's free text does not parse and the backend can score fixed continuations
 (``ChoiceModel``), the answer is completed by constrained decoding; that is recorded per ballot
 (``vote_source`` / ``confidence_source``), never hidden. The rationale comes from the summarisation
@@ -24,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -248,13 +249,16 @@ class LLMVoterPool:
                      failures: list[StageFailure]):
         if not self.config.constrained_fallback or not isinstance(model, ChoiceModel):
             return None
-        prefix = self._completed_text(text, tag, "")  # "...reasoning\n<tag> " to be completed
+        prefix = self._completed_text(text, tag, "")  # "...reasoning\n<tag>" to be completed
         try:
-            return model.choose(messages, choices, assistant_prefix=prefix + " ", temperature=temperature,
-                                seed=seed)
+            # The space belongs to the answer token (" DK"), as the model would write it after the tag.
+            chosen = model.choose(messages, [" " + c for c in choices], assistant_prefix=prefix,
+                                  temperature=temperature, seed=seed)
         except LLMError as exc:
             failures.append(_failure(stage, m, exc))
             return None
+        return replace(chosen, text=chosen.text.strip(),
+                       logprobs={k.strip(): v for k, v in chosen.logprobs.items()})
 
 
 class ScoredVoterPool:

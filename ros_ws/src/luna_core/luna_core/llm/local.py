@@ -5,8 +5,9 @@ Calls are serialised by a lock (one model instance, one forward at a time); seed
 reproducible. A small prefix cache keeps the key/value states of recent prompts: the teacher's prompts
 share long prefixes (the instruction text, the same voting query for all M voters, the voter's own
 answer when it is completed by ``choose``), and on CPU the prompt prefill dominates the cost, so only
-the part after the longest cached common prefix is computed. ``choose`` scores a fixed set of continuations by their log-likelihood (constrained
-decoding), which the teacher uses as a recorded fallback when a weak model's free text does not parse.
+the part after the longest cached common prefix is computed. ``choose`` scores a fixed set of
+continuations by their log-likelihood (constrained decoding), which the teacher uses as a recorded
+fallback when a weak model's free text does not parse.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ class TransformersChatModel:
             first_logp = torch.log_softmax(prompt_out.logits[0, -1].float(), -1)
             logprobs: dict[str, float] = {}
             for choice in choices:
-                cids = self.tokenizer(choice, return_tensors="pt", add_special_tokens=False).input_ids.to(self.device)
+                cids = self.tokenizer(choice, return_tensors="pt", add_special_tokens=False).input_ids
+                cids = cids.to(self.device)
                 total = float(first_logp[cids[0, 0]])
                 if cids.shape[1] > 1:
                     cache = copy.deepcopy(prompt_out.past_key_values)  # the prompt is encoded once
