@@ -1,6 +1,7 @@
 """``luna replay``: play a field bag through the stack, record inputs and outputs, write a report.
 
-1. start the stack (the ``luna up`` topology, every node on ``use_sim_time``) unless ``--no-stack``
+1. start the stack (the ``luna up`` topology, every node on ``use_sim_time``; processes whose outputs
+   the bag provides, e.g. map_server for a bag with a lane graph, are left out) unless ``--no-stack``
    (a stack already running, e.g. from ``ros2 launch`` on the vehicle computer);
 2. wait until every node of the topology is up (managed nodes: active, or failed for good) and the
    stack subscribes to the bag's input topics (never a fixed sleep);
@@ -41,10 +42,12 @@ StackStarter = Callable[[Path], AbstractContextManager]
 
 @dataclass
 class TopologyStack:
-    """The ``luna up`` topology as a StackStarter (all nodes with ``use_sim_time``), and its node names."""
+    """The ``luna up`` topology as a StackStarter (all nodes with ``use_sim_time``), its node names, and
+    the processes left out because the bag provides their outputs."""
 
     topology: object  # luna_bringup.topology.Topology
     nodes: list[str]
+    left_out: dict[str, list[str]]  # process -> its output topics the bag provides
 
     def __call__(self, log_path: Path) -> AbstractContextManager:
         from luna_bringup.supervisor import Supervisor
@@ -54,19 +57,47 @@ class TopologyStack:
                           out=log_path.open("w", encoding="utf-8"))
 
 
-def topology_stack(topology: Path | None = None, only: str = "") -> TopologyStack:
-    """Load the topology and check every process's command line now, so a missing executable or a bad
-    topology fails before anything is created (TopologyError, a ValueError)."""
+def node_outputs(node_name: str) -> set[str]:
+    """Absolute output topics a stack node declares in its INTERFACE (empty if it cannot be loaded)."""
+    import importlib
+
+    from luna_nodes.docs import NODE_MODULES
+
+    target = NODE_MODULES.get(node_name)
+    if target is None:
+        return set()
+    module, _, attr = target.partition(":")
+    try:
+        interface = getattr(importlib.import_module(module), attr or "INTERFACE")
+    except (ImportError, AttributeError):
+        return set()
+    return {"/" + topic.lstrip("/") for topic, _, _ in interface.outputs}
+
+
+def topology_stack(topology: Path | None = None, only: str = "", provided: set[str] = frozenset()
+                   ) -> TopologyStack:
+    """Load the topology, leave out (unless ``only`` names processes) every process whose nodes publish
+    a topic the bag provides (``provided``: e.g. the bag's lane graph replaces map_server, so two maps
+    never compete), and check every command line now: a missing executable or a bad topology fails
+    before anything is created (TopologyError, a ValueError)."""
     from luna_bringup.supervisor import Supervisor
     from luna_bringup.topology import config_dir, load_topology
 
     spec = load_topology(topology)
+    left_out: dict[str, list[str]] = {}
     if only:
         spec = spec.select([n.strip() for n in only.split(",") if n.strip()])
+    else:
+        for process in spec.processes:
+            clash = sorted(set().union(*(node_outputs(n) for n in process.nodes)) & set(provided))
+            if clash:
+                left_out[process.name] = clash
+        if left_out:
+            spec = spec.select([p.name for p in spec.processes if p.name not in left_out])
     check = Supervisor(spec, config_dir(), use_sim_time=True)
     for process in spec.processes:
         check.command(process)
-    return TopologyStack(spec, [n for p in spec.processes for n in p.nodes])
+    return TopologyStack(spec, [n for p in spec.processes for n in p.nodes], left_out)
 
 
 class StackReadiness:
@@ -203,7 +234,9 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
         reader.close()
     from .report import write_report  # matplotlib: imported only when a report is written
 
-    notes = died + [f"node {n} was not ready when playback started" for n in not_ready]
+    notes = [f"process {p} not started: the bag provides its output {', '.join(t)}"
+             for p, t in getattr(stack, "left_out", {}).items()]
+    notes += died + [f"node {n} was not ready when playback started" for n in not_ready]
     notes += [f"nothing in the stack subscribed to {t}" for t in missing]
     notes += [f"{t} not played: {why}" for t, why in player.report.skipped_topics.items()]
     notes += [f"{n} undecodable messages on {t} skipped" for t, n in player.report.undecodable.items()]
@@ -237,7 +270,9 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        stack = None if args.no_stack else topology_stack(args.topology, args.only)
+        with BagReader(args.bag) as reader:
+            provided = set(args.topics or [t for t in reader.topics if is_replay_input(t)])
+        stack = None if args.no_stack else topology_stack(args.topology, args.only, provided)
         result = replay(Path(args.bag), output, storage, stack, args.rate, args.topics, args.ready_timeout,
                         args.settle, progress=not args.quiet, stop=stop)
     except (BagError, ValueError) as err:
@@ -261,7 +296,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "/rosout, /parameter_events and lifecycle transition events)")
     parser.add_argument("--no-stack", action="store_true", help="do not start the stack (one is running)")
     parser.add_argument("--topology", type=Path, help="topology file (default: luna_bringup's)")
-    parser.add_argument("--only", default="", help="comma-separated process or node names to start")
+    parser.add_argument("--only", default="", help="comma-separated process or node names to start (default: "
+                        "every process except those whose outputs the bag provides, e.g. map_server)")
     parser.add_argument("--ready-timeout", type=float, default=120.0,
                         help="wait this long (s) for every node to be up (managed nodes: active) and for the "
                         "stack to subscribe to the inputs")
