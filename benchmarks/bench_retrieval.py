@@ -138,7 +138,7 @@ def main() -> None:
              "HNSW: M = 32, efConstruction = 40, efSearch 64 (default) or 256. Wall-clock p50/p99 and the "
              "p50 of process CPU time per call (CPU time does not count waiting for a core, so it shows "
              "the work itself on this shared, overloaded 2-core machine; wall times are inflated by "
-             "the load).", "",
+             f"the load: 1-min load average {os.getloadavg()[0]:.1f} at the end of the run).", "",
              "| items | flat p50 / p99 ms | flat CPU ms | HNSW-64 p50 / p99 ms | HNSW-64 CPU ms | "
              "HNSW-64 recall@3 | HNSW-256 p50 / p99 ms | HNSW-256 CPU ms | HNSW-256 recall@3 |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

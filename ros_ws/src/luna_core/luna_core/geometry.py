@@ -70,11 +70,14 @@ def default_device() -> torch.device:
 
 
 class _Frames(NamedTuple):
-    """Rectangles in closed form; each field has the boxes' batch shape (+ a trailing 2 for vectors)."""
+    """Rectangles in closed form, one array of the boxes' batch shape per field (separate x and y
+    components keep every pairwise operation on contiguous arrays)."""
 
-    centre: Array
-    axis: Array  # unit vector along the longer edge
-    half_long: Array  # half extent along ``axis``
+    cx: Array  # centre
+    cy: Array
+    ux: Array  # unit vector along the longer edge
+    uy: Array
+    half_long: Array  # half extent along u
     half_short: Array  # half extent across it
     radius: Array  # circumradius, for the cheap bounding-circle pre-test
 
@@ -88,24 +91,22 @@ def _box_frames(xp: ModuleType, corners: Array) -> _Frames:
     Taking the longer of the first two edges as the axis keeps a segment's direction (one edge has
     zero length); a point (both edges zero) gets the x axis, which is as good as any for a point.
     """
-    v0, v1, v2 = corners[..., 0, :], corners[..., 1, :], corners[..., 2, :]
-    centre = (v0 + v2) * 0.5
-    e0 = v1 - v0
-    e1 = v2 - v1
-    len0 = xp.sqrt((e0 * e0).sum(-1))
-    len1 = xp.sqrt((e1 * e1).sum(-1))
+    x, y = corners[..., 0], corners[..., 1]
+    cx, cy = (x[..., 0] + x[..., 2]) * 0.5, (y[..., 0] + y[..., 2]) * 0.5
+    e0x, e0y = x[..., 1] - x[..., 0], y[..., 1] - y[..., 0]
+    e1x, e1y = x[..., 2] - x[..., 1], y[..., 2] - y[..., 1]
+    len0 = xp.sqrt(e0x * e0x + e0y * e0y)
+    len1 = xp.sqrt(e1x * e1x + e1y * e1y)
     use0 = len0 >= len1
-    axis = xp.where(use0[..., None], e0, e1)
     long = xp.where(use0, len0, len1)
     is_point = long <= 0.0
-    axis = axis / xp.where(is_point, xp.ones_like(long), long)[..., None]
-    x_axis = xp.zeros_like(axis)
-    x_axis[..., 0] = 1.0
-    axis = xp.where(is_point[..., None], x_axis, axis)
+    inv = 1.0 / xp.where(is_point, xp.ones_like(long), long)
+    ux = xp.where(is_point, xp.ones_like(long), xp.where(use0, e0x, e1x) * inv)
+    uy = xp.where(is_point, xp.zeros_like(long), xp.where(use0, e0y, e1y) * inv)
     half_long = long * 0.5
     half_short = xp.where(use0, len1, len0) * 0.5
     radius = xp.sqrt(half_long * half_long + half_short * half_short)
-    return _Frames(centre, axis, half_long, half_short, radius)
+    return _Frames(cx, cy, ux, uy, half_long, half_short, radius)
 
 
 def _separated(fa: _Frames, fb: _Frames, tolerance: float) -> Array:
@@ -115,10 +116,8 @@ def _separated(fa: _Frames, fb: _Frames, tolerance: float) -> Array:
     box b on u_a is hl_b |u_b.u_a| + hw_b |v_b.u_a| = hl_b |c| + hw_b |s| with c = u_a.u_b, s = u_a x u_b.
     Written with operators only, so it runs on NumPy arrays and torch tensors alike.
     """
-    d = fb.centre - fa.centre
-    dx, dy = d[..., 0], d[..., 1]
-    uax, uay = fa.axis[..., 0], fa.axis[..., 1]
-    ubx, uby = fb.axis[..., 0], fb.axis[..., 1]
+    dx, dy = fb.cx - fa.cx, fb.cy - fa.cy
+    uax, uay, ubx, uby = fa.ux, fa.uy, fb.ux, fb.uy
     hla, hwa, hlb, hwb = fa.half_long, fa.half_short, fb.half_long, fb.half_short
     c = abs(uax * ubx + uay * uby)
     s = abs(uax * uby - uay * ubx)
@@ -135,9 +134,9 @@ def _overlap(xp: ModuleType, fa: _Frames, fb: _Frames, tolerance: float) -> Arra
     In traffic most pairs are far apart, so the circle test (a few operations per pair) settles them
     and the SAT test (about 40) runs on the gathered near pairs.
     """
-    d = fb.centre - fa.centre
-    reach = fa.radius + fb.radius + tolerance
-    near = (d * d).sum(-1) <= reach * reach
+    dx, dy = fb.cx - fa.cx, fb.cy - fa.cy
+    reach = (fa.radius + tolerance) + fb.radius
+    near = dx * dx + dy * dy <= reach * reach
     if near.ndim == 0:  # a single pair: nothing to gather
         return near & ~_separated(fa, fb, tolerance)
     idx = np.nonzero(near) if xp is np else torch.nonzero(near, as_tuple=True)
@@ -146,8 +145,7 @@ def _overlap(xp: ModuleType, fa: _Frames, fb: _Frames, tolerance: float) -> Arra
     shape = tuple(near.shape)
 
     def gather(x: Array) -> Array:
-        full = shape + tuple(x.shape[len(shape):])
-        return (np.broadcast_to(x, full) if xp is np else x.expand(full))[idx]
+        return (np.broadcast_to(x, shape) if xp is np else x.expand(shape))[idx]
 
     near[idx] = ~_separated(fa.map(gather), fb.map(gather), tolerance)
     return near
