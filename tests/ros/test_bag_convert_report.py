@@ -191,3 +191,21 @@ def test_shipped_sample_bag_is_intact_and_self_describing():
     assert math.isclose((last - first) / 1e9, 12.0)
     assert len(C.msg_to_lane_graph(deserialize_message(graph.data, lm.LaneGraph)).lanes) == 12
     assert sum(p.stat().st_size for p in sample.iterdir()) < 5 * 2**20
+
+
+def test_replay_leaves_out_the_processes_whose_outputs_the_bag_provides():
+    import sys
+
+    from luna_bringup.bag.replay import node_outputs, topology_stack
+    from luna_bringup.topology import load_topology
+
+    if shutil.which("scene_descriptor", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("the stack's executables are not installed (run scripts/bootstrap.sh)")
+    assert node_outputs("map_server") == {TOP.LANE_GRAPH}
+    every = [p.name for p in load_topology().processes]
+    stack = topology_stack(provided=set(TOP.INPUT_TOPICS))
+    assert stack.left_out == {"map_server": [TOP.LANE_GRAPH]}
+    assert [p.name for p in stack.topology.processes] == [p for p in every if p != "map_server"]
+    assert "map_server" not in stack.nodes and "scene_descriptor" in stack.nodes
+    # Naming processes explicitly overrides the choice.
+    assert topology_stack(only="map_server").left_out == {}
