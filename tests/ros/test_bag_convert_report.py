@@ -193,6 +193,7 @@ def test_shipped_sample_bag_is_intact_and_self_describing():
     assert sum(p.stat().st_size for p in sample.iterdir()) < 5 * 2**20
 
 
+@pytest.mark.slow  # imports every node module (planner and decision stack bring torch): ~30 s under load
 def test_replay_leaves_out_the_processes_whose_outputs_the_bag_provides():
     import sys
 
