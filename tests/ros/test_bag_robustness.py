@@ -246,15 +246,14 @@ def test_player_skips_unknown_type_and_undecodable_messages_and_counts_stamps_st
         bag.add_topic("/odom", "nav_msgs/msg/Odometry")
         bag.add_topic("/chatter", "std_msgs/msg/String")
         # A type from a package nobody has installed here: the bag embeds its definition.
-        widget = bag._writer.add_connection("/widget", "acme_msgs/msg/Widget", msgdef=widget_def,
-                                            rihs01="RIHS01_" + "1" * 64)
+        bag.add_topic("/widget", "acme_msgs/msg/Widget", type_hash="RIHS01_" + "1" * 64, definition=widget_def)
         for i in range(10):
             t = T0 + i * 10**7
             # Header stamps step back twice (at i = 4 and i = 7): a clock jump on the vehicle.
             stamp_index = i - 3 if i in (4, 7) else i
             bag.write("/odom", t, _odometry(stamp_index))
             bag.write("/chatter", t, bytes(serialize_message(String(data=f"m{i}"))))
-            bag._writer.write(widget, t, b"\x00\x01\x00\x00" + b"\x00" * 16)
+            bag.write("/widget", t, b"\x00\x01\x00\x00" + b"\x00" * 16)
         bag.write("/chatter", T0 + 10**8, b"\x00\x01\x00\x00\xff\xff\xff\x7f")  # string length 2^31: garbage
     node = Node("bag_player_test", context=ros_context)
     try:

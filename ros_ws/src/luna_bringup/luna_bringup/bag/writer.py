@@ -62,20 +62,25 @@ class BagWriter:
         self._connections: dict[str, Connection] = {}
         self.counts: dict[str, int] = {}
 
-    def add_topic(self, topic: str, msgtype: str, offered_qos: Sequence[Qos] = (),
-                  type_hash: str = "") -> bool:
+    def add_topic(self, topic: str, msgtype: str, offered_qos: Sequence[Qos] = (), type_hash: str = "",
+                  definition: str | None = None) -> bool:
         """Register a topic; False (with the definition left empty) if no definition of its type is known.
 
-        Without a definition the bag still records the bytes and the type hash from the graph, so a
-        full ROS install with the interface package can play it.
+        ``definition`` (the concatenated .msg text) with ``type_hash`` overrides the lookup, for types
+        known only from elsewhere (another bag). Without any definition the bag still records the bytes
+        and the type hash from the graph, so a full ROS install with the interface package can play it.
         """
-        try:
-            msgdef, rihs01 = self.types.definition(msgtype)
-            complete = True
-        except UnknownMessageType:
-            msgdef, rihs01, complete = "", type_hash or "RIHS01_" + "0" * 64, False
+        complete = True
+        if definition is not None:
+            msgdef, rihs01 = definition, type_hash
+        else:
+            try:
+                msgdef, rihs01 = self.types.definition(msgtype)
+            except UnknownMessageType:
+                msgdef, rihs01, complete = "", type_hash, False
         self._connections[topic] = self._writer.add_connection(
-            topic, msgtype, msgdef=msgdef, rihs01=rihs01, offered_qos_profiles=list(offered_qos))
+            topic, msgtype, msgdef=msgdef, rihs01=rihs01 or "RIHS01_" + "0" * 64,
+            offered_qos_profiles=list(offered_qos))
         self.counts[topic] = 0
         return complete
 
