@@ -95,12 +95,16 @@ class Recorder:
             self._before_clock.clear()
             self.writer.write(topic, now, data)
 
-    def flush_pending(self) -> None:
+    def flush_pending(self) -> int:
         """Write messages still waiting for a first /clock (stamped 0: the clock never started)."""
         with self._lock:
             for topic, data in self._before_clock:
                 self.writer.write(topic, 0, data)
+            count = len(self._before_clock)
             self._before_clock.clear()
+        if count:
+            self.warnings.append(f"no /clock received (--use-sim-time): {count} messages stamped 0")
+        return count
 
 
 def _hidden(topic: str) -> bool:
