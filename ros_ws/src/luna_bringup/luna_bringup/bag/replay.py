@@ -240,6 +240,7 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
     notes += [f"nothing in the stack subscribed to {t}" for t in missing]
     notes += [f"{t} not played: {why}" for t, why in player.report.skipped_topics.items()]
     notes += [f"{n} undecodable messages on {t} skipped" for t, n in player.report.undecodable.items()]
+    notes += [f"recording: {w}" for w in recorder.warnings]
     report = write_report(output, report_dir, title=f"LUNA-AD replay of {bag.name}", notes=notes)
     return ReplayResult(output, report, player.report, dict(writer.counts), notes)
 
