@@ -9,7 +9,7 @@ planner's default anytime behaviour. Reports p50/p95 over repeated cycles, the s
 a Markdown table (stdout, ``--markdown FILE``, or ``--docs`` to replace the section in
 docs/benchmarks.md).
 
-    .venv/bin/python benchmarks/bench_planner.py --cycles 10 --docs
+    .venv/bin/python benchmarks/bench_planner.py --cycles 10 --docs --plot docs/figures/bench_planner.png
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def main() -> int:
     ap.add_argument("--population", type=int, default=128)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
+    ap.add_argument("--plot", type=Path, help="PNG of the cycle times (e.g. docs/figures/bench_planner.png)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
@@ -90,17 +91,20 @@ def main() -> int:
         times, results = run(planner, pi, args.cycles, 60.0, f"|C_t|={k} full")
         last = results[-1]
         rows.append((k, "full search", pct(times, 50), pct(times, 95), last))
-    budget_rows = []
+    budget_rows, default_rows = [], []
     for k in (1, 3, 5):
         pi = scene(DECISIONS[k])
         times, results = run(planner, pi, args.cycles, 0.05, f"|C_t|={k} 50 ms")
         budget_rows.append((k, pct(times, 50), pct(times, 95), results))
+        times, results = run(planner, pi, args.cycles, cfg.time_budget, f"|C_t|={k} default budget")
+        default_rows.append((k, pct(times, 50), pct(times, 95), results))
 
     load_after = os.getloadavg()[0]
     lines = [SECTION, "",
              f"Command: `.venv/bin/python benchmarks/bench_planner.py --cycles {args.cycles}"
              f"{' --threads %d' % args.threads if args.threads != 1 else ''}"
-             f"{' --population %d' % args.population if args.population != 128 else ''} --docs`",
+             f"{' --population %d' % args.population if args.population != 128 else ''} --docs"
+             f"{' --plot ' + str(args.plot) if args.plot else ''}`",
              "",
              f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores shared with other engineers' jobs "
              f"(timings are noisy, up to several x between runs), torch {torch.__version__} with "
@@ -117,22 +121,40 @@ def main() -> int:
         lines.append(f"| {k}: {', '.join(DECISIONS[k])} | {run_name} | {p50 * 1e3:.0f} | {p95 * 1e3:.0f} | "
                      f"{', '.join(last.stages_done)} | {last.action} ({last.mode}) | "
                      f"{sum(1 for _ in last.candidates)} x {args.population} + warm starts |")
-    lines += ["", "Budget cut to 50 ms (`plan_detailed(input, budget=0.05)`):", "",
-              "| C_t | p50 (ms) | p95 (ms) | stages completed (last cycle) | published | origin of X* | cut reason |",
-              "|---|---|---|---|---|---|---|"]
-    for k, p50, p95, results in budget_rows:
+    lines += ["", f"Anytime budget: cut to 50 ms (`plan_detailed(input, budget=0.05)`), and the planner's default "
+              f"{cfg.time_budget * 1e3:.0f} ms (replanning every 0.5 s):", "",
+              "| C_t | budget (ms) | p50 (ms) | p95 (ms) | stages completed (last cycle) | published | origin of X* "
+              "| cut reason |",
+              "|---|---|---|---|---|---|---|---|"]
+    for (k, p50, p95, results), budget in [(r, 0.05) for r in budget_rows] + [(r, cfg.time_budget)
+                                                                           for r in default_rows]:
         last = results[-1]
         chosen = next((c for c in last.candidates if c.action == (last.action or "")), None)
         origin = chosen.origin if chosen else "-"
         valid = all(r.trajectory.is_finite() and len(r.trajectory) == 81 for r in results)
-        lines.append(f"| {k} | {p50 * 1e3:.0f} | {p95 * 1e3:.0f} | {', '.join(last.stages_done) or '-'} | "
+        lines.append(f"| {k} | {budget * 1e3:.0f} | {p50 * 1e3:.0f} | {p95 * 1e3:.0f} | "
+                     f"{', '.join(last.stages_done) or '-'} | "
                      f"{last.action} ({last.mode}), {'valid 8 s trajectory every cycle' if valid else 'INVALID'} | "
                      f"{origin} | {last.budget_cut or '-'} |")
+    worst = max(p95 for _, _, p95, _ in budget_rows)
+    over = worst > 0.05
+    default_worst = max(p95 for _, _, p95, _ in default_rows)
     lines += ["",
-              "Reading: the full search cost grows with |C_t| because each candidate action has its own population "
-              "of 128 in the renoise-denoise rounds (the initial prior samples are shared). With a 50 ms budget the "
-              "planner still publishes on time-or-nearly (the floor is scoring the warm starts: IDM proposals along "
-              "each action's reference lane) and reports which stage was cut.", ""]
+              "Reading: the full search grows with |C_t| because every candidate action has its own population "
+              "of 128 in the renoise-denoise rounds (the initial prior samples are shared by all actions). "
+              + (f"With the budget cut to 50 ms every cycle still published a valid 8 s trajectory of a candidate "
+                 f"action, but the cycle took up to {worst * 1e3:.0f} ms (p95): the part that always runs "
+                 f"(reference paths, forecast, IDM warm starts, and at least one scored warm start per action) "
+                 f"costs more than 50 ms at this load." if over else
+                 "With the budget cut to 50 ms every cycle published a valid 8 s trajectory within the budget "
+                 "(p95), from the warm starts that could be scored in time.")
+              + f" With the default budget of {cfg.time_budget * 1e3:.0f} ms the p95 cycle was "
+                f"{default_worst * 1e3:.0f} ms ({'within' if default_worst <= 0.5 else 'over'} the 0.5 s replanning "
+                f"period); at this load the search reaches the stages listed, and a quieter machine goes further.",
+              ""]
+    if args.plot:
+        plot(rows, budget_rows, args.plot)
+        lines += [f"![planner cycle times]({os.path.relpath(args.plot, ROOT / 'docs')})", ""]
     text = "\n".join(lines)
     print(text)
     if args.markdown:
@@ -140,6 +162,34 @@ def main() -> int:
     if args.docs:
         write_section(ROOT / "docs" / "benchmarks.md", text)
     return 0
+
+
+def plot(rows: list, budget_rows: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ks = [r[0] for r in rows]
+    x = np.arange(len(ks))
+    ax.bar(x - 0.2, [r[2] * 1e3 for r in rows], 0.4, label="full search p50")
+    ax.errorbar(x - 0.2, [r[2] * 1e3 for r in rows], yerr=[[0] * len(rows), [(r[3] - r[2]) * 1e3 for r in rows]],
+                fmt="none", ecolor="k", capsize=3)
+    ax.bar(x + 0.2, [b[1] * 1e3 for b in budget_rows], 0.4, label="50 ms budget p50")
+    ax.errorbar(x + 0.2, [b[1] * 1e3 for b in budget_rows],
+                yerr=[[0] * len(budget_rows), [(b[2] - b[1]) * 1e3 for b in budget_rows]], fmt="none", ecolor="k",
+                capsize=3)
+    ax.axhline(500, color="r", ls="--", lw=1, label="0.5 s replanning period")
+    ax.set_xticks(x, [f"|C_t| = {k}" for k in ks])
+    ax.set_ylabel("cycle time (ms), whiskers to p95")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.set_title("Decision-guided Diffusion-ES cycle (population 128)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def write_section(path: Path, text: str) -> None:

@@ -134,3 +134,25 @@ def test_known_stage_costs_limit_the_warm_starts_scored_fake_clock(prior) -> Non
     assert "scored 4 of 20 warm starts" in res.budget_cut
     assert res.best[0].terms["y_end"] == pytest.approx(3.0)
     assert res.best[1].terms["y_end"] == pytest.approx(-3.0)
+
+
+def test_stages_shrink_to_the_time_left_fake_clock(prior) -> None:
+    from luna_core.planning.diffusion_es import StageTimer
+
+    timer = StageTimer()
+    timer.record("evaluate", 100, 0.1)  # 1 ms per member scored
+    timer.record("denoise", 1000, 1.0)  # 1 ms per member and denoising step
+    clock = FakeClock(1e-6)
+    obj = EndLateral([2.0, -2.0])
+    # 0.25 s: at ~1 ms per member-step and ~1 ms per member scored, the prior stage affords about
+    # 0.25 / 11 ms = 22 of 64 members (the fake clock makes measured costs tiny, so the moving-average
+    # estimates drop a little with every stage and later stages afford more).
+    res = diffusion_es(prior, HIST, SEED, [straight(0.0, 2), straight(0.0, 2)], obj,
+                       DiffusionESConfig(population=64), deadline=0.25, clock=clock, timer=timer)
+    import re
+
+    n_prior = int(re.search(r"(\d+) of 64 prior samples", res.budget_cut).group(1))
+    assert 20 <= n_prior <= 26
+    assert res.stages_done[:2] == ["warm_starts", "prior"]
+    assert res.members_scored >= 4 + n_prior
+    assert res.best[0] is not None and res.best[1] is not None

@@ -18,9 +18,10 @@ The best member ever seen per group is the result (Eq. 21b). Scoring is split in
 expensive part (tracking every trajectory with LQR + bicycle and the PDM-style J_gen) runs once per
 batch for all groups, and only the cheap per-group part (J_dec and Eq. 20) runs per group.
 
-Anytime: every stage is skipped if the time it took so far (per member) says it would end past the
-deadline, and denoising stops between DDIM steps at the deadline; whatever is best by then is
-returned, with the reason.
+Anytime: stage costs per member are measured as the search runs (and carried over from earlier
+calls, ``StageTimer``); a stage that would end past the deadline runs with as many members as fit
+(skipped below ``MIN_MEMBERS``), and denoising stops between DDIM steps at the deadline; whatever
+is best by then is returned, with the reasons.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ import torch
 from scipy.interpolate import CubicSpline
 
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior, verlet_decode, verlet_encode
+
+
+MIN_MEMBERS = 8  # a stage that cannot afford this many members per group is skipped
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,15 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
         timer.record(kind, members * steps, clock() - t0)
         return x
 
+    def members_that_fit(steps: int, groups_: int) -> int:
+        """Members per group whose denoising (``steps``) and scoring fit in the time left (the
+        full population while the stage costs are unknown)."""
+        r_d, r_e = timer.rates.get("denoise"), timer.rates.get("evaluate")
+        left = time_left()
+        if not r_d or not r_e or not np.isfinite(left):
+            return pop
+        return min(pop, int(left / (groups_ * (steps * r_d + r_e))))
+
     t_start = clock()
     # 1. Warm starts.
     warm = [np.asarray(w, dtype=np.float64).reshape(-1, n, 3)[: config.warm_starts] for w in warm_starts]
@@ -216,14 +229,20 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
     if stop_now():
         _cut(result, "deadline reached after scoring the warm starts")
         return result
-    noise = torch.randn((pop, n, 3), generator=gen, device=prior.device)
+    n_prior = members_that_fit(prior.config.inference_steps, 1)
+    if n_prior < MIN_MEMBERS:
+        _cut(result, f"skipped the prior samples: time for {max(n_prior, 0)} of {pop} only")
+        return result
+    if n_prior < pop:
+        _cut(result, f"{n_prior} of {pop} prior samples: not enough time for all")
+    noise = torch.randn((n_prior, n, 3), generator=gen, device=prior.device)
     clean = denoise(noise, prior.config.inference_steps, "denoise")
     if clean is None:
         return result
     prior_poses = _decode(prior, clean, seed)
     populations: list[np.ndarray] = []
-    members = [np.arange(pop - len(w)) for w in warm]
-    if timer.estimate("evaluate", pop) > time_left():
+    members = [np.arange(min(n_prior, pop - len(w))) for w in warm]
+    if timer.estimate("evaluate", n_prior) > time_left():
         _cut(result, "skipped scoring the prior samples: not enough time left")
         return result
     prior_scores = score(prior_poses, members, "prior")
@@ -238,13 +257,19 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
     for it in range(config.iterations):
         t0 = clock()
         steps = config.renoise_steps[it % len(config.renoise_steps)]
+        size = members_that_fit(steps, groups)
+        if size < MIN_MEMBERS:
+            _cut(result, f"skipped iteration {it + 1}: time for {max(size, 0)} members per action only")
+            break
+        if size < pop:
+            _cut(result, f"iteration {it + 1} with {size} of {pop} members per action: not enough time for all")
         picks = []
         for g in range(groups):
             s = scores[g]
             logits = config.temperature * (s - s.max())
             p = np.exp(logits)
             p /= p.sum()
-            picks.append(populations[g][rng.choice(len(s), size=pop, p=p)])
+            picks.append(populations[g][rng.choice(len(s), size=size, p=p)])
         elites = np.concatenate(picks)
         seeds = np.broadcast_to(seed, (len(elites), 2, 3))
         x0 = prior.normalise(verlet_encode(elites, seeds))
@@ -256,7 +281,7 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
         if timer.estimate("evaluate", len(new)) > time_left():
             _cut(result, f"skipped scoring iteration {it + 1}: not enough time left")
             break
-        rows = [np.arange(g * pop, (g + 1) * pop) for g in range(groups)]
+        rows = [np.arange(g * size, (g + 1) * size) for g in range(groups)]
         new_scores = score(new, rows, f"iteration {it + 1}")
         populations = [new[r] for r in rows]
         scores = new_scores
