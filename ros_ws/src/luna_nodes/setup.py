@@ -10,6 +10,7 @@ EXECUTABLES = {
     "planner": "luna_nodes.planner:main",
     "decision_stack": "luna_nodes.decision_stack:main",
     "explainer": "luna_nodes.decision_stack:main_explainer",
+    "reflection_client": "luna_nodes.reflection_client:main",
 }
 
 setup(

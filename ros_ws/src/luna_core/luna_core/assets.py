@@ -33,3 +33,28 @@ def default_path(name: str) -> Path:
 def resolve(path_or_empty: str, name: str) -> Path:
     """A configured path, or the bundled default when the configuration leaves it empty."""
     return Path(path_or_empty).expanduser() if path_or_empty else default_path(name)
+
+
+def data_dir() -> Path:
+    """Where the stack keeps what it learns on the vehicle (``$LUNA_DATA``, default
+    ``~/.local/share/luna-ad``): the live memory bank and the reflection outbox."""
+    return Path(os.environ.get("LUNA_DATA", Path.home() / ".local" / "share" / "luna-ad"))
+
+
+def live_memory_bank(path_or_empty: str) -> Path:
+    """The memory bank the stack reads and the reflection system appends to.
+
+    A configured path is used as is. Empty means the live bank in ``data_dir()``, seeded once from
+    the bundled default bank, so the repository's ``models/`` stays as built.
+    """
+    if path_or_empty:
+        return Path(path_or_empty).expanduser()
+    live = data_dir() / "memory_bank"
+    if not (live / "manifest.json").exists():
+        import shutil
+
+        tmp = live.with_name(live.name + f".seed{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(default_path("memory_bank"), tmp, ignore=shutil.ignore_patterns("writer.lock"))
+        tmp.rename(live)
+    return live

@@ -24,7 +24,7 @@ import luna_msgs.msg as lm
 from rclpy.lifecycle import TransitionCallbackReturn
 from std_msgs.msg import UInt64
 
-from luna_core.assets import resolve
+from luna_core.assets import live_memory_bank, resolve
 from luna_core.heuristic import HeuristicConfig, HeuristicSystem
 from luna_core.types import DecisionDistribution, FailureEvent
 from luna_nodes import convert, qos
@@ -35,7 +35,8 @@ MODEL_PARAMS = [
     ParamSpec("student_model", str, "", "Folder of the trained student (adapter + head); empty = bundled."),
     ParamSpec("base_model", str, "", "Base LM folder or packaged name overriding the student's saved base "
               "(e.g. a local Qwen3-1.7B copy on a vehicle); must be the base it was trained on."),
-    ParamSpec("memory_bank", str, "", "Memory bank directory; empty = bundled; 'none' = no retrieval."),
+    ParamSpec("memory_bank", str, "", "Memory bank directory; empty = the live bank in $LUNA_DATA (seeded from "
+              "the bundled one); 'none' = no retrieval."),
     ParamSpec("device", str, "auto", "Torch device.", choices=("auto", "cpu", "cuda")),
     ParamSpec("k", int, 3, "Retrieved memory items per decision (K).", min=0, max=10),
     ParamSpec("gamma_p", float, 0.1, "Candidate-set threshold gamma_p (Eq. 19).", min=0.0, max=1.0),
@@ -68,7 +69,7 @@ def load_heuristic(params: dict) -> HeuristicSystem:
                                               base_model=params["base_model"] or None)
     bank = None
     if params["memory_bank"] != "none":
-        bank = MemoryBank.open(resolve(params["memory_bank"], "memory_bank"), writable=False)
+        bank = MemoryBank.open(live_memory_bank(params["memory_bank"]), writable=False)
     return HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=params["k"], gamma_p=params["gamma_p"]))
 
 

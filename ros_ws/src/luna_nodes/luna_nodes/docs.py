@@ -24,6 +24,7 @@ NODE_MODULES = {
     "planner": "luna_nodes.planner",
     "decision_inference": "luna_nodes.decision_stack:DECISION_INTERFACE",
     "explainer": "luna_nodes.decision_stack:EXPLAINER_INTERFACE",
+    "reflection_client": "luna_nodes.reflection_client",
 }
 
 BEGIN = "<!-- BEGIN GENERATED: interface (python -m luna_nodes.docs docs/nodes) -->"

@@ -1,0 +1,154 @@
+"""reflection_client: failure + explanation -> reflection LLM -> memory bank (LUNA-AD Eq. 29).
+
+Pairs each ``luna/explanation`` with its ``luna/failure``, puts the request in a durable outbox
+(acknowledged = survives a restart) and lets a worker thread send it to the reflection LLM (an
+OpenAI-compatible endpoint, or the in-process default model). Valid revisions become reflection
+memory items; ``luna/memory/version`` then tells ``decision_inference`` to reload. While the endpoint
+is unreachable, requests wait in the outbox and are retried with backoff; the stack keeps driving.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import luna_msgs.msg as lm
+from std_msgs.msg import UInt64
+
+from luna_core.assets import data_dir, live_memory_bank
+from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
+from luna_core.types import FailureEvent
+from luna_nodes import convert, qos
+from luna_nodes.base import ERROR, WARN, LunaNode, run
+from luna_nodes.params import NodeInterface, ParamSpec
+
+INTERFACE = NodeInterface(
+    name="reflection_client",
+    summary="Reflects on failures (LUNA-AD Eq. 29) through a reflection LLM and appends the revised "
+            "decisions to the memory bank; requests wait in a durable outbox while the endpoint is down.",
+    inputs=[("luna/failure", "luna_msgs/FailureEvent", "reliable, keep last 10"),
+            ("luna/explanation", "luna_msgs/DecisionExplanation", "reliable, keep last 10")],
+    outputs=[("luna/reflection", "luna_msgs/ReflectionResult", "reliable, keep last 10"),
+             ("luna/memory/version", "std_msgs/UInt64", "reliable, transient local")],
+    params=[
+        ParamSpec("memory_bank", str, "", "Memory bank to append to (the one decision_inference reads); empty = "
+                  "the live bank in $LUNA_DATA."),
+        ParamSpec("outbox", str, "", "Outbox directory; empty = $LUNA_DATA/reflection_outbox."),
+        ParamSpec("endpoint", str, "", "Base URL of an OpenAI-compatible endpoint (DeepSeek, vLLM, llama.cpp, "
+                  "Ollama); empty = the in-process model."),
+        ParamSpec("model", str, "smollm2-135m-instruct", "Model name at the endpoint, or the in-process model."),
+        ParamSpec("api_key_env", str, "", "NAME of the environment variable holding the API key (never the key)."),
+        ParamSpec("timeout", float, 60.0, "Per request.", "s", min=0.1),
+        ParamSpec("max_tokens", int, 512, "Reflection answer length.", min=16, max=32768),
+        ParamSpec("backoff_base", float, 2.0, "First retry delay while the endpoint is down (doubles).", "s",
+                  min=0.0),
+        ParamSpec("backoff_max", float, 120.0, "Longest retry delay.", "s", min=0.0),
+        ParamSpec("pairing_timeout", float, 120.0, "A failure without explanation after this long is dropped.",
+                  "s", min=1.0),
+    ],
+)
+
+
+def make_llm(params: dict):
+    if params["endpoint"]:
+        from luna_core.llm import EndpointConfig, OpenAIChatModel
+        return OpenAIChatModel(EndpointConfig(model=params["model"], base_url=params["endpoint"],
+                                              api_key_env=params["api_key_env"] or None, timeout=params["timeout"],
+                                              max_retries=0))  # the outbox does the retrying
+    from luna_core.llm import TransformersChatModel
+    return TransformersChatModel(params["model"])
+
+
+class ReflectionClient(LunaNode):
+    def __init__(self) -> None:
+        super().__init__(INTERFACE)
+        p = self.params
+        from luna_core.memory.bank import MemoryBank
+        from luna_core.prompts import PromptManager
+
+        self.bank = MemoryBank.open(live_memory_bank(p["memory_bank"]), writable=True)
+        self.outbox = Outbox(p["outbox"] or data_dir() / "reflection_outbox")
+        self.llm = None
+        self.prompts = PromptManager()
+        self.failures: collections.OrderedDict[float, FailureEvent] = collections.OrderedDict()
+        self.result_pub = self.luna_publisher(lm.ReflectionResult, "luna/reflection", qos.RELIABLE)
+        self.version_pub = self.luna_publisher(UInt64, "luna/memory/version", qos.LATCHED)
+        self.version_pub.publish(UInt64(data=int(self.bank.version)))
+        self.luna_subscription(lm.FailureEvent, "luna/failure", self.on_failure, qos.RELIABLE)
+        self.luna_subscription(lm.DecisionExplanation, "luna/explanation", self.on_explanation, qos.RELIABLE)
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._work, name="reflect", daemon=True)
+        self.thread.start()
+        self.diagnostics.set_value("outbox", len(self.outbox))
+
+    def on_failure(self, msg: lm.FailureEvent) -> None:
+        failure = convert.msg_to_failure(msg)
+        self.failures[failure.stamp] = failure
+        while self.failures and failure.stamp - next(iter(self.failures)) > self.params["pairing_timeout"]:
+            self.failures.popitem(last=False)
+
+    def on_explanation(self, msg: lm.DecisionExplanation) -> None:
+        explanation = convert.msg_to_explanation(msg)
+        failure = next((f for s, f in self.failures.items() if abs(s - explanation.failure_stamp) < 1e-3), None)
+        if failure is None:
+            raise ValueError(f"explanation for an unknown failure at {explanation.failure_stamp:.3f} s")
+        self.outbox.put(ReflectionRequest.from_events(explanation, failure))
+        self.diagnostics.set_value("outbox", len(self.outbox))
+        self.wake.set()
+
+    def _work(self) -> None:
+        config = ReflectionConfig(max_tokens=self.params["max_tokens"])
+        while not self.stop.is_set():
+            self.wake.wait(timeout=0.5)
+            self.wake.clear()
+            due = self.outbox.due()
+            if not due:
+                continue
+            if self.llm is None:
+                try:
+                    self.llm = make_llm(self.params)
+                except Exception as exc:  # noqa: BLE001 - misconfiguration: diagnosed, requests kept
+                    self.diagnostics.set_condition("endpoint", ERROR, f"cannot create the reflection LLM: {exc}")
+                    self.stop.wait(self.params["backoff_max"])
+                    continue
+            system = ReflectionSystem(self.llm, self.prompts, self.bank, config)
+            for pending in due:
+                if self.stop.is_set():
+                    return
+                result = system.process(self.outbox, pending, self.params["backoff_base"], self.params["backoff_max"])
+                self.diagnostics.set_value("outbox", len(self.outbox))
+                if result is None:
+                    self.diagnostics.set_condition("endpoint", WARN, f"reflection endpoint unavailable: "
+                                                                     f"{len(self.outbox)} request(s) queued")
+                    continue
+                self.diagnostics.clear("endpoint")
+                self.publish(result)
+
+    def publish(self, result) -> None:
+        result.stamp = self.now_s()
+        self.result_pub.publish(convert.reflection_to_msg(result))
+        if result.error:
+            self.diagnostics.increment("invalid_reflections")
+            self.diagnostics.set_condition("reflection", WARN, result.error[:200])
+            return
+        self.diagnostics.clear("reflection")
+        self.diagnostics.increment("normal_answers" if result.normal else "memory_items_added")
+        if not result.normal:
+            self.version_pub.publish(UInt64(data=int(result.memory_version)))
+            self.diagnostics.set_value("memory_version", result.memory_version)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.wake.set()
+        self.thread.join(timeout=5.0)
+        self.outbox.close()
+        self.bank.close()
+
+
+def main(args=None) -> int:
+    return run([ReflectionClient], args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
