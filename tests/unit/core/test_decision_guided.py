@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from luna_core.lanes import make_lane
-from luna_core.planning.decision_guided import (DEFAULT_PRIOR, MODE_DECISION, MODE_FALLBACK, MODE_NO_DECISION,
+from luna_core.assets import default_path
+from luna_core.planning.decision_guided import (MODE_DECISION, MODE_FALLBACK, MODE_NO_DECISION,
                                                 MODE_STOP, DecisionGuidedConfig, DecisionGuidedPlanner,
                                                 PlannerInputError)
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior
@@ -26,7 +27,7 @@ SEARCH = DiffusionESConfig(population=32, warm_starts=15, iterations=1, renoise_
 @pytest.fixture(scope="module")
 def prior() -> TrajectoryDiffusionPrior:
     torch.set_num_threads(1)
-    return TrajectoryDiffusionPrior.from_pretrained(DEFAULT_PRIOR)
+    return TrajectoryDiffusionPrior.from_pretrained(default_path("diffusion_prior"))
 
 
 def road() -> LaneGraph:

@@ -158,9 +158,9 @@ def test_tiny_prior_learns_the_history_conditioned_acceleration() -> None:
 def test_shipped_prior_samples_plausible_trajectories_for_the_history() -> None:
     """The default weights (models/diffusion_prior) load and, for a straight 10 m/s history, sample
     forward-going, smooth trajectories whose travel grows with the history speed."""
-    from luna_core.planning.decision_guided import DEFAULT_PRIOR
+    from luna_core.assets import default_path
 
-    prior = TrajectoryDiffusionPrior.from_pretrained(DEFAULT_PRIOR)
+    prior = TrajectoryDiffusionPrior.from_pretrained(default_path("diffusion_prior"))
     assert 0.2e6 < prior.num_parameters() < 3e6
     ends = {}
     for speed in (3.0, 15.0):

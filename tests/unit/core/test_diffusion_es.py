@@ -128,8 +128,9 @@ def test_known_stage_costs_limit_the_warm_starts_scored_fake_clock(prior) -> Non
     obj = EndLateral([2.0, -2.0])
     warm = [np.stack([straight(y, 1)[0] for y in np.linspace(-3, 3, 10)]) for _ in range(2)]
     res = diffusion_es(prior, HIST, SEED, warm, obj, DiffusionESConfig(population=8, warm_starts=10),
-                       deadline=0.045, clock=clock, timer=timer)
-    # ~44 ms left -> 4 members fit -> 2 per group, spread over each list (its first and last entries).
+                       deadline=0.056, clock=clock, timer=timer)
+    # ~54 ms left, sized with the 0.8 margin -> 4 members fit -> 2 per group, spread over each list
+    # (its first and last entries).
     assert obj.evaluated == 4
     assert "scored 4 of 20 warm starts" in res.budget_cut
     assert res.best[0].terms["y_end"] == pytest.approx(3.0)
@@ -145,14 +146,14 @@ def test_stages_shrink_to_the_time_left_fake_clock(prior) -> None:
     clock = FakeClock(1e-6)
     obj = EndLateral([2.0, -2.0])
     # 0.25 s: at ~1 ms per member-step and ~1 ms per member scored, the prior stage affords about
-    # 0.25 / 11 ms = 22 of 64 members (the fake clock makes measured costs tiny, so the moving-average
+    # 0.8 x 0.25 / 11 ms = 18 of 64 members (the fake clock makes measured costs tiny, so the moving-average
     # estimates drop a little with every stage and later stages afford more).
     res = diffusion_es(prior, HIST, SEED, [straight(0.0, 2), straight(0.0, 2)], obj,
                        DiffusionESConfig(population=64), deadline=0.25, clock=clock, timer=timer)
     import re
 
     n_prior = int(re.search(r"(\d+) of 64 prior samples", res.budget_cut).group(1))
-    assert 20 <= n_prior <= 26
+    assert 15 <= n_prior <= 22
     assert res.stages_done[:2] == ["warm_starts", "prior"]
     assert res.members_scored >= 4 + n_prior
     assert res.best[0] is not None and res.best[1] is not None

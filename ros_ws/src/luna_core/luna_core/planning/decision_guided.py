@@ -33,12 +33,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from luna_core.assets import resolve
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
 from luna_core.lanes import LaneMap, Polyline, lane_map
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
@@ -54,8 +54,6 @@ from luna_core.planning.scorer import (PROGRESS_EPSILON, ObjectBoxes, ScorerWeig
                                        score_proposals)
 from luna_core.types import (ACTION_INDEX, EgoState, LaneGraph, PlannerInput, TrackedObjects, Trajectory,
                              VehicleParameters, validate_distribution, wrap_angle)
-
-DEFAULT_PRIOR = Path(__file__).resolve().parents[5] / "models" / "diffusion_prior"
 
 
 class PlannerInputError(ValueError):
@@ -74,8 +72,8 @@ class DecisionGuidedConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     search: DiffusionESConfig = field(default_factory=DiffusionESConfig)
     scorer_weights: ScorerWeights = field(default_factory=ScorerWeights)
-    model_path: str = str(DEFAULT_PRIOR)  # folder of the diffusion prior (config.json + model.safetensors)
-    time_budget: float = 0.45  # s per call; the planner node replans every 0.5 s
+    model_path: str = ""  # diffusion prior folder (config.json + model.safetensors); "" = the bundled default
+    time_budget: float = 0.4  # s per call; the planner node replans every 0.5 s
     decision_timeout: float = 4.0  # s: 2 T_d with T_d = 2 s
     use_decisions: bool = True  # False: the "Diffusion-ES without decisions" baseline
     output_horizon: float = 8.0  # s of the published trajectory
@@ -256,7 +254,7 @@ class DecisionGuidedPlanner:
                  prior: TrajectoryDiffusionPrior | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self.prior = prior if prior is not None else TrajectoryDiffusionPrior.from_pretrained(config.model_path)
+        self.prior = prior if prior is not None else TrajectoryDiffusionPrior.from_pretrained(resolve(config.model_path, "diffusion_prior"))
         self.clock = clock
         self.name = "luna" if config.use_decisions else "diffusion_es"
         self.calls = 0

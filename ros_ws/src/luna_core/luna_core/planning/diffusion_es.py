@@ -38,6 +38,7 @@ from luna_core.planning.diffusion import TrajectoryDiffusionPrior, verlet_decode
 
 
 MIN_MEMBERS = 8  # a stage that cannot afford this many members per group is skipped
+PLAN_MARGIN = 0.8  # stages are sized to this share of the time left: costs vary from call to call
 
 
 @dataclass(frozen=True)
@@ -203,12 +204,12 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
         left = time_left()
         if not r_d or not r_e or not np.isfinite(left):
             return pop
-        return min(pop, int(left / (groups_ * (steps * r_d + r_e))))
+        return min(pop, int(PLAN_MARGIN * left / (groups_ * (steps * r_d + r_e))))
 
     t_start = clock()
     # 1. Warm starts.
     warm = [np.asarray(w, dtype=np.float64).reshape(-1, n, 3)[: config.warm_starts] for w in warm_starts]
-    fit = timer.affordable("evaluate", time_left())
+    fit = timer.affordable("evaluate", PLAN_MARGIN * time_left())
     total = sum(len(w) for w in warm)
     if fit is not None and fit < total:
         per_group = max(fit // max(groups, 1), 1)  # at least one per group: something to compare
