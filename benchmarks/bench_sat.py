@@ -1,13 +1,15 @@
 """Benchmark of the SAT collision checker (issue 6): Algorithm 1 over (N_obj, T) windows.
 
-Times ``luna_core.geometry.colliding_objects`` (torch backend; CUDA when present, else CPU) against
-(a) a Python loop over objects and time steps calling shapely ``Polygon.intersects`` and (b) the same
-checker on the NumPy backend, and (c) Algorithm 1 transcribed literally in torch (8 edge normals,
+Times ``luna_core.geometry.colliding_objects`` on the torch backend (tensors on the device: CUDA when
+present, else CPU) against (a) a Python loop over objects and time steps calling shapely
+``Polygon.intersects``, (b) the same checker on the NumPy backend (the default for NumPy input on a
+machine without GPU), and (c) Algorithm 1 transcribed literally in torch (8 edge normals,
 8 x 8 corner projections) to show what the closed-form oriented-box test gains. Also times the
 planner's form ``proposals_vs_objects`` at Diffusion-ES scale. Reports medians of repeated calls in
 one run, as a Markdown table (stdout, or ``--markdown FILE``) and a PNG plot.
 
-    .venv/bin/python benchmarks/bench_sat.py --markdown /tmp/sat.md --plot docs/figures/bench_sat.png
+    .venv/bin/python benchmarks/bench_sat.py --threads 1 --markdown /tmp/sat.md \
+        --plot docs/figures/bench_sat.png
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", help="write the tables to this file as well")
     parser.add_argument("--plot", help="write a PNG plot here")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (1: on a shared CPU more threads only add waiting)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = default_device()
@@ -104,39 +107,36 @@ def main() -> None:
             assert colliding_objects(boxes).tolist() == expected
             assert colliding_objects(boxes, backend="numpy").tolist() == expected
             assert algorithm1_literal(on_device.float()).cpu().tolist() == expected
-            t_ours = median_time(lambda: colliding_objects(boxes), 20, 0.5)
-            t_dev = median_time(lambda: colliding_objects(on_device), 20, 0.5)
+            t_torch = median_time(lambda: colliding_objects(on_device), 20, 0.5)
             t_np = median_time(lambda: colliding_objects(boxes, backend="numpy"), 20, 0.5)
             t_lit = median_time(lambda: algorithm1_literal(on_device.float()), 20, 0.5)
             t_shp = median_time(lambda: shapely_loop(boxes), 3, 1.0)
-            rows.append((n_obj, steps, len(expected), t_ours, t_dev, t_np, t_lit, t_shp))
+            rows.append((n_obj, steps, len(expected), t_torch, t_np, t_lit, t_shp))
 
     load = os.getloadavg()[0]
-    lines = [f"Device: `{device}`, torch {torch.__version__}, {args.threads} threads. "
-             "Medians of repeated calls in one run; shared 2-core machine (1-min load average "
+    lines = [f"Device: `{device}`, torch {torch.__version__}, {args.threads} torch thread(s). Medians of "
+             "repeated calls in one run; shared 2-core machine (1-min load average "
              f"{load:.1f} at the end of the run), so timings are noisy.",
              "",
-             "| N_obj | T | colliding | checker (NumPy in) ms | checker (tensor on device) ms | "
-             "NumPy backend ms | Algorithm 1 literal ms | shapely loop ms | shapely / checker | "
-             "NumPy / checker | literal / checker |",
+             "| N_obj | T | colliding | torch checker ms | NumPy checker ms | Algorithm 1 literal (torch) ms | "
+             "shapely loop ms | shapely / torch | shapely / NumPy | NumPy / torch | literal / torch |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for n_obj, steps, hits, t_ours, t_dev, t_np, t_lit, t_shp in rows:
-        lines.append(f"| {n_obj} | {steps} | {hits} | {t_ours * 1e3:.3f} | {t_dev * 1e3:.3f} | "
-                     f"{t_np * 1e3:.3f} | {t_lit * 1e3:.3f} | {t_shp * 1e3:.1f} | {t_shp / t_ours:.0f}x | "
-                     f"{t_np / t_ours:.2f}x | {t_lit / t_ours:.2f}x |")
+    for n_obj, steps, hits, t_torch, t_np, t_lit, t_shp in rows:
+        lines.append(f"| {n_obj} | {steps} | {hits} | {t_torch * 1e3:.3f} | {t_np * 1e3:.3f} | "
+                     f"{t_lit * 1e3:.3f} | {t_shp * 1e3:.1f} | {t_shp / t_torch:.0f}x | {t_shp / t_np:.0f}x | "
+                     f"{t_np / t_torch:.2f}x | {t_lit / t_torch:.2f}x |")
 
     # The planner's form at Diffusion-ES scale: population 128, 40 steps.
     lines += ["", "Planner form `proposals_vs_objects` (P proposals x N objects x T = 40 steps):", "",
-              "| P | N | T | tensor on device ms | NumPy in/out ms | NumPy backend ms |",
-              "|---:|---:|---:|---:|---:|---:|"]
+              "| P | N | T | torch (tensors on device) ms | NumPy ms |",
+              "|---:|---:|---:|---:|---:|"]
     for p, n in tqdm([(128, 16), (128, 64), (128, 256)], desc="proposals"):
         props = scene(rng, p, 40)
         objs = scene(rng, n, 40)
         tp, to = torch.from_numpy(props).float().to(device), torch.from_numpy(objs).float().to(device)
-        t_dev = median_time(lambda: proposals_vs_objects(tp, to), 10, 0.5)
-        t_np_io = median_time(lambda: proposals_vs_objects(props, objs), 10, 0.5)
-        t_np = median_time(lambda: proposals_vs_objects(props, objs, backend="numpy"), 5, 0.5)
-        lines.append(f"| {p} | {n} | 40 | {t_dev * 1e3:.2f} | {t_np_io * 1e3:.2f} | {t_np * 1e3:.2f} |")
+        t_torch = median_time(lambda: proposals_vs_objects(tp, to), 10, 0.5)
+        t_np = median_time(lambda: proposals_vs_objects(props, objs, backend="numpy"), 10, 0.5)
+        lines.append(f"| {p} | {n} | 40 | {t_torch * 1e3:.2f} | {t_np * 1e3:.2f} |")
 
     text = "\n".join(lines) + "\n"
     print(text)
@@ -154,8 +154,7 @@ def plot(rows: list[tuple], path: str, device: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(STEPS), figsize=(4 * len(STEPS), 3.6), sharey=True)
-    labels = ("checker (NumPy in)", "checker (tensor)", "NumPy backend", "Algorithm 1 literal",
-              "shapely loop")
+    labels = ("torch checker", "NumPy checker", "Algorithm 1 literal (torch)", "shapely loop")
     for ax, steps in zip(axes, STEPS):
         sub = [r for r in rows if r[1] == steps]
         for j, label in enumerate(labels):

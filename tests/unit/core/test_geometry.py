@@ -161,6 +161,7 @@ def test_all_forms_agree_with_elementwise_check_and_between_backends() -> None:
     np.testing.assert_array_equal(pairs, expected)
     np.testing.assert_array_equal(pairs, pairs.transpose(1, 0, 2))
     np.testing.assert_array_equal(pairwise_overlaps(boxes, backend="numpy"), pairs)
+    np.testing.assert_array_equal(pairwise_overlaps(boxes, backend="torch", device="cpu"), pairs)
     props = proposals_vs_objects(boxes[:4], boxes[4:])
     np.testing.assert_array_equal(props, pairs[:4, 4:])
     ego_hits = np.nonzero(pairs[0, 1:].any(-1))[0] + 1

@@ -29,8 +29,11 @@ The tolerance also absorbs float32 rounding: coordinates are re-centred (in the 
 the first box's centre before the float32 computation, so rounding stays ~1e-5 m for boxes within a
 few hundred metres of each other.
 
-Backends. The same kernel runs on torch tensors (CUDA when available, else CPU; tensors stay on their
-device) and on NumPy arrays (``backend="numpy"``, the comparison implementation of the benchmark).
+Backends. One kernel, written with array operators only, runs on torch tensors (``backend="torch"``:
+CUDA when available, else CPU; tensors stay on their device) and on NumPy arrays (``backend="numpy"``).
+By default (``backend=None``) torch tensors are processed by torch on their device; NumPy inputs go to
+torch on CUDA when there is a GPU and to NumPy otherwise, because on a CPU the torch path pays ~5-10 us
+per operator and, with several intra-op threads on a loaded machine, far more (docs/benchmarks.md).
 NumPy inputs come back as NumPy outputs. There are no Python loops over objects or time steps; only the
 all-pairs and proposal forms process the leading dimension in chunks to bound memory.
 """
@@ -185,6 +188,8 @@ def _check_boxes(xp: ModuleType, corners: Array, name: str, valid: Array | None)
 
 
 def _first_index(xp: ModuleType, mask: Array) -> tuple[int, ...]:
+    if mask.ndim == 0:  # a single box
+        return ()
     idx = xp.nonzero(mask) if xp is np else torch.nonzero(mask, as_tuple=True)
     return tuple(int(i[0]) for i in idx)
 
@@ -214,6 +219,9 @@ def _prepare(arrays: list[Array | None], backend: Backend | None,
     (then results are returned as NumPy).
     """
     given_numpy = not any(isinstance(a, torch.Tensor) for a in arrays if a is not None)
+    if backend is None:
+        on_gpu = (torch.device(device) if device is not None else default_device()).type == "cuda"
+        backend = "numpy" if given_numpy and not on_gpu else "torch"
     origin = _origin(arrays)
     out: list[Array | None] = []
     for i, a in enumerate(arrays):
