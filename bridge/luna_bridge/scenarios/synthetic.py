@@ -24,7 +24,7 @@ from luna_core.types import (EgoState, LaneGraph, ObjectClass, Route, TrafficLig
 
 from luna_bridge.scenario import SIM_DT, Scenario, TrafficLightTimeline
 from luna_bridge.scenarios.roads import LANE_WIDTH, Junction, Road, four_way_junction, multilane_road
-from luna_bridge.scenarios.traffic import (HUMAN, T_START, Pedestrian, TrafficScript, Vehicle, ego_vehicle,
+from luna_bridge.scenarios.traffic import (T_START, Pedestrian, TrafficScript, Vehicle, ego_vehicle,
                                            lane_change_path, lane_path, to_track)
 
 SCENARIO_TYPES: tuple[str, ...] = (
@@ -645,10 +645,8 @@ def realise(draft: Draft, name: str, scenario_type: str, split: str, seed: int) 
     steering = math.atan(VEHICLE.wheelbase * yaw_rate / v) if abs(v) > 0.5 else 0.0
     ego0 = EgoState(0.0, float(x), float(y), float(h), float(v), (v_next - v) / SIM_DT, yaw_rate, steering)
     end = expert.state_at(DURATION)
-    lm = lane_map(draft.graph)
     route = Route(0.0, list(draft.route), end.x if end else math.nan, end.y if end else math.nan,
                   end.heading if end else math.nan)
-    _ = lm  # the map index is cached for the validation above
     lights = [TrafficLightTimeline(tl.lane_id, list(tl.times), list(tl.phases)) for tl in draft.lights]
     scenario = Scenario(name=name, scenario_type=scenario_type, lane_graph=draft.graph, route=route,
                         ego_initial=ego0, expert=expert, agents=agents, traffic_lights=lights,

@@ -11,7 +11,7 @@ from luna_core.lanes import Polyline, lane_map
 from luna_bridge.scenarios.roads import LANE_WIDTH, SHOULDER, four_way_junction, multilane_road, reference_line
 from luna_bridge.scenarios.synthetic import _trapezoid
 from luna_bridge.scenarios.traffic import (T_START, Pedestrian, TrafficScript, Vehicle, lane_change_path,
-                                           lane_path, smoothstep)
+                                           smoothstep)
 
 
 def test_reference_line_has_continuous_curvature() -> None:
