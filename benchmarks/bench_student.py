@@ -13,13 +13,14 @@ Medians over repeats; the machine's 2 cores are shared with other jobs, so absol
 (ratios from one run are more stable than absolute times). The latency of an untrained student equals
 that of a distilled one (same graph), so ``--student`` is optional.
 
-    .venv/bin/python benchmarks/bench_student.py --docs
+    .venv/bin/python benchmarks/bench_student.py --repeats 3 --cot-repeats 1 --docs
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -36,7 +37,6 @@ from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSect
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Student latency (issue 5)"
-COMMAND = ".venv/bin/python benchmarks/bench_student.py --docs"
 COT_TOKENS = 200
 
 
@@ -60,8 +60,9 @@ def example(prompts: PromptManager, i: int) -> MemoryItem:
                       answer=format_ranked_answer(["CK", "DK", "AL"], why), distribution=np.full(10, 0.1))
 
 
-def timed(fn, repeats: int, desc: str) -> list[float]:
-    fn()  # warm-up (allocations, caches)
+def timed(fn, repeats: int, desc: str, warmup: bool = True) -> list[float]:
+    if warmup:
+        fn()  # allocations, caches
     out = []
     for _ in tqdm(range(repeats), desc=desc, leave=False):
         t0 = time.perf_counter()
@@ -115,7 +116,7 @@ def main() -> int:
             rows.setdefault("DPP ONNX Runtime (CPU provider), full prefill", {})[k] = timed(
                 lambda: onnx.predict(query, ex), args.repeats, f"onnx K={k}")
             rows.setdefault(f"CoT: generate {COT_TOKENS} tokens (base model)", {})[k] = timed(
-                lambda: cot_decision(student, query, ex), args.cot_repeats, f"cot K={k}")
+                lambda: cot_decision(student, query, ex), args.cot_repeats, f"cot K={k}", warmup=False)
 
     # Decision latency while an explanation is generated in a worker thread (shared model instance).
     stop = threading.Event()
@@ -132,12 +133,13 @@ def main() -> int:
     stop.set()
     worker.join()
 
+    command = " ".join([".venv/bin/python", "benchmarks/bench_student.py", *sys.argv[1:]])
     med = {name: {k: statistics.median(v) for k, v in per_k.items()} for name, per_k in rows.items()}
     cot = med[f"CoT: generate {COT_TOKENS} tokens (base model)"]
     lines = [SECTION, "",
-             f"Command: `{COMMAND}` (torch {torch.__version__}, {args.threads} threads, SmolLM2-135M-Instruct "
-             f"fp32 on the CPU; {args.repeats} timed DPP calls and {args.cot_repeats} generations per "
-             "setting after one warm-up; medians from one run). The 2 cores are shared with other "
+             f"Command: `{command}` (torch {torch.__version__}, {args.threads} threads, SmolLM2-135M-Instruct "
+             f"fp32 on the CPU; {args.repeats} timed DPP calls after one warm-up and {args.cot_repeats} "
+             "generation(s) per setting; medians from one run). The 2 cores are shared with other "
              "jobs: absolute times are noisy, the ratios less so.", "",
              f"Prompt: the default decision-making system message + one scene query with 4 objects; "
              f"K retrieved examples with teacher-style answers. Prompt tokens: K=0: {tokens[0]}, "

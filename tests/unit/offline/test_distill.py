@@ -85,16 +85,16 @@ def test_bad_settings_and_an_empty_bank_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_kl_to_the_teacher_falls_on_a_small_synthetic_set(tmp_path):
-    """20 items whose teacher distribution depends on the scene: ~3 epochs must lower the mean KL."""
-    bank_path = make_bank(tmp_path / "bank", 20)
-    items = [memory_item(i, top=TOPS[i % len(TOPS)]) for i in range(20)]
+    """12 items whose teacher distribution depends on the scene: 9 steps must lower the mean KL."""
+    bank_path = make_bank(tmp_path / "bank", 12)
+    items = [memory_item(i, top=TOPS[i % len(TOPS)]) for i in range(12)]
 
     def mean_kl(student: DualHeadStudent) -> float:
         return float(np.mean([kl_divergence(it.distribution, student.predict(it.query, [])[0]) for it in items]))
 
     settings = DistillSettings(bank=bank_path, out=str(tmp_path / "run"), epochs=3, batch_size=4,
-                               grad_accum=1, k_min=0, k_max=0, heldout_fraction=0.0, lr=2e-3,
-                               warmup_steps=2, checkpoint_every=100, max_context_tokens=1024, device="cpu")
+                               grad_accum=1, k_min=0, k_max=0, heldout_fraction=0.0, lr=5e-3,
+                               warmup_steps=1, checkpoint_every=100, max_context_tokens=1024, device="cpu")
     torch.manual_seed(settings.seed)
     before = mean_kl(DualHeadStudent.from_base(StudentConfig(device="cpu", max_context_tokens=1024), PROMPTS))
     after = mean_kl(DualHeadStudent.from_pretrained(distill(settings, prompts=PROMPTS, progress=False),
