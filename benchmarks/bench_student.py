@@ -13,12 +13,13 @@ Medians over repeats; the machine's 2 cores are shared with other jobs, so absol
 (ratios from one run are more stable than absolute times). The latency of an untrained student equals
 that of a distilled one (same graph), so ``--student`` is optional.
 
-    .venv/bin/python benchmarks/bench_student.py --repeats 3 --cot-repeats 1 --docs
+    .venv/bin/python benchmarks/bench_student.py --repeats 2 --cot-repeats 1 --docs
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -38,6 +39,10 @@ from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSect
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Student latency (issue 5)"
 COT_TOKENS = 200
+CACHED = "DPP torch, system-message KV cache reused"
+FULL = "DPP torch, full prefill"
+ONNX = "DPP ONNX Runtime (CPU provider), full prefill"
+COT = f"CoT: generate {COT_TOKENS} tokens (base model, adapters off)"
 
 
 def scene(i: int, n_objects: int = 4) -> SceneDescriptor:
@@ -99,65 +104,89 @@ def main() -> int:
 
     rows: dict[str, dict[int, list[float]]] = {}
     tokens: dict[int, int] = {}
+    extra: list[str] = []
+    command = " ".join([".venv/bin/python", "benchmarks/bench_student.py", *sys.argv[1:]])
+
+    def report() -> None:  # after every stage, so a run cut short still leaves its figures
+        text = render(rows, tokens, extra, command, args)
+        print(text, flush=True)
+        if args.docs:
+            write_section(ROOT / "docs" / "benchmarks.md", text)
+
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = export_dpp_onnx(student, Path(tmp) / "dpp.onnx")
         onnx = OnnxDecisionPredictor(onnx_path, student.tokenizer, prompts, student.config,
                                      threads=args.threads)
         for k in (0, 3):
             ex = pool[:k]
-            tokens[k] = student.predict(query, ex)[1].prompt_tokens
+            tokens[k] = student.predict(query, ex)[1].prompt_tokens  # also the warm-up
+            onnx.predict(query, ex)
             student.config.reuse_prefix_cache = True
-            rows.setdefault("DPP torch, system-message KV cache reused", {})[k] = timed(
-                lambda: student.predict(query, ex), args.repeats, f"dpp cached K={k}")
+            rows.setdefault(CACHED, {})[k] = timed(lambda: student.predict(query, ex), args.repeats,
+                                                   f"dpp cached K={k}", warmup=False)
             student.config.reuse_prefix_cache = False
-            rows.setdefault("DPP torch, full prefill", {})[k] = timed(
-                lambda: student.predict(query, ex), args.repeats, f"dpp full K={k}")
+            rows.setdefault(FULL, {})[k] = timed(lambda: student.predict(query, ex), args.repeats,
+                                                 f"dpp full K={k}", warmup=False)
             student.config.reuse_prefix_cache = True
-            rows.setdefault("DPP ONNX Runtime (CPU provider), full prefill", {})[k] = timed(
-                lambda: onnx.predict(query, ex), args.repeats, f"onnx K={k}")
-            rows.setdefault(f"CoT: generate {COT_TOKENS} tokens (base model)", {})[k] = timed(
-                lambda: cot_decision(student, query, ex), args.cot_repeats, f"cot K={k}", warmup=False)
+            rows.setdefault(ONNX, {})[k] = timed(lambda: onnx.predict(query, ex), args.repeats, f"onnx K={k}",
+                                                 warmup=False)
+            rows.setdefault(COT, {})[k] = timed(lambda: cot_decision(student, query, ex), args.cot_repeats,
+                                                f"cot K={k}", warmup=False)
+            report()
+            if k == 0:
+                extra[:] = [busy_versus_idle(student, query, args.repeats)]
+                report()
+    return 0
 
-    # Decision latency while an explanation is generated in a worker thread (shared model instance).
+
+def busy_versus_idle(student: DualHeadStudent, query: str, repeats: int) -> str:
+    """Decision latency (K = 0) while an explanation is generated in a worker thread sharing the model."""
     stop = threading.Event()
 
     def explain_until_stopped() -> None:
         while not stop.is_set():
-            student.explain(query, pool, ["CK", "DK"], max_new_tokens=64, stop=stop)
+            student.explain(query, [], ["CK", "DK"], max_new_tokens=64, stop=stop)
 
+    idle = timed(lambda: student.predict(query, []), repeats, "idle", warmup=False)
     worker = threading.Thread(target=explain_until_stopped)
-    idle = timed(lambda: student.predict(query, pool), args.repeats, "idle")
     worker.start()
     time.sleep(1.0)
-    busy = [student.predict(query, pool)[1].total for _ in tqdm(range(args.repeats), desc="busy", leave=False)]
+    busy = [student.predict(query, [])[1].total for _ in tqdm(range(repeats), desc="busy", leave=False)]
     stop.set()
     worker.join()
+    return (f"Decision latency (torch, K = 0) while an explanation is generated in a worker thread sharing "
+            f"the model: {statistics.median(busy):.3f} s median (idle: {statistics.median(idle):.3f} s). The "
+            "worker yields between tokens to a pending decision, so a decision waits at most one token "
+            "step; both still share the 2 cores.")
 
-    command = " ".join([".venv/bin/python", "benchmarks/bench_student.py", *sys.argv[1:]])
+
+def render(rows: dict[str, dict[int, list[float]]], tokens: dict[int, int], extra: list[str], command: str,
+           args: argparse.Namespace) -> str:
     med = {name: {k: statistics.median(v) for k, v in per_k.items()} for name, per_k in rows.items()}
-    cot = med[f"CoT: generate {COT_TOKENS} tokens (base model)"]
+    cot = med.get(COT, {})
+
+    def cell(m: dict[int, float], k: int) -> str:
+        return f"{m[k]:.2f}" if k in m else "not measured (run cut short)"
+
+    def ratio(m: dict[int, float], k: int) -> str:
+        return f"{cot[k] / m[k]:.1f}x" if k in m and k in cot else "-"
+
     lines = [SECTION, "",
              f"Command: `{command}` (torch {torch.__version__}, {args.threads} threads, SmolLM2-135M-Instruct "
-             f"fp32 on the CPU; {args.repeats} timed DPP calls after one warm-up and {args.cot_repeats} "
-             "generation(s) per setting; medians from one run). The 2 cores are shared with other "
-             "jobs: absolute times are noisy, the ratios less so.", "",
-             f"Prompt: the default decision-making system message + one scene query with 4 objects; "
-             f"K retrieved examples with teacher-style answers. Prompt tokens: K=0: {tokens[0]}, "
-             f"K=3: {tokens[3]}.", "",
+             f"fp32 on the CPU, untrained adapters and head: same graph and cost as a distilled student; "
+             f"{args.repeats} timed DPP calls after one warm-up and {args.cot_repeats} generation(s) per "
+             "setting; medians from one run). The 2 cores were shared with other jobs (load average "
+             f"{os.getloadavg()[0]:.0f} at the end of the run): absolute times are inflated and noisy, "
+             "the ratios less so.", "",
+             "Prompt: the default decision-making system message + one scene query with 4 objects; K "
+             "retrieved examples with teacher-style answers. Prompt tokens: "
+             + ", ".join(f"K={k}: {n}" for k, n in tokens.items()) + ".", "",
              "| setting | K = 0 (s) | K = 3 (s) | CoT / this, K = 0 | CoT / this, K = 3 |",
              "|---|---|---|---|---|"]
     for name, m in med.items():
-        lines.append(f"| {name} | {m[0]:.3f} | {m[3]:.3f} | {cot[0] / m[0]:.1f}x | {cot[3] / m[3]:.1f}x |")
-    lines += ["", f"Decision latency (torch, K = 3) while an explanation is generated in a worker thread "
-                  f"sharing the model: {statistics.median(busy):.3f} s median (idle: "
-                  f"{statistics.median(idle):.3f} s). The worker yields between tokens to a pending "
-                  "decision, so the decision waits at most one token step; both still share the 2 cores.",
-              ""]
-    text = "\n".join(lines)
-    print(text)
-    if args.docs:
-        write_section(ROOT / "docs" / "benchmarks.md", text)
-    return 0
+        lines.append(f"| {name} | {cell(m, 0)} | {cell(m, 3)} | {ratio(m, 0)} | {ratio(m, 3)} |")
+    lines += [""] + extra + [""]
+    return "\n".join(lines)
 
 
 def write_section(path: Path, text: str) -> None:
