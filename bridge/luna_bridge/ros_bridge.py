@@ -14,6 +14,7 @@ history before the scenario start needs stamps too.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ class RosStackPlanner:
         n.create_subscription(lm.Trajectory, "planning/trajectory", self._on_trajectory, qos.RELIABLE)
         n.create_subscription(lm.DecisionDistribution, "luna/decision", self._on_decision, qos.RELIABLE)
         self.current: Trajectory | None = None
+        self.history_sent = False
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -109,8 +111,7 @@ class RosStackPlanner:
                                  "planning/trajectory (start it with `luna up --sim-time`)")
 
     def _publish_ego(self, ego, t: float) -> None:
-        ego_msg = convert.ego_to_odometry(ego)
-        ego_msg.header.stamp = convert.to_time(t + TIME_OFFSET)
+        ego_msg = convert.ego_to_odometry(dataclasses.replace(ego, stamp=t + TIME_OFFSET))
         self.odom_pub.publish(ego_msg)
         accel = AccelWithCovarianceStamped()
         accel.header = ego_msg.header
@@ -121,6 +122,7 @@ class RosStackPlanner:
 
     def reset(self) -> None:
         self.latest = self.current = None
+        self.history_sent = False
         self.decisions.clear()
         graph = self.scenario.lane_graph
         graph.stamp = TIME_OFFSET
@@ -132,9 +134,10 @@ class RosStackPlanner:
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         t = planner_input.time
-        if self.current is None:  # first call: the history the stack has not seen yet
+        if not self.history_sent:  # first call: the history the stack has not seen yet
             for past in planner_input.ego_history[:-1]:
                 self._publish_ego(past, past.stamp)
+            self.history_sent = True
         self._publish_ego(planner_input.ego, t)
         objects = planner_input.objects
         objects_msg = convert.objects_to_msg(objects)

@@ -211,6 +211,7 @@ def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = No
     """
     rclpy.init(args=args)
     nodes: list[Node] = []
+    executor = None
     code = 0
     try:
         for factory in factories:
@@ -233,11 +234,15 @@ def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = No
             code = 1
         # else: a shutdown (SIGINT) arrived while the nodes were being built: a clean stop
     finally:
+        # Order matters: stop the node's own worker threads (they may still publish), then the
+        # executor's threads, then the nodes and the context.
         for node in nodes:
             close = getattr(node, "close", None)
             if callable(close):
                 close()
+        if executor is not None:
+            executor.shutdown(timeout_sec=10.0)
+        for node in nodes:
             node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+        rclpy.try_shutdown()
     return code

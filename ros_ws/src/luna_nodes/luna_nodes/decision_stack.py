@@ -101,6 +101,7 @@ class DecisionInference(LunaLifecycleNode):
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self.memory_worker = ThreadPoolExecutor(1, thread_name_prefix="memory")
         self.busy = threading.Event()
+        self.closing = threading.Event()
         self.publisher = None
         self.cycle_timers = []
         self.luna_subscription(lm.SceneDescriptor, "luna/scene", self.on_scene, qos.RELIABLE)
@@ -181,6 +182,8 @@ class DecisionInference(LunaLifecycleNode):
                 self.diagnostics.increment("failed_decisions")
                 return
             self.diagnostics.clear("decision")
+            if self.closing.is_set():
+                return
             decision.stamp = now
             self.publisher.publish(convert.decision_to_msg(decision))
             self.diagnostics.set_value("latency_s", decision.latency)
@@ -192,9 +195,10 @@ class DecisionInference(LunaLifecycleNode):
             self.busy.clear()
 
     def close(self) -> None:
-        # A forward pass in flight finishes on its own; nothing waits for it at shutdown.
-        self.worker.shutdown(wait=False, cancel_futures=True)
-        self.memory_worker.shutdown(wait=False, cancel_futures=True)
+        # Queued work is dropped; a forward pass in flight finishes (seconds) without publishing.
+        self.closing.set()
+        self.worker.shutdown(wait=True, cancel_futures=True)
+        self.memory_worker.shutdown(wait=True, cancel_futures=True)
 
 
 EXPLAINER_INTERFACE = NodeInterface(
@@ -271,6 +275,8 @@ class Explainer(LunaNode):
         except Exception as exc:  # noqa: BLE001 - keep serving later failures
             self.diagnostics.set_condition("explanation", ERROR, f"explanation failed: {exc}")
             return
+        if self.stop.is_set():
+            return
         self.diagnostics.clear("explanation")
         explanation.stamp = self.now_s()
         self.publisher.publish(convert.explanation_to_msg(explanation))
@@ -281,7 +287,7 @@ class Explainer(LunaNode):
         self.stop.set()
         with self.queue_ready:
             self.queue_ready.notify_all()
-        self.thread.join(timeout=5.0)
+        self.thread.join(timeout=30.0)  # generation stops at the next token once ``stop`` is set
 
 
 def main(args=None) -> int:

@@ -164,6 +164,8 @@ class PlannerNode(LunaLifecycleNode):
     # -- the planning cycle -------------------------------------------------------------------------
 
     def _has_inputs_of(self, now: float) -> bool:
+        if self.graph is None or self.route is None:
+            return False
         with self.lock:
             ego_ok = bool(self.history) and self.history[-1].stamp >= now - 1e-6
         decision_period = self.params["decision_period"]

@@ -126,6 +126,8 @@ class ReflectionClient(LunaNode):
                 self.publish(result)
 
     def publish(self, result) -> None:
+        if self.stop.is_set():
+            return  # shutting down: the result is durable in the outbox record and the bank
         result.stamp = self.now_s()
         self.result_pub.publish(convert.reflection_to_msg(result))
         if result.error:
@@ -141,7 +143,7 @@ class ReflectionClient(LunaNode):
     def close(self) -> None:
         self.stop.set()
         self.wake.set()
-        self.thread.join(timeout=5.0)
+        self.thread.join(timeout=60.0)  # a reflection in flight finishes (bounded by the LLM timeout)
         self.outbox.close()
         self.bank.close()
 
