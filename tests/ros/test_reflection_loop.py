@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from nav_msgs.msg import Odometry
 
@@ -30,13 +31,16 @@ def _start(exe: str, params: dict, tmp_path: Path, env: dict) -> subprocess.Pope
                             text=True)
 
 
+@pytest.mark.slow
 def test_collision_reflection_adds_a_retrievable_memory_item(tmp_path, ros_context):
     bank_path, seed_ids = make_bank(tmp_path)
     student = make_student_dir(tmp_path)
     env = ros_env({"LUNA_DATA": str(tmp_path / "data")})
     model = {"student_model": str(student), "memory_bank": str(bank_path), "device": "cpu"}
     procs = [
-        _start("progress_monitor", {"progress_monitor": {"ros__parameters": {"decision_period": 0.2}}}, tmp_path, env),
+        _start("progress_monitor", {"progress_monitor": {"ros__parameters": {"decision_period": 0.2,
+                                                                             "failure_cooldown": 1000.0}}},
+               tmp_path, env),
         _start("decision_stack", {"decision_inference": {"ros__parameters": {**model, "memory_poll_period": 0.5}},
                                   "explainer": {"ros__parameters": {**model, "max_tokens": 12}}}, tmp_path, env),
         _start("reflection_client", {"reflection_client": {"ros__parameters": {
@@ -74,7 +78,7 @@ def test_collision_reflection_adds_a_retrievable_memory_item(tmp_path, ros_conte
         probe.wait(lambda: any(v.data == result.memory_version for v in versions), 30.0, "the new memory version")
     finally:
         probe.close()
-        outputs = [stop_process(p, timeout=60) for p in procs]
+        outputs = [stop_process(p, timeout=120) for p in procs]
     with MemoryBank.open(bank_path) as bank:
         item = bank.get(result.memory_item_id)
         assert item.source == "reflection" and item.distribution is None

@@ -143,7 +143,9 @@ class ReflectionClient(LunaNode):
     def close(self) -> None:
         self.stop.set()
         self.wake.set()
-        self.thread.join(timeout=60.0)  # a reflection in flight finishes (bounded by the LLM timeout)
+        # A reflection in flight is not waited for: its request stays in the outbox (not marked done)
+        # and is sent again after a restart, so nothing is lost by stopping now.
+        self.thread.join(timeout=2.0)
         self.outbox.close()
         self.bank.close()
 
