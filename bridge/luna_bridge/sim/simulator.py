@@ -26,7 +26,7 @@ from luna_core.types import (DecisionDistribution, EgoState, Planner, PlannerInp
 
 from luna_bridge.scenario import SIM_DT, Scenario, SimulationLog
 from luna_bridge.sim.agents import ReactiveAgents, ego_box
-from luna_bridge.sim.fallback import stop_trajectory
+from luna_core.planning.fallback import stop_along as stop_trajectory
 
 log = logging.getLogger(__name__)
 
