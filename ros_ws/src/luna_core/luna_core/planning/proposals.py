@@ -18,6 +18,7 @@ import numpy as np
 from luna_core.control import simulate_proposals, state_from_ego
 from luna_core.idm import IDMParameters, idm_acceleration, pdm_policy
 from luna_core.lanes import Polyline, lane_map
+from luna_core.planning.fallback import stop_along
 from luna_core.planning.forecast import constant_velocity_forecast
 from luna_core.planning.reference_paths import ReferencePath, reference_paths
 from luna_core.planning.scorer import ObjectBoxes
@@ -128,16 +129,9 @@ def idm_proposals(ego: EgoState, path: Polyline, objects: ObjectBoxes, *,
 
 def stopping_trajectory(ego: EgoState, path: Polyline, deceleration: float, steps: int,
                         dt: float = 0.1) -> Trajectory:
-    """Brake at ``deceleration`` (m/s^2, positive) along ``path`` from the ego's foot point to a stop."""
-    t = np.arange(steps + 1) * dt
-    v0 = max(ego.velocity, 0.0)
-    v = np.maximum(v0 - deceleration * t, 0.0)
-    t_stop = v0 / deceleration if deceleration > 0 else 0.0
-    tc = np.minimum(t, t_stop)
-    s = float(path.project(np.array([ego.x, ego.y])).s) + v0 * tc - 0.5 * deceleration * tc ** 2
-    poses = path.interpolate(s)
-    acc = np.where(t < t_stop, -deceleration, 0.0)
-    return Trajectory(ego.stamp, t, poses[:, 0], poses[:, 1], poses[:, 2], v, acc)
+    """Brake at ``deceleration`` (m/s^2, positive) along ``path`` to a stop, ``steps`` steps of ``dt``
+    (``luna_core.planning.fallback.stop_along`` in the proposals' step-count terms)."""
+    return stop_along(ego, path, deceleration, horizon=steps * dt, dt=dt)
 
 
 @dataclass
