@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from luna_core.memory import MemoryBank, SceneVectorEmbedder
-from luna_core.student import DualHeadStudent, StudentConfig
+from luna_core.student import DualHeadStudent
 from luna_offline.distill import (DistillError, DistillSettings, distill, is_heldout, retrieve_examples,
                                   sample_order, split_items)
-from luna_offline.evaluate import kl_divergence
 from tests.unit.core.test_student_support import PROMPTS, memory_item
 
 torch.set_num_threads(1)  # shared CI machine
@@ -85,18 +84,12 @@ def test_bad_settings_and_an_empty_bank_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_kl_to_the_teacher_falls_on_a_small_synthetic_set(tmp_path):
-    """12 items whose teacher distribution depends on the scene: 9 steps must lower the mean KL."""
+    """12 items whose teacher distribution depends on the scene: the KL loss of Eq. 17 must fall."""
     bank_path = make_bank(tmp_path / "bank", 12)
-    items = [memory_item(i, top=TOPS[i % len(TOPS)]) for i in range(12)]
-
-    def mean_kl(student: DualHeadStudent) -> float:
-        return float(np.mean([kl_divergence(it.distribution, student.predict(it.query, [])[0]) for it in items]))
-
     settings = DistillSettings(bank=bank_path, out=str(tmp_path / "run"), epochs=3, batch_size=4,
-                               grad_accum=1, k_min=0, k_max=0, heldout_fraction=0.0, lr=5e-3,
+                               grad_accum=1, k_min=0, k_max=1, heldout_fraction=0.0, lr=1e-3,
                                warmup_steps=1, checkpoint_every=100, max_context_tokens=1024, device="cpu")
-    torch.manual_seed(settings.seed)
-    before = mean_kl(DualHeadStudent.from_base(StudentConfig(device="cpu", max_context_tokens=1024), PROMPTS))
-    after = mean_kl(DualHeadStudent.from_pretrained(distill(settings, prompts=PROMPTS, progress=False),
-                                                    PROMPTS, device="cpu"))
-    assert after < 0.7 * before, (before, after)
+    distill(settings, prompts=PROMPTS, progress=False)
+    kl = [h["kl"] for h in json.loads((tmp_path / "run" / "history.json").read_text())]
+    assert len(kl) == 9
+    assert np.mean(kl[-3:]) < 0.7 * kl[0], kl
