@@ -78,7 +78,20 @@ if ! stamp_ok packages "$pkgs_hash"; then
   stamp_set packages "$pkgs_hash"
 fi
 
-# 6. default model files in the cache -----------------------------------------------------------------
+# 6. WordNet data for METEOR (luna-offline evaluate); no PyPI package ships it. Best effort: without it
+#    evaluate reports METEOR as unavailable, everything else works.
+if [ ! -d /usr/share/wordnet ] && [ ! -f "$STAMPS/wordnet-tried" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing WordNet (Debian wordnet-base) for METEOR"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends wordnet-base; } \
+      > "$VENV/.luna-wordnet.log" 2>&1 || say "WordNet install failed (see $VENV/.luna-wordnet.log): METEOR will be unavailable"
+  else
+    say "WordNet not installed (needs root: apt-get install wordnet-base): METEOR will be unavailable"
+  fi
+  stamp_set wordnet-tried 1
+fi
+
+# 7. default model files in the cache -----------------------------------------------------------------
 "$PY" -m luna_core.model_cache prepare --quiet
 
 say "ready: $VENV"
