@@ -8,7 +8,7 @@ the same as running the planner in process (``tests/closed_loop/test_ros_lockste
 that does not arrive within the timeout counts as a planner failure (the simulator then tracks a
 comfortable stop).
 
-Simulation time t maps to ROS time t + ``TIME_OFFSET``: ROS treats time 0 as "unset", and the ego
+Simulation time t maps to ROS time t + ``LockstepConfig.time_offset``: ROS treats time 0 as "unset", and the ego
 history before the scenario start needs stamps too.
 """
 
@@ -43,6 +43,8 @@ class LockstepConfig:
     replan_period: float = 0.5  # s, the planner node's replan_period
     timeout: float = 10.0  # s of wall time to wait for a trajectory
     connect_timeout: float = 30.0  # s of wall time to wait for the stack's subscribers
+    time_offset: float = TIME_OFFSET  # s; ROS time = simulation time + offset. Consecutive scenarios
+    # against one running stack need increasing offsets: the stack's clock must never run backwards.
 
 
 class RosStackPlanner:
@@ -76,7 +78,7 @@ class RosStackPlanner:
 
     def _on_trajectory(self, msg: lm.Trajectory) -> None:
         traj = convert.msg_to_trajectory(msg)
-        traj.stamp -= TIME_OFFSET
+        traj.stamp -= self.config.time_offset
         self.latest = traj
 
     def _on_decision(self, msg: lm.DecisionDistribution) -> None:
@@ -84,7 +86,7 @@ class RosStackPlanner:
             d = convert.msg_to_decision(msg)
         except ValueError:
             return  # the planner diagnoses bad decisions; the bridge only records good ones
-        d.stamp -= TIME_OFFSET
+        d.stamp -= self.config.time_offset
         self.decisions.append(d)
 
     def _spin_until(self, predicate, timeout: float, heartbeat=None) -> bool:
@@ -111,7 +113,7 @@ class RosStackPlanner:
                                  "planning/trajectory (start it with `luna up --sim-time`)")
 
     def _publish_ego(self, ego, t: float) -> None:
-        ego_msg = convert.ego_to_odometry(dataclasses.replace(ego, stamp=t + TIME_OFFSET))
+        ego_msg = convert.ego_to_odometry(dataclasses.replace(ego, stamp=t + self.config.time_offset))
         self.odom_pub.publish(ego_msg)
         accel = AccelWithCovarianceStamped()
         accel.header = ego_msg.header
@@ -125,10 +127,10 @@ class RosStackPlanner:
         self.history_sent = False
         self.decisions.clear()
         graph = self.scenario.lane_graph
-        graph.stamp = TIME_OFFSET
+        graph.stamp = self.config.time_offset
         self.graph_pub.publish(convert.lane_graph_to_msg(graph))
         route = self.scenario.route
-        route.stamp = TIME_OFFSET
+        route.stamp = self.config.time_offset
         self.route_pub.publish(convert.route_to_msg(route))
         self.connect()
 
@@ -141,12 +143,12 @@ class RosStackPlanner:
         self._publish_ego(planner_input.ego, t)
         objects = planner_input.objects
         objects_msg = convert.objects_to_msg(objects)
-        objects_msg.header.stamp = convert.to_time(t + TIME_OFFSET)
+        objects_msg.header.stamp = convert.to_time(t + self.config.time_offset)
         self.objects_pub.publish(objects_msg)
         lights_msg = convert.lights_to_msg(planner_input.traffic_lights)
         lights_msg.header.stamp = objects_msg.header.stamp
         self.lights_pub.publish(lights_msg)
-        clock = Clock(clock=convert.to_time(t + TIME_OFFSET))
+        clock = Clock(clock=convert.to_time(t + self.config.time_offset))
         self.clock_pub.publish(clock)
         period = self.config.replan_period
         if self.current is None or abs(t / period - round(t / period)) < 1e-6:

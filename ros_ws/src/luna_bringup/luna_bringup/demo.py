@@ -131,7 +131,8 @@ def _drive(args: argparse.Namespace, out: Path, with_decisions: bool) -> list[di
 
     from luna_bridge.metrics import score_log
     from luna_bridge.render import render_png
-    from luna_bridge.ros_bridge import LockstepConfig, PlannerTimeout, RosStackPlanner, lockstep_simulation_config
+    from luna_bridge.ros_bridge import (TIME_OFFSET, LockstepConfig, PlannerTimeout, RosStackPlanner,
+                                       lockstep_simulation_config)
     from luna_bridge.scenarios.registry import load_entry, suite_refs
     from luna_bridge.sim.simulator import simulate
 
@@ -142,11 +143,14 @@ def _drive(args: argparse.Namespace, out: Path, with_decisions: bool) -> list[di
         raise SystemExit(f"luna demo: unknown scenario(s) {unknown}")
     rclpy.init()
     rows = []
+    offset = TIME_OFFSET
     try:
         for i, name in enumerate(wanted):
             scenario = load_entry(*refs[name])
-            bridge = RosStackPlanner(scenario, LockstepConfig(timeout=120.0, connect_timeout=300.0),
-                                     node_name=f"luna_bridge_{i}")
+            # One running stack drives every scenario: its clock must keep moving forwards.
+            bridge = RosStackPlanner(scenario, LockstepConfig(timeout=120.0, connect_timeout=300.0,
+                                                              time_offset=offset), node_name=f"luna_bridge_{i}")
+            offset += scenario.duration + 10.0
             started = time.monotonic()
             print(f"[{i + 1}/{len(wanted)}] {name} ({scenario.scenario_type}, {scenario.duration:.0f} s) ...",
                   flush=True)
