@@ -166,11 +166,12 @@ def _drive(args: argparse.Namespace, out: Path, with_decisions: bool) -> list[di
                    "error": error}
             if log is not None:
                 score = score_log(log)
-                picture = render_png(log, out / "bev" / f"{name}.png", title=f"{name}: CLS {score.score:.2f}")
+                picture = render_png(log, out / "bev" / f"{name}.png", title=f"{name}: CLS {100 * score.score:.1f}")
                 row.update(cls=score.score, failures=log.planner_failures, decisions=len(log.decisions),
                            metrics={k: m.score for k, m in score.metrics.items()}, bev=str(picture))
             rows.append(row)
-            print(f"    CLS {row.get('cls', float('nan')):.3f}  ({row['wall_s']:.0f} s wall){'  ' + error if error else ''}",
+            print(f"    CLS {100 * row.get('cls', float('nan')):.1f}  ({row['wall_s']:.0f} s wall)"
+                  f"{'  ' + error if error else ''}",
                   flush=True)
     finally:
         rclpy.try_shutdown()
@@ -188,7 +189,7 @@ def _report(rows: list[dict], out: Path, planner: str, with_decisions: bool, mis
         if "cls" not in r:
             lines.append(f"| {r['scenario']} | failed: {r['error']} |")
             continue
-        cells = [r["scenario"], f"{r['cls']:.3f}"] + [f"{r['metrics'][m]:.2f}" for m in metric_names]
+        cells = [r["scenario"], f"{100 * r['cls']:.1f}"] + [f"{r['metrics'][m]:.2f}" for m in metric_names]
         cells += [str(r["decisions"]), str(r["failures"])]
         lines.append("| " + " | ".join(cells) + " |")
     scored = [r["cls"] for r in rows if "cls" in r]
@@ -196,14 +197,14 @@ def _report(rows: list[dict], out: Path, planner: str, with_decisions: bool, mis
     success = sum(s > 0 for s in scored) / len(rows) if rows else 0.0
     summary = [f"# LUNA-AD demo", "", f"planner `{planner}`, decisions {'on' if with_decisions else 'off'}, "
                f"non-reactive, lock step over ROS", "", *lines, "",
-               f"NR-CLS {mean:.3f}, NR-SR {100 * success:.0f}% over {len(rows)} scenarios", "",
+               f"NR-CLS {100 * mean:.1f} (0-100), NR-SR {100 * success:.0f}% over {len(rows)} scenarios", "",
                f"bag: `{bag_dir}`; BEV pictures: `{out / 'bev'}`; stack logs: `{out / 'stack.log'}`"]
     if missing:
         summary.append(f"\nnot available in this run: {', '.join(missing)}")
     (out / "summary.md").write_text("\n".join(summary) + "\n")
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
-    print(f"NR-CLS {mean:.3f}, NR-SR {100 * success:.0f}% over {len(rows)} scenarios")
+    print(f"NR-CLS {100 * mean:.1f} (0-100), NR-SR {100 * success:.0f}% over {len(rows)} scenarios")
     print(f"wrote {out / 'summary.md'}, {out / 'bev'}/*.png, bag {bag_dir}")
 
 
