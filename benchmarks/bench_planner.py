@@ -29,6 +29,8 @@ from luna_core.planning.decision_guided import DecisionGuidedConfig, DecisionGui
 from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
                              Route, TrackedObject, TrackedObjects, TrafficLights)
 
+from docs_section import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Planner cycle (issue 7)"
 DECISIONS = {
@@ -160,7 +162,7 @@ def main() -> int:
     if args.markdown:
         args.markdown.write_text(text)
     if args.docs:
-        write_section(ROOT / "docs" / "benchmarks.md", text)
+        write_section(ROOT / "docs" / "benchmarks.md", SECTION, text)
     return 0
 
 
@@ -190,20 +192,6 @@ def plot(rows: list, budget_rows: list, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
-
-
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of ``path`` (up to the next '## ' heading), or append it."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = old.splitlines()
-    if SECTION in lines:
-        start = lines.index(SECTION)
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        lines[start:end] = text.rstrip("\n").splitlines() + [""]
-        new = "\n".join(lines) + "\n"
-    else:
-        new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
-    path.write_text(new)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.onnx_dpp import OnnxDecisionPredictor, export_dpp_onnx
 from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSection, SceneDescriptor
 
+from docs_section import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Student latency (issue 5)"
 COT_TOKENS = 200
@@ -111,7 +113,7 @@ def main() -> int:
         text = render(rows, tokens, extra, command, args)
         print(text, flush=True)
         if args.docs:
-            write_section(ROOT / "docs" / "benchmarks.md", text)
+            write_section(ROOT / "docs" / "benchmarks.md", SECTION, text)
 
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = export_dpp_onnx(student, Path(tmp) / "dpp.onnx")
@@ -187,20 +189,6 @@ def render(rows: dict[str, dict[int, list[float]]], tokens: dict[int, int], extr
         lines.append(f"| {name} | {cell(m, 0)} | {cell(m, 3)} | {ratio(m, 0)} | {ratio(m, 3)} |")
     lines += [""] + extra + [""]
     return "\n".join(lines)
-
-
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of ``path`` (up to the next '## ' heading), or append it."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = old.splitlines()
-    if SECTION in lines:
-        start = lines.index(SECTION)
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        lines[start:end] = text.rstrip("\n").splitlines() + [""]
-        new = "\n".join(lines) + "\n"
-    else:
-        new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
-    path.write_text(new)
 
 
 if __name__ == "__main__":
