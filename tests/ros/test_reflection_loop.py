@@ -41,7 +41,10 @@ def test_collision_reflection_adds_a_retrievable_memory_item(tmp_path, ros_conte
         _start("progress_monitor", {"progress_monitor": {"ros__parameters": {"decision_period": 0.2,
                                                                              "failure_cooldown": 1000.0}}},
                tmp_path, env),
-        _start("decision_stack", {"decision_inference": {"ros__parameters": {**model, "memory_poll_period": 0.5}},
+        # T_d of 2 s: on a 2-core CPU a forward pass with K = 3 examples takes seconds, and the explainer
+        # (which yields to pending decisions) needs gaps between them to generate its tokens.
+        _start("decision_stack", {"decision_inference": {"ros__parameters": {**model, "memory_poll_period": 0.5,
+                                                                            "decision_period": 2.0}},
                                   "explainer": {"ros__parameters": {**model, "max_tokens": 12}}}, tmp_path, env),
         _start("reflection_client", {"reflection_client": {"ros__parameters": {
             "memory_bank": str(bank_path), "max_tokens": 48, "backoff_base": 0.5}}}, tmp_path, env),
