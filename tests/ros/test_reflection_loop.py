@@ -62,17 +62,20 @@ def test_collision_reflection_adds_a_retrievable_memory_item(tmp_path, ros_conte
         for p in (scenes, odom, objects):
             wait_for_subscribers(p, timeout=120.0)
         car = T.TrackedObject("car-9", T.ObjectClass.VEHICLE, 4.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
+        far = T.TrackedObject("car-9", T.ObjectClass.VEHICLE, 60.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
+        crash = {"now": False}  # the collision starts once a decision exists (it is what gets explained)
 
-        def drive():  # the ego rear axle at the origin, its box overlapping car-9 ahead
+        def drive():  # the ego rear axle at the origin, its box overlapping car-9 ahead once crashing
             now = probe.node.get_clock().now().nanoseconds * 1e-9
             scene = samples.scene()
             scene.stamp = now
             scenes.publish(C.scene_to_msg(scene))
             odom.publish(C.ego_to_odometry(T.EgoState(now, 0.0, 0.0, 0.0, 2.0)))
-            objects.publish(C.objects_to_msg(T.TrackedObjects(now, [car])))
+            objects.publish(C.objects_to_msg(T.TrackedObjects(now, [car if crash["now"] else far])))
             probe.spin_for(0.1)
 
         probe.wait(lambda: drive() or decisions, 240.0, "a decision")
+        crash["now"] = True
         probe.wait(lambda: drive() or reflections, 600.0, "a reflection result")
         result = C.msg_to_reflection(reflections[0])
         assert not result.error, result.error
