@@ -45,11 +45,11 @@ def load_map(path: str | Path, fmt: str = "auto") -> LaneGraph:
             raise MapLoadError(str(exc)) from None
     if fmt == "commonroad":
         try:
-            from luna_bridge.scenarios.commonroad import load_lane_graph as load_commonroad
+            from luna_bridge.scenarios.commonroad import load_commonroad
         except ImportError as exc:
             raise MapLoadError(f"{path}: CommonRoad maps need the luna_bridge package ({exc})") from None
         try:
-            return load_commonroad(path)
+            return load_commonroad(path).lane_graph
         except Exception as exc:  # noqa: BLE001 - the reader raises many kinds; report them uniformly
             raise MapLoadError(f"{path}: not a readable CommonRoad map ({exc})") from None
     if fmt == "lanelet2":
