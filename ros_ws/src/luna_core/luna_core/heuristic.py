@@ -5,8 +5,8 @@ one forward pass of the student (Eq. 16) with impossible actions masked, the can
 ``explain(decision, failure)``: the student's explanation of that decision (Eq. 25-28), prefixed by
 its probability-ranked candidate actions, generated greedily and interruptible.
 
-Used by the ``decision_inference`` / ``explainer`` nodes, by the bridge's in-process runs and by
-the offline evaluation, so all of them decide the same way.
+Used by the ``decision_inference`` / ``explainer`` nodes; in-process closed-loop runs and offline
+evaluation are meant to call the same object so that everything decides the same way.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from luna_core.scene import scene_vector
-from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem,
-                             PlannerInput, SceneDescriptor, candidate_set)
+from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
+                             candidate_set)
 
 
 @dataclass(frozen=True)
@@ -91,20 +91,3 @@ class HeuristicSystem:
         return DecisionExplanation(stamp=failure.stamp, decision_stamp=decision.stamp,
                                    failure_stamp=failure.stamp, query=decision.query, candidate_set=list(ranked),
                                    text=result.text, latency=result.latency)
-
-
-class SceneDecisionSource:
-    """A simulator decision source: builds xi_t from the planner input and decides (in process)."""
-
-    def __init__(self, heuristic: HeuristicSystem) -> None:
-        self.heuristic = heuristic
-        self.recent: list[str] = []
-
-    def decide(self, planner_input: PlannerInput) -> DecisionDistribution:
-        from luna_core.scene import build_scene
-
-        scene = build_scene(planner_input.ego, planner_input.objects, planner_input.traffic_lights,
-                            planner_input.route, planner_input.lane_graph, self.recent, planner_input.vehicle)
-        decision = self.heuristic.decide(scene)
-        self.recent = (self.recent + [decision.top_action])[-2:]
-        return decision
