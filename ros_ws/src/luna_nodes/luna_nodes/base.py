@@ -137,10 +137,15 @@ class LunaNodeMixin:
         group = callback_group or MutuallyExclusiveCallbackGroup()
         return self.create_subscription(Clock_, "/clock", on_clock, qos.CLOCK, callback_group=group)
 
-    def _await_clock(self, now: float, timeout: float = 0.5) -> None:
+    def _await_clock(self, now: float, timeout: float = 5.0) -> None:
         """The node clock follows /clock through its own subscription: make sure it has reached ``now``
-        before a periodic callback reads it."""
-        self.wait_until(lambda: self.now_s() >= now - 1e-9, timeout)
+        before a periodic callback reads it (on a loaded machine that can take a while; a callback
+        reading a lagging clock would stamp and compute its output for the wrong instant)."""
+        if not self.wait_until(lambda: self.now_s() >= now - 1e-9, timeout):
+            self.diagnostics.set_condition("clock", WARN, f"node clock still behind /clock {now:.3f} s "
+                                                          f"after {timeout:.1f} s")
+        else:
+            self.diagnostics.clear("clock")
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Poll ``predicate`` for up to ``timeout`` s of wall time (inputs arrive on other threads)."""

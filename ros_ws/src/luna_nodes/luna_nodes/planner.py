@@ -8,7 +8,8 @@ default, or a baseline. This node only gathers inputs, applies the degraded mode
 * a planning cycle longer than the replan period counts as a missed deadline.
 
 Under ``use_sim_time`` the cycle at sim time t waits (briefly, ``input_sync_timeout`` of wall time)
-for the odometry stamped t, so a lock-step bridge gets the same result as an in-process run.
+for the inputs stamped t (odometry, acceleration, objects, lights; each one once it has been heard),
+so a lock-step bridge gets the same result as an in-process run.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class PlannerNode(LunaLifecycleNode):
         super().__init__(INTERFACE)
         self.lock = threading.Lock()
         self.history: deque[EgoState] = deque()
-        self.acceleration = 0.0
+        self.acceleration = 0.0  # m/s^2, the latest longitudinal acceleration
+        self.acceleration_stamp: float | None = None  # s; None until the topic has been heard
         self.objects: TrackedObjects | None = None
         self.lights: TrafficLights | None = None
         self.graph: LaneGraph | None = None
@@ -138,13 +140,21 @@ class PlannerNode(LunaLifecycleNode):
         with self.lock:
             if self.history and ego.stamp < self.history[-1].stamp:
                 raise ValueError(f"odometry stamp {ego.stamp:.3f} s is older than the last one")
-            ego.acceleration = self.acceleration
+            ego.acceleration = self.acceleration  # corrected below if its own-stamped value arrives later
             self.history.append(ego)
             while self.history and ego.stamp - self.history[0].stamp > self.params["history_duration"] + 1e-9:
                 self.history.popleft()
 
     def on_acceleration(self, msg: AccelWithCovarianceStamped) -> None:
-        self.acceleration = float(msg.accel.accel.linear.x)
+        # Odometry and acceleration travel on separate topics in either order: pair them by stamp.
+        stamp = convert.from_time(msg.header.stamp)
+        with self.lock:
+            self.acceleration = float(msg.accel.accel.linear.x)
+            self.acceleration_stamp = stamp
+            for ego in reversed(self.history):
+                if abs(ego.stamp - stamp) < 1e-6:
+                    ego.acceleration = self.acceleration
+                    break
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
         self.objects = convert.msg_to_objects(msg)
@@ -166,13 +176,19 @@ class PlannerNode(LunaLifecycleNode):
     def _has_inputs_of(self, now: float) -> bool:
         if self.graph is None or self.route is None:
             return False
+        def fresh(stamp: float | None, heard: bool) -> bool:
+            # Inputs never heard (no acceleration or lights source, e.g. in some bags) are not waited for.
+            return not heard or (stamp is not None and stamp >= now - 1e-6)
+
         with self.lock:
             ego_ok = bool(self.history) and self.history[-1].stamp >= now - 1e-6
+            accel_ok = fresh(self.acceleration_stamp, self.acceleration_stamp is not None)
+        others_ok = all(fresh(getattr(m, "stamp", None), m is not None) for m in (self.objects, self.lights))
         decision_period = self.params["decision_period"]
         decision_due = self.params["planner"] == "luna" and decision_period > 0 and \
             abs(now / decision_period - round(now / decision_period)) < 1e-6
         decision_ok = not decision_due or (self.decision is not None and self.decision.stamp >= now - 1e-6)
-        return ego_ok and decision_ok
+        return ego_ok and accel_ok and others_ok and decision_ok
 
     def planner_input(self, now: float) -> PlannerInput | None:
         with self.lock:
@@ -204,7 +220,8 @@ class PlannerNode(LunaLifecycleNode):
         started = time.perf_counter()
         now = self.now_s()
         if self.sim_time():
-            # Lock step: the odometry (and, at a decision instant, the decision) of this very instant.
+            # Lock step: the odometry, acceleration, objects, lights (and, at a decision instant, the
+            # decision) of this very instant.
             self.wait_until(lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
         pin = self.planner_input(now)
         if pin is None:
