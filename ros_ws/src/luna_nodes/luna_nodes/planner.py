@@ -4,6 +4,8 @@ The planning algorithm is luna_core's (``make_planner``): the decision-guided Di
 default, or a baseline. This node only gathers inputs, applies the degraded modes and publishes:
 
 * decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term;
+* objects with non-finite fields: dropped (the rest are kept);
+* no lane graph or route yet, an empty lane graph, or stale odometry: a comfortable stop;
 * planner exception or non-finite output: a comfortable stop along the route (or straight ahead);
 * a planning cycle longer than the replan period counts as a missed deadline.
 
@@ -157,7 +159,18 @@ class PlannerNode(LunaLifecycleNode):
                     break
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
-        self.objects = convert.msg_to_objects(msg)
+        objects = convert.msg_to_objects(msg)
+        # An object with a NaN field cannot be placed or forecast: it is dropped (the others are kept,
+        # so one bad track does not blind the planner) and the drop is reported until a clean message.
+        bad = [o.id for o in objects.objects if not o.is_finite()]
+        if bad:
+            objects.objects = [o for o in objects.objects if o.is_finite()]
+            self.diagnostics.increment("dropped_objects", len(bad))
+            self.diagnostics.set_condition("objects", WARN, f"dropped {len(bad)} object(s) with non-finite "
+                                                             f"fields: {', '.join(bad[:5])}")
+        else:
+            self.diagnostics.clear("objects")
+        self.objects = objects
 
     def on_lights(self, msg: lm.TrafficLightStateArray) -> None:
         self.lights = convert.msg_to_lights(msg)
@@ -170,6 +183,7 @@ class PlannerNode(LunaLifecycleNode):
 
     def on_decision(self, msg: lm.DecisionDistribution) -> None:
         self.decision = convert.msg_to_decision(msg)  # raises (-> rejected, diagnosed) if invalid
+        self.diagnostics.clear("input luna/decision")  # a valid decision ends an earlier rejection
 
     # -- the planning cycle -------------------------------------------------------------------------
 
@@ -193,21 +207,30 @@ class PlannerNode(LunaLifecycleNode):
     def planner_input(self, now: float) -> PlannerInput | None:
         with self.lock:
             history = list(self.history)
-        missing = [n for n, v in (("odometry", history), ("lane graph", self.graph), ("route", self.route)) if not v]
-        if missing:
-            self.diagnostics.set_condition("inputs", WARN, f"waiting for {', '.join(missing)}")
+        if not history:
+            self.diagnostics.set_condition("inputs", WARN, "waiting for odometry: nothing to plan from")
             return None
+        missing = [n for n, v in (("lane graph", self.graph), ("route", self.route)) if v is None]
+        if missing:
+            # Without a map or route there is nothing to follow: a comfortable stop straight ahead.
+            self.diagnostics.set_condition("inputs", WARN, f"waiting for {', '.join(missing)}: comfortable stop")
+            return PlannerInput(time=now, ego_history=history, objects=self.objects or TrackedObjects(now),
+                                traffic_lights=self.lights or TrafficLights(now), lane_graph=LaneGraph(),
+                                route=Route(now, []), decision=None)
         age = now - history[-1].stamp
         if age > self.params["max_input_age"]:
             self.diagnostics.set_condition("inputs", WARN, f"odometry is stale ({age:.2f} s old)")
         else:
             self.diagnostics.clear("inputs")
         decision = self.decision
+        why = "no valid decision received"
         if decision is not None and now - decision.stamp > self.params["decision_timeout"]:
+            why = (f"decision is stale ({now - decision.stamp:.2f} s old > "
+                   f"{self.params['decision_timeout']:.2f} s = 2 T_d)")
             decision = None
         if decision is None and self.params["planner"] == "luna":
-            self.diagnostics.set_condition("decision", WARN, "no decision within 2 T_d: fallback objective "
-                                                              "without the decision term")
+            self.diagnostics.set_condition("decision", WARN, f"{why}: fallback objective without the decision "
+                                                              "term")
         else:
             self.diagnostics.clear("decision")
         return PlannerInput(time=now, ego_history=history, objects=self.objects or TrackedObjects(now),
@@ -226,8 +249,12 @@ class PlannerNode(LunaLifecycleNode):
         pin = self.planner_input(now)
         if pin is None:
             return
-        if now - pin.ego.stamp > self.params["max_input_age"]:
+        if now - pin.ego.stamp > self.params["max_input_age"] or not pin.lane_graph.lanes:
+            # Stale odometry, or no map (missing or empty): nothing to plan on; stop comfortably.
             trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
+            if not pin.lane_graph.lanes:
+                self.diagnostics.set_condition("planning", WARN, "lane graph has no lanes: comfortable stop "
+                                                                 "straight ahead")
         else:
             try:
                 trajectory = self.planner.plan(pin)

@@ -1,0 +1,190 @@
+"""planner node over real DDS with bad input: it keeps publishing a valid trajectory and says why.
+
+One planner process (the LUNA planner with a small population and budget, wall time) serves every
+case in turn; each case publishes its inputs for a while, then checks the trajectories published
+meanwhile (finite, starting at the ego, on time) and the node's /diagnostics message.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import luna_msgs.msg as lm
+from nav_msgs.msg import Odometry
+
+from luna_core import types as T
+from luna_nodes import convert as C
+from luna_nodes import qos
+from tests import samples
+from tests.ros.helpers import Probe, apply_ros_env, start_node, stop_process, wait_for_subscribers
+
+REPLAN = 0.3  # s, the node's replanning period in these tests
+DECISION_TIMEOUT = 1.0  # s (2 T_d)
+
+
+@dataclass
+class Stack:
+    probe: Probe
+    odom: object
+    objects: object
+    decisions: object
+    graph: object
+    route: object
+    trajectories: list
+    diagnostics: list
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    import rclpy
+
+    apply_ros_env()
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    proc = start_node("planner", "planner",
+                      {"planner": "luna", "population": 8, "time_budget": 0.1, "replan_period": REPLAN,
+                       "decision_timeout": DECISION_TIMEOUT}, tmp_path_factory.mktemp("planner"))
+    probe = Probe(context)
+    try:
+        s = Stack(probe, probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR),
+                  probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR),
+                  probe.publisher(lm.DecisionDistribution, "luna/decision", qos.RELIABLE),
+                  probe.publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED),
+                  probe.publisher(lm.Route, "planning/route", qos.LATCHED),
+                  probe.collect(lm.Trajectory, "planning/trajectory", qos.RELIABLE),
+                  probe.diagnostics("planner"))
+        for p in (s.odom, s.objects, s.decisions, s.graph, s.route):
+            wait_for_subscribers(p, timeout=60.0)
+        s.graph.publish(C.lane_graph_to_msg(samples.lane_graph()))
+        s.route.publish(C.route_to_msg(T.Route(0.0, ["r0", "j"])))
+        deadline = time.monotonic() + 90.0  # the node loads torch and the diffusion prior first
+        while not drive(s, 1.0)[0]:
+            assert time.monotonic() < deadline, "the planner published nothing within 90 s of starting"
+        yield s
+    finally:
+        probe.close()
+        out = stop_process(proc)
+        context.try_shutdown()
+    assert proc.returncode == 0, out
+
+
+def _now(s: Stack) -> float:
+    return s.probe.node.get_clock().now().nanoseconds * 1e-9
+
+
+def drive(s: Stack, seconds: float, x: float = 20.0, y: float = 0.0, speed: float = 8.0,
+          objects: list[T.TrackedObject] | None = None, decision: lm.DecisionDistribution | None = None,
+          decision_age: float = 0.0) -> tuple[list[T.Trajectory], str]:
+    """Publish odometry (20 Hz; the ego moves on at ``speed``), objects and decisions (every 0.25 s,
+    stamped ``decision_age`` s in the past) for ``seconds``; return the trajectories planned from
+    this window's odometry and the planner's last diagnostics message."""
+    s.trajectories.clear()
+    start = _now(s)
+    last_decision = -1.0
+    while _now(s) - start < seconds:
+        now = _now(s)
+        ego = T.EgoState(now, x + speed * (now - start), y, 0.0, speed)
+        s.odom.publish(C.ego_to_odometry(ego))
+        if objects is not None:
+            s.objects.publish(C.objects_to_msg(T.TrackedObjects(now, objects)))
+        if decision is not None and now - last_decision >= 0.25:
+            decision.header.stamp = C.to_time(now - decision_age)
+            s.decisions.publish(decision)
+            last_decision = now
+        s.probe.spin_for(0.05)
+    s.diagnostics.clear()
+    s.probe.wait(lambda: s.diagnostics, 5.0, "a /diagnostics message of the planner")
+    # A cycle that started in the previous case plans from that case's odometry: skip it.
+    plans = [C.msg_to_trajectory(m) for m in s.trajectories]
+    s.trajectories.clear()
+    return [p for p in plans if p.stamp >= start + REPLAN], s.diagnostics[-1].message
+
+
+def check_valid(plans: list[T.Trajectory], x0: float, seconds: float) -> None:
+    assert len(plans) >= 0.5 * seconds / REPLAN, f"only {len(plans)} trajectories in {seconds} s"
+    for p in plans:
+        assert len(p) >= 2 and p.is_finite(), "a published trajectory is empty or not finite"
+        assert np.all(np.diff(p.t) > 0) and p.t[-1] >= 3.0, "times must increase over a useful horizon"
+        assert p.x[0] >= x0 - 1.0 and abs(p.y[0]) < 1.0, f"trajectory starts away from the ego ({p.x[0]}, {p.y[0]})"
+
+
+def check_stop(plans: list[T.Trajectory]) -> None:
+    for p in plans:
+        assert np.all(np.diff(p.velocity) <= 1e-6), "a comfortable stop never speeds up"
+        assert p.velocity[-1] == pytest.approx(0.0, abs=1e-6), "the stop ends at standstill"
+        assert np.min(np.diff(p.velocity) / np.diff(p.t)) >= -4.05, "braking beyond nuPlan's comfort bound"
+
+
+def decision_msg(codes: list[str], probabilities: list[float]) -> lm.DecisionDistribution:
+    msg = C.decision_to_msg(samples.decision())
+    msg.action_codes, msg.probabilities = codes, probabilities
+    msg.candidate_set = []
+    return msg
+
+
+def test_nominal_decision_is_used(stack):
+    plans, message = drive(stack, 1.5, decision=C.decision_to_msg(samples.decision()))
+    check_valid(plans, 20.0, 1.5)
+    assert "decision:" not in message and "input luna/decision" not in message, message
+
+
+def test_objects_with_nan_are_dropped_and_reported(stack):
+    car = T.TrackedObject("car-ok", T.ObjectClass.VEHICLE, 60.0, 3.5, 0.0, 6.0, 0.0, 4.5, 1.9)
+    ghost = T.TrackedObject("ghost", T.ObjectClass.VEHICLE, math.nan, 0.0, 0.0, 5.0, 0.0, 4.5, 1.9)
+    plans, message = drive(stack, 1.5, objects=[car, ghost], decision=C.decision_to_msg(samples.decision()))
+    check_valid(plans, 20.0, 1.5)
+    assert "dropped 1 object(s) with non-finite fields: ghost" in message, message
+    plans, message = drive(stack, 1.5, objects=[car], decision=C.decision_to_msg(samples.decision()))
+    check_valid(plans, 20.0, 1.5)
+    assert "non-finite" not in message, "a clean objects message clears the report"
+
+
+def test_decision_not_summing_to_one_falls_back(stack):
+    codes = list(T.ACTION_CODES)
+    bad = decision_msg(codes, [0.5] * len(codes))
+    plans, message = drive(stack, 1.5, decision=bad, objects=[])
+    check_valid(plans, 20.0, 1.5)
+    assert "rejected: decision distribution sums to 5.0000, not 1" in message, message
+    assert "fallback objective without the decision term" in message, message
+
+
+def test_decision_with_unknown_codes_falls_back(stack):
+    codes = list(T.ACTION_CODES[:-1]) + ["XY"]
+    bad = decision_msg(codes, [0.1] * len(codes))
+    plans, message = drive(stack, 1.5, decision=bad, objects=[])
+    check_valid(plans, 20.0, 1.5)
+    assert "decision names unknown action codes ['XY']" in message, message
+    assert "fallback objective without the decision term" in message, message
+
+
+def test_stale_decision_falls_back(stack):
+    plans, message = drive(stack, 1.5, decision=C.decision_to_msg(samples.decision()),
+                           decision_age=3 * DECISION_TIMEOUT, objects=[])
+    check_valid(plans, 20.0, 1.5)
+    assert "decision is stale" in message and "fallback objective" in message, message
+    assert "input luna/decision" not in message, "a valid (if old) decision clears an earlier rejection"
+
+
+def test_ego_off_the_map_stops_comfortably(stack):
+    plans, message = drive(stack, 1.5, x=500.0, y=0.0, objects=[],
+                           decision=C.decision_to_msg(samples.decision()))
+    check_valid(plans, 500.0, 1.5)
+    check_stop(plans)
+    assert "comfortable_stop" in message and "no reference path" in message, message
+
+
+def test_empty_lane_graph_stops_comfortably(stack):
+    stack.graph.publish(C.lane_graph_to_msg(T.LaneGraph()))
+    try:
+        plans, message = drive(stack, 1.5, objects=[], decision=C.decision_to_msg(samples.decision()))
+        check_valid(plans, 20.0, 1.5)
+        check_stop(plans)
+        assert "lane graph has no lanes: comfortable stop" in message, message
+    finally:
+        stack.graph.publish(C.lane_graph_to_msg(samples.lane_graph()))
+        time.sleep(0.2)
