@@ -225,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
     config = TeacherConfig(num_voters=args.voters, vote_temperature=args.temperature, top_k=args.top_k,
                            vote_max_tokens=args.max_tokens_vote, confidence_max_tokens=args.max_tokens_confidence,
                            summary_max_tokens=args.max_tokens_summary, parallel=args.voter_parallel,
-                           constrained_fallback=not args.no_constrained)
+                           constrained_fallback=not args.no_constrained,
+                           score_temperature=args.score_temperature)
     meter = UsageMeter(spending_cap=args.spending_cap)
     cache = None
     summarizer = None
@@ -281,6 +282,8 @@ def register(subparsers: Any) -> None:
     t.add_argument("--no-summary", action="store_true", help="template rationales instead of the summariser")
     t.add_argument("--no-constrained", action="store_true", help="drop voters whose answers do not parse")
     t.add_argument("--scorer", help="simulation-grounded voters: 'module:factory' returning an ActionScorer")
+    t.add_argument("--score-temperature", type=float, default=TeacherConfig.score_temperature,
+                   help="scored voters: softmax temperature over the outcome scores")
     m = p.add_argument_group("memory bank")
     m.add_argument("--embedder", choices=("minilm", "scene-vector"), default="minilm")
     m.add_argument("--index", choices=("flat", "hnsw"), default="flat")

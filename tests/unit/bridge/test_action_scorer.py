@@ -1,0 +1,125 @@
+"""Simulation-grounded action scorer: rollouts of each action from a logged frame against the logged
+agents, scored by the shared PDM-style scorer and J_dec, with a faithful reason; and the teacher
+collecting a frame through it (``luna-offline collect --scorer luna_bridge.action_scorer:make_scorer``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from luna_core.lanes import make_lane
+from luna_core.memory import MemoryBank, SceneVectorEmbedder
+from luna_core.types import ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, ObjectClass, Route
+from luna_core.teacher import ScoredVoterPool, Teacher
+from luna_bridge.action_scorer import ActionScorerError, SimulationActionScorer, make_scorer
+from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
+from luna_bridge.scenarios.format import save_scenario
+from luna_offline.collect import collect
+from luna_offline.frames import scenario_frames
+
+DURATION = 12.0
+STEPS = int(round(DURATION / SIM_DT)) + 1
+
+
+def _track(track_id: str, x: np.ndarray, y: np.ndarray | float, v: np.ndarray | float,
+           cls: ObjectClass = ObjectClass.VEHICLE) -> AgentTrack:
+    n = len(x)
+    return AgentTrack(track_id, cls, 4.5, 1.9, SIM_DT * np.arange(n), np.asarray(x, float),
+                      np.broadcast_to(np.asarray(y, float), (n,)).copy(), np.zeros(n),
+                      np.broadcast_to(np.asarray(v, float), (n,)).copy(), np.zeros(n))
+
+
+def two_lane_road(agents: list[AgentTrack], ego_speed: float = 10.0, name: str = "road") -> Scenario:
+    """A straight two-lane road along +x (lanes at y = 0 and y = 3.5, 15 m/s limit); the expert drives
+    the right lane at constant speed from x = 0 (its log starts 2 s earlier)."""
+    g = LaneGraph()
+    g.add(make_lane("a0", [[-50, 0], [400, 0]], 3.5, 15.0, "A", left_neighbor="a1"))
+    g.add(make_lane("a1", [[-50, 3.5], [400, 3.5]], 3.5, 15.0, "A", right_neighbor="a0"))
+    n = int(round((DURATION + 2.0) / SIM_DT)) + 1
+    t = -2.0 + SIM_DT * np.arange(n)
+    expert = AgentTrack("ego", ObjectClass.VEHICLE, 4.5, 1.9, t, ego_speed * t, np.zeros(n), np.zeros(n),
+                        np.full(n, ego_speed), np.zeros(n))
+    return Scenario(name, "unit", g, Route(0.0, ["A"]), EgoState(0.0, 0.0, 0.0, 0.0, ego_speed), expert,
+                    agents, [], DURATION, split="train")
+
+
+ACTIONS = ["AK", "AL", "CK", "CL", "DK", "DL", "SK"]
+
+
+@pytest.fixture(scope="module")
+def scorer() -> SimulationActionScorer:
+    return SimulationActionScorer()
+
+
+def test_stalled_car_ahead_keeping_speed_scores_below_a_lane_change_and_a_stop(scorer):
+    stalled = _track("v3", np.full(STEPS, 45.0), 0.0, 0.0)
+    out = scorer.score_scenario(two_lane_road([stalled]), 0.0, ACTIONS)
+    assert set(out) == set(ACTIONS)
+    assert all(0.0 <= o.score <= 1.0 for o in out.values())
+    assert out["CK"].score < out["CL"].score
+    assert out["CK"].score < out["SK"].score
+    assert max(out, key=lambda a: out[a].score) in ("CL", "AL")
+    # The reason says why cruising scores low: IDM had to brake behind v3.
+    assert "v3" in out["CK"].reason and "cannot hold the CK speed band" in out["CK"].reason
+    assert out["CL"].progress > out["CK"].progress + 10.0
+
+
+def test_free_road_stopping_scores_below_keeping_speed(scorer):
+    out = scorer.score_scenario(two_lane_road([]), 0.0, ACTIONS)
+    assert out["SK"].score < out["CK"].score
+    assert out["DK"].score < out["CK"].score
+    assert out["CL"].score < out["CK"].score  # a lane change that gains nothing costs its share
+    assert max(out, key=lambda a: out[a].score) == "CK"
+    assert out["CK"].reason.startswith("makes 60 m of progress in 6 s, ending at 10.0 m/s")
+    assert out["SK"].progress < 35.0 and not out["SK"].collision
+
+
+def test_lane_change_into_an_occupied_lane_collides_and_names_the_vehicle(scorer):
+    beside = _track("v1", 2.0 + 10.0 * SIM_DT * np.arange(STEPS), 3.5, 10.0)  # alongside, left lane
+    out = scorer.score_scenario(two_lane_road([beside]), 0.0, ["CK", "CL"])
+    assert out["CL"].collision and out["CL"].score == 0.0
+    assert out["CL"].reason.startswith("collides with v1 after ")
+    assert not out["CK"].collision and out["CK"].score > 0.8
+
+
+def test_agent_that_appears_later_and_log_ending_early(scorer):
+    # v5 enters the log at t = 3 s, stalled 60 m ahead in the ego lane; a frame at t = 0 sees it
+    # only from then on (hindsight), so cruising still has to brake for it within the 6 s horizon.
+    x = np.full(STEPS, np.nan)
+    x[30:] = 60.0
+    late = _track("v5", x, 0.0, 0.0)
+    out = scorer.score_scenario(two_lane_road([late]), 0.0, ["CK", "CL"])
+    assert out["CK"].score < out["CL"].score
+    # A frame near the end of the log: the rollout runs past it (agents run on, the expert state exists).
+    end = scorer.score_scenario(two_lane_road([late]), DURATION - 1.0, ["CK"])
+    assert 0.0 <= end["CK"].score <= 1.0
+
+
+def test_bad_frames_raise_typed_errors(scorer):
+    road = two_lane_road([])
+    with pytest.raises(ActionScorerError, match="no state at t = 99.00"):
+        scorer.score_scenario(road, 99.0, ["CK"])
+    with pytest.raises(ActionScorerError, match="unknown action code 'XK'"):
+        scorer.score_scenario(road, 0.0, ["XK"])
+    with pytest.raises(ActionScorerError, match="names no scenario file"):
+        scorer.score(None, {"frame": "f@1", "time": 1.0}, ["CK"])
+
+
+def test_teacher_collects_frames_from_a_scenario_file_through_the_factory(tmp_path):
+    stalled = _track("v3", np.full(STEPS, 45.0), 0.0, 0.0)
+    path = save_scenario(two_lane_road([stalled], name="stalled"), tmp_path / "stalled.json.gz")
+    frames = list(scenario_frames(two_lane_road([stalled], name="stalled"), rate=1.0,
+                                  origin={"file": str(path)}))[:2]
+    teacher = Teacher(ScoredVoterPool(make_scorer()))
+    with MemoryBank.create(tmp_path / "bank", SceneVectorEmbedder()) as bank:
+        summary = collect(frames, teacher, bank, tmp_path / "run", progress=False)
+        assert (summary.ok, summary.failed) == (2, 0)
+        first = bank.get(frames[0].id)
+    top = ACTION_CODES[int(np.argmax(first.distribution))]
+    assert top[1] == "L"  # the teacher moves out of the blocked lane
+    assert first.distribution[ACTION_INDEX["CK"]] < first.distribution[ACTION_INDEX[top]]
+    assert "In a rollout from this situation: makes" in first.answer
+    # A frame whose context names no scenario file fails with the scorer's reason recorded.
+    result = teacher.run(frames[0].scene, {"frame": "x", "time": 0.0})
+    assert not result.ok and result.failures[0].stage == "scorer"
+    assert "names no scenario file" in result.failures[0].reason
