@@ -31,3 +31,21 @@ def lead_vehicle_scenario(duration: float = 6.0) -> Scenario:
                     route=Route(0.0, ["road"], 380.0, 0.0, 0.0),
                     ego_initial=EgoState(0.0, 20.0, 0.0, 0.0, 6.0), expert=expert, agents=[lead],
                     duration=duration, source="test")
+
+
+def rear_end_scenario(duration: float = 3.0) -> Scenario:
+    """The lead-vehicle road with a car closing in from behind at 16 m/s in the ego's lane: its logged
+    (non-reactive) track runs through the ego whatever the ego does, so every run has a collision."""
+    scenario = lead_vehicle_scenario(duration)
+    scenario.name, scenario.scenario_type = "rear_end", "following_lane_with_lead"
+    scenario.agents.append(_track("rear", ObjectClass.VEHICLE, 5.0, 0.0, 16.0, duration))
+    return scenario
+
+
+def blocked_lane_scenario(duration: float = 12.0) -> Scenario:
+    """The lead-vehicle road with the lead car standing still 25 m ahead: a lane-keeping ego stops behind
+    it and then stands for the rest of the run (a stall under Eq. 23 unless a light says stop)."""
+    scenario = lead_vehicle_scenario(duration)
+    scenario.name, scenario.scenario_type = "blocked_lane", "stationary_in_traffic"
+    scenario.agents = [_track("parked", ObjectClass.VEHICLE, 45.0, 0.0, 0.0, duration)]
+    return scenario

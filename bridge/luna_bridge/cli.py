@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from luna_bridge import eval_command, ros_command, scenario_commands
+from luna_bridge import eval_command, reflection_round, ros_command, scenario_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     eval_command.register(sub)  # each command module registers itself and sets ``func``
     ros_command.register(sub)
     scenario_commands.register(sub)  # generate-suite, scenarios
+    reflection_round.register(sub)  # reflect
     args = parser.parse_args(argv)
     return int(args.func(args))
 
