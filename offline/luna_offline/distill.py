@@ -101,11 +101,19 @@ class TrainerState:
 
 
 # ---- data -------------------------------------------------------------------------------------------
+def split_group(item_id: str) -> str:
+    """The unit of the held-out split: the scenario of a frame item (ids ``<scenario>@<time>`` from
+    ``luna-offline frames``), else the id itself. Frames of one scenario are near-duplicates of each
+    other, so holding out single frames would leak their neighbours into training."""
+    return item_id.split("@", 1)[0]
+
+
 def is_heldout(item_id: str, fraction: float) -> bool:
-    """Deterministic held-out split by item id (the same in ``distill`` and ``evaluate``)."""
+    """Deterministic held-out split by scenario (``split_group``), the same in ``distill`` and
+    ``evaluate``: a group is held out when a hash of its name falls below ``fraction``."""
     if fraction <= 0.0:
         return False
-    h = int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:8], "big")
+    h = int.from_bytes(hashlib.sha256(split_group(item_id).encode()).digest()[:8], "big")
     return h / 2.0 ** 64 < fraction
 
 

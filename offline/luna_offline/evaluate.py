@@ -7,7 +7,7 @@ against the teacher answer A_sum, and the latency of the DPP pass and of the exp
 the majority class of the training items (KL with their mean distribution) and the zero-shot base
 model (adapters off; pi from its next-token probabilities of each action code after the answer prefix).
 
-Held-out frames are the bank items that ``distill`` held out (same id-hash split); their retrieved
+Held-out frames are the bank items that ``distill`` held out (the same split by scenario); their retrieved
 examples come from the training items only. Writes metrics.json, metrics.md and fig7.png (the layout
 of LUNA-AD Fig. 7; shaded: K unseen during training).
 """

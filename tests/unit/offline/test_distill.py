@@ -11,7 +11,7 @@ import torch
 from luna_core.memory import MemoryBank, SceneVectorEmbedder
 from luna_core.student import DualHeadStudent
 from luna_offline.distill import (DistillError, DistillSettings, distill, is_heldout, retrieve_examples,
-                                  sample_order, split_items)
+                                  sample_order, split_group, split_items)
 from tests.unit.core.test_student_support import PROMPTS, memory_item
 
 torch.set_num_threads(1)  # shared CI machine
@@ -43,6 +43,16 @@ def test_split_order_and_retrieval_exclude_the_sample_and_held_out_items(tmp_pat
     order = sample_order(5, 2, seed=3, k_min=0, k_max=3)
     assert len(order) == 10 and sorted(i for i, _ in order[:5]) == list(range(5))
     assert {k for _, k in order} <= {0, 1, 2, 3} and order == sample_order(5, 2, 3, 0, 3)
+
+
+def test_held_out_split_keeps_the_frames_of_one_scenario_together():
+    assert split_group("train_cut_in_03@0012.50") == "train_cut_in_03" and split_group("m7") == "m7"
+    ids = [f"scn{s}@{t:07.2f}" for s in range(40) for t in (0.0, 2.0, 4.0)]
+    held = {i.split("@")[0] for i in ids if is_heldout(i, 0.2)}
+    assert held and len(held) < 40  # some scenarios, not all
+    for s in range(40):  # every frame of a scenario falls on the same side
+        assert len({is_heldout(f"scn{s}@{t:07.2f}", 0.2) for t in (0.0, 2.0, 4.0)}) == 1
+    assert not any(is_heldout(i, 0.0) for i in ids)
 
 
 @pytest.mark.slow  # three short runs, each loading the base model: ~30 s on two cores
