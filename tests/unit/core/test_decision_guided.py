@@ -216,3 +216,25 @@ def test_node_facing_api_flat_options_markers_and_reasons(prior) -> None:
     # The planner node builds it by name with flat options.
     built = make_planner("luna", {"population": 16, "gamma_p": 0.2, "time_budget": 0.3})
     assert built.config.search.population == 16 and built.config.time_budget == 0.3
+
+
+def test_deterministic_mode_ignores_the_clock_and_repeats_fake_clock(prior) -> None:
+    """Batch evaluation: with ``deterministic`` every stage runs in full however slow the clock (a
+    50 ms budget on a clock that advances 30 ms per reading would otherwise cut the search), and a
+    reset planner gives the same trajectory again, call after call (the stage-cost estimates carried
+    between calls do not size anything)."""
+    pi = make_input([slow_car()], decision({"CK": 0.6, "DK": 0.4}))
+    runs = []
+    for clock in (FakeClock(), FakeClock()):
+        pl = DecisionGuidedPlanner(DecisionGuidedConfig(search=SEARCH, time_budget=0.05, deterministic=True),
+                                   prior=prior, clock=clock)
+        runs.append([pl.plan_detailed(pi) for _ in range(2)])
+        pl.reset()
+        runs[-1].append(pl.plan_detailed(pi))
+    for res in runs[0] + runs[1]:
+        assert res.budget_cut == "" and res.stages_done == ["warm_starts", "prior", "iteration 1"]
+        assert_valid(res.trajectory, pi.ego)
+    first, second = runs
+    for a, b in zip(first, second):
+        assert np.array_equal(a.trajectory.x, b.trajectory.x) and np.array_equal(a.trajectory.y, b.trajectory.y)
+    assert np.array_equal(first[0].trajectory.x, first[2].trajectory.x), "reset restarts the seed sequence"

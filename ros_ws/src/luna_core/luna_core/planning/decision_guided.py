@@ -25,7 +25,8 @@ progress among the first scored batch, the warm starts) so that members scored i
 Diffusion-ES batches stay comparable.
 
 The time budget is handled by ``diffusion_es`` (anytime): past the budget the best found so far is
-published and the result says which stage was cut.
+published and the result says which stage was cut. ``deterministic=True`` drops the budget (fixed
+stage sizes: the population, warm starts and iterations of ``search``) for reproducible batch runs.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class DecisionGuidedConfig:
     scorer_weights: ScorerWeights = field(default_factory=ScorerWeights)
     model_path: str = ""  # diffusion prior folder (config.json + model.safetensors); "" = the bundled default
     time_budget: float = 0.4  # s per call; the planner node replans every 0.5 s
+    # Deterministic mode for batch evaluation: no wall-clock budget, every stage runs at its full
+    # configured size, so the result does not depend on the machine's load (same input, same output).
+    deterministic: bool = False
     decision_timeout: float = 4.0  # s: 2 T_d with T_d = 2 s
     use_decisions: bool = True  # False: the "Diffusion-ES without decisions" baseline
     output_horizon: float = 8.0  # s of the published trajectory
@@ -286,7 +290,7 @@ class DecisionGuidedPlanner:
         c = self.config
         start = self.clock()
         budget = c.time_budget if budget is None else budget
-        deadline = start + budget
+        deadline = None if c.deterministic else start + budget
         self.calls += 1
         reasons: list[str] = []
         ego = self._ego(planner_input, reasons)

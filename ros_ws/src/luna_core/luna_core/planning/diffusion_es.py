@@ -123,9 +123,9 @@ class StageTimer:
         return self.rates.get(kind, 0.0) * members
 
     def affordable(self, kind: str, seconds: float) -> int | None:
-        """How many members fit in ``seconds`` (None if the rate is not known yet)."""
+        """How many members fit in ``seconds`` (None if the rate is not known yet or there is no limit)."""
         rate = self.rates.get(kind)
-        return None if not rate else int(max(seconds, 0.0) / rate)
+        return None if not rate or not np.isfinite(seconds) else int(max(seconds, 0.0) / rate)
 
     def record(self, kind: str, members: int, seconds: float) -> None:
         rate = seconds / max(members, 1)
@@ -230,13 +230,19 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
     if stop_now():
         _cut(result, "deadline reached after scoring the warm starts")
         return result
-    n_prior = members_that_fit(prior.config.inference_steps, 1)
+    # Group g takes population - W_g prior samples: sampling more than the largest take (the group
+    # with the fewest warm starts) would denoise and score members no population ever holds.
+    wanted = max(pop - min(len(w) for w in warm), MIN_MEMBERS) if warm else pop
+    fit = members_that_fit(prior.config.inference_steps, 1)
+    n_prior = min(fit, wanted)
     if n_prior < MIN_MEMBERS:
-        _cut(result, f"skipped the prior samples: time for {max(n_prior, 0)} of {pop} only")
+        _cut(result, f"skipped the prior samples: time for {max(n_prior, 0)} of {wanted} only")
         return result
-    if n_prior < pop:
-        _cut(result, f"{n_prior} of {pop} prior samples: not enough time for all")
-    noise = torch.randn((n_prior, n, 3), generator=gen, device=prior.device)
+    if n_prior < wanted:
+        _cut(result, f"{n_prior} of {wanted} prior samples: not enough time for all")
+    # The noise is drawn for all that fit and the surplus dropped, so the random stream (and the
+    # members kept) are those of a search that sampled them all.
+    noise = torch.randn((fit, n, 3), generator=gen, device=prior.device)[:n_prior]
     clean = denoise(noise, prior.config.inference_steps, "denoise")
     if clean is None:
         return result
