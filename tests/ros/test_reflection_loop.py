@@ -2,7 +2,8 @@
 (served by the in-process SmolLM2) -> a new memory item that a later retrieval returns.
 
 Real nodes (progress_monitor, decision_stack, reflection_client), real models, a real memory bank.
-The reflection endpoint-down case is covered in tests/unit/core/test_reflection.py (outbox).
+The reflection endpoint down and back, and a restart with requests in the outbox, are in
+tests/ros/test_reflection_endpoint.py.
 """
 
 import subprocess

@@ -59,6 +59,7 @@ class PendingRequest:
     request: ReflectionRequest
     attempts: int = 0
     next_attempt: float = 0.0  # time.monotonic() before which it is not retried
+    last_error: str = ""  # why the last attempt failed (for diagnostics)
 
 
 class Outbox:
@@ -97,14 +98,21 @@ class Outbox:
             return sorted((p for p in self._pending.values() if p.next_attempt <= now),
                           key=lambda p: p.request.created)
 
-    def retry_later(self, request_id: str, base: float, maximum: float) -> float:
-        """Back off exponentially; returns the delay (s)."""
+    def retry_later(self, request_id: str, base: float, maximum: float, error: str = "") -> float:
+        """Back off exponentially; returns the delay (s). ``error`` says why (kept for diagnostics)."""
         with self._lock:
             p = self._pending[request_id]
             p.attempts += 1
+            p.last_error = error
             delay = min(maximum, base * 2 ** (p.attempts - 1))
             p.next_attempt = time.monotonic() + delay
             return delay
+
+    def oldest_age(self) -> float:
+        """Seconds since the oldest pending request was created (0 when empty)."""
+        with self._lock:
+            oldest = min((p.request.created for p in self._pending.values()), default=None)
+        return 0.0 if oldest is None else max(0.0, time.time() - oldest)
 
     def __len__(self) -> int:
         with self._lock:
@@ -182,12 +190,12 @@ class ReflectionSystem:
         request = pending.request
         try:
             result = self.reflect(request, attempt=pending.attempts)
-        except ReflectionUnavailable:
-            outbox.retry_later(request.id, backoff_base, backoff_max)
+        except ReflectionUnavailable as exc:
+            outbox.retry_later(request.id, backoff_base, backoff_max, f"endpoint unavailable: {exc}")
             return None
         except MalformedModelOutput as exc:
             if pending.attempts + 1 < self.config.max_invalid_answers:
-                outbox.retry_later(request.id, 0.0, 0.0)
+                outbox.retry_later(request.id, 0.0, 0.0, f"invalid answer: {exc}")
                 return None
             result = ReflectionResult(stamp=time.time(), failure_stamp=request.failure_stamp, normal=False,
                                       memory_version=int(self.bank.version), error=f"invalid reflection: {exc}")

@@ -1,6 +1,7 @@
 """reflection_client: failure + explanation -> reflection LLM -> memory bank (LUNA-AD Eq. 29).
 
-Pairs each ``luna/explanation`` with its ``luna/failure``, puts the request in a durable outbox
+Pairs each ``luna/explanation`` with its ``luna/failure`` (in either arrival order: DDS does not order
+messages across topics), puts the request in a durable outbox
 (acknowledged = survives a restart) and lets a worker thread send it to the reflection LLM (an
 OpenAI-compatible endpoint, or the in-process default model). Valid revisions become reflection
 memory items; ``luna/memory/version`` then tells ``decision_inference`` to reload. While the endpoint
@@ -17,7 +18,7 @@ from std_msgs.msg import UInt64
 
 from luna_core.assets import data_dir, live_memory_bank
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
-from luna_core.types import FailureEvent
+from luna_core.types import DecisionExplanation, FailureEvent
 from luna_nodes import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
@@ -49,6 +50,12 @@ INTERFACE = NodeInterface(
 )
 
 
+def _pop_match(waiting: collections.OrderedDict, stamp: float, tolerance: float = 1e-3):
+    """Remove and return the entry whose failure stamp is ``stamp`` (within ``tolerance``), or None."""
+    key = next((s for s in waiting if abs(s - stamp) < tolerance), None)
+    return waiting.pop(key) if key is not None else None
+
+
 def make_llm(params: dict):
     if params["endpoint"]:
         from luna_core.llm import EndpointConfig, OpenAIChatModel
@@ -71,6 +78,7 @@ class ReflectionClient(LunaNode):
         self.llm = None
         self.prompts = PromptManager()
         self.failures: collections.OrderedDict[float, FailureEvent] = collections.OrderedDict()
+        self.explanations: collections.OrderedDict[float, DecisionExplanation] = collections.OrderedDict()
         self.result_pub = self.luna_publisher(lm.ReflectionResult, "luna/reflection", qos.RELIABLE)
         self.version_pub = self.luna_publisher(UInt64, "luna/memory/version", qos.LATCHED)
         self.version_pub.publish(UInt64(data=int(self.bank.version)))
@@ -84,16 +92,36 @@ class ReflectionClient(LunaNode):
 
     def on_failure(self, msg: lm.FailureEvent) -> None:
         failure = convert.msg_to_failure(msg)
+        explanation = _pop_match(self.explanations, failure.stamp)
+        if explanation is not None:
+            self.enqueue(explanation, failure)
+            return
         self.failures[failure.stamp] = failure
-        while self.failures and failure.stamp - next(iter(self.failures)) > self.params["pairing_timeout"]:
-            self.failures.popitem(last=False)
+        self._expire(self.failures, failure.stamp, "failure(s) without an explanation")
 
     def on_explanation(self, msg: lm.DecisionExplanation) -> None:
         explanation = convert.msg_to_explanation(msg)
-        failure = next((f for s, f in self.failures.items() if abs(s - explanation.failure_stamp) < 1e-3), None)
-        if failure is None:
-            raise ValueError(f"explanation for an unknown failure at {explanation.failure_stamp:.3f} s")
-        self.outbox.put(ReflectionRequest.from_events(explanation, failure))
+        failure = _pop_match(self.failures, explanation.failure_stamp)
+        if failure is not None:
+            self.enqueue(explanation, failure)
+            return
+        # Its failure may still be on the way (another topic); it waits as long as a failure would.
+        self.explanations[explanation.failure_stamp] = explanation
+        self._expire(self.explanations, explanation.failure_stamp, "explanation(s) without their failure")
+
+    def _expire(self, waiting: collections.OrderedDict, now: float, what: str) -> None:
+        dropped = 0
+        while waiting and now - next(iter(waiting)) > self.params["pairing_timeout"]:
+            waiting.popitem(last=False)
+            dropped += 1
+        if dropped:
+            self.diagnostics.increment("unpaired_dropped", dropped)
+            self.diagnostics.set_condition("pairing", WARN, f"dropped {dropped} {what} after "
+                                                            f"{self.params['pairing_timeout']:g} s")
+
+    def enqueue(self, explanation: DecisionExplanation, failure: FailureEvent) -> None:
+        self.outbox.put(ReflectionRequest.from_events(explanation, failure))  # durable when this returns
+        self.diagnostics.increment("requests_queued")
         self.diagnostics.set_value("outbox", len(self.outbox))
         self.wake.set()
 
@@ -118,9 +146,12 @@ class ReflectionClient(LunaNode):
                     return
                 result = system.process(self.outbox, pending, self.params["backoff_base"], self.params["backoff_max"])
                 self.diagnostics.set_value("outbox", len(self.outbox))
+                self.diagnostics.set_value("outbox_oldest_age", round(self.outbox.oldest_age(), 1))
                 if result is None:
-                    self.diagnostics.set_condition("endpoint", WARN, f"reflection endpoint unavailable: "
-                                                                     f"{len(self.outbox)} request(s) queued")
+                    self.diagnostics.increment("failed_attempts")
+                    self.diagnostics.set_condition(
+                        "endpoint", WARN, f"{len(self.outbox)} request(s) queued in the outbox, retrying with "
+                                          f"backoff (attempt {pending.attempts}): {pending.last_error[:160]}")
                     continue
                 self.diagnostics.clear("endpoint")
                 self.publish(result)

@@ -1,0 +1,226 @@
+"""Issue 6, Show 4: the reflection endpoint is down, the requests wait in the persistent outbox and are
+sent when it comes back; and requests in the outbox survive the node being killed.
+
+Real parts: the ``reflection_client`` node in its own process over DDS, the openai client inside it
+speaking HTTP to a real server on 127.0.0.1, the durable outbox journal and a real MiniLM memory bank.
+The server is a small stdlib ``http.server`` speaking the OpenAI chat-completions API with a fixed,
+valid reflection answer: a fake LLM, because no reasoning model can run here (hence "fake_llm" in the
+test names). Before it starts, nothing listens on the port (connection refused).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from diagnostic_msgs.msg import DiagnosticStatus
+from std_msgs.msg import UInt64
+
+import luna_msgs.msg as lm
+from luna_core import types as T
+from luna_core.memory.bank import MemoryBank, stored_version
+from luna_core.memory.journal import scan
+from luna_core.prompts import PromptManager
+from luna_core.prompts.parsers import action_set_of
+from luna_core.reflection import Outbox
+from luna_nodes import convert as C
+from luna_nodes import qos
+from tests import samples
+from tests.heuristic_fixtures import make_bank
+from tests.ros.helpers import Probe, ros_env, stop_process, wait_for_subscribers
+
+KEY_ENV, SECRET = "LUNA_TEST_REFLECTION_KEY", "sk-test-not-a-real-key-5f3a"
+
+
+class FakeLLMServer:
+    """OpenAI chat-completions on 127.0.0.1:<port>: answers every request with one revised decision and
+    records what it received."""
+
+    def __init__(self, port: int, answer: str) -> None:
+        self.requests: list[dict] = []
+        self.auth: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    self.send_error(404)
+                    return
+                server.requests.append(body)
+                server.auth.append(self.headers.get("Authorization", ""))
+                data = json.dumps({
+                    "id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion", "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": answer}}],
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_client(tmp_path: Path, bank: Path, port: int) -> subprocess.Popen:
+    params = {"memory_bank": str(bank), "outbox": str(tmp_path / "outbox"),
+              "endpoint": f"http://127.0.0.1:{port}/v1", "model": "fake-reasoner", "api_key_env": KEY_ENV,
+              "timeout": 2.0, "backoff_base": 0.2, "backoff_max": 1.0}
+    path = tmp_path / "reflection_client.yaml"
+    path.write_text(yaml.safe_dump({"reflection_client": {"ros__parameters": params}}))
+    env = ros_env({KEY_ENV: SECRET, "LUNA_DATA": str(tmp_path / "data")})
+    return subprocess.Popen([str(Path(sys.executable).parent / "reflection_client"), "--ros-args", "--params-file",
+                             str(path)], env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _events(stamp: float, collision: bool):
+    query = PromptManager().decision_query(samples.scene())
+    failure = T.FailureEvent(stamp, "AK", stamp - 0.5, ["veh-1"] if collision else [], not collision)
+    explanation = T.DecisionExplanation(stamp + 1.0, stamp - 0.5, stamp, query, ["AK", "CK"],
+                                        "Recommended decisions: AK,CK\nExplanations:\n- AK: the road is free.")
+    return failure, explanation
+
+
+def _answer() -> str:
+    allowed = action_set_of(PromptManager().decision_query(samples.scene()))
+    code = "DK" if "DK" in allowed else allowed[0]
+    return f"Recommended decisions: {code}\nExplanations:\n- {code}: slow down, the gap ahead is closing."
+
+
+def _queued(tmp_path: Path) -> list[dict]:
+    """Requests put and not done in the node's outbox journal (read without opening it for writing)."""
+    records = scan(tmp_path / "outbox" / "outbox.jsonl").records
+    done = {r["id"] for r in records if r.get("op") == "done"}
+    return [r["request"] for r in records if r.get("op") == "put" and r["request"]["id"] not in done]
+
+
+def _endpoint_warning(status: DiagnosticStatus) -> bool:
+    values = {kv.key: kv.value for kv in status.values}
+    return status.level == DiagnosticStatus.WARN and "endpoint" in status.message and values.get("outbox") == "2"
+
+
+@pytest.mark.slow
+def test_fake_llm_endpoint_down_requests_wait_in_outbox_and_drain_when_it_returns(tmp_path, ros_context):
+    bank_path, seed_ids = make_bank(tmp_path)
+    port = _free_port()  # closed until the server starts below
+    node = _start_client(tmp_path, bank_path, port)
+    probe = Probe(ros_context)
+    server = None
+    try:
+        results = probe.collect(lm.ReflectionResult, "luna/reflection", qos.RELIABLE)
+        versions = probe.collect(UInt64, "luna/memory/version", qos.LATCHED)
+        diagnostics = probe.diagnostics("reflection_client")
+        failures = probe.publisher(lm.FailureEvent, "luna/failure", qos.RELIABLE)
+        explanations = probe.publisher(lm.DecisionExplanation, "luna/explanation", qos.RELIABLE)
+        for p in (failures, explanations):
+            wait_for_subscribers(p, timeout=120.0)
+        collision, stall = _events(10.0, collision=True), _events(20.0, collision=False)
+        failures.publish(C.failure_to_msg(collision[0]))
+        explanations.publish(C.explanation_to_msg(collision[1]))
+        explanations.publish(C.explanation_to_msg(stall[1]))  # before its failure: paired all the same
+        failures.publish(C.failure_to_msg(stall[0]))
+
+        # Down: both requests are in the journal on disk, retried with backoff, and the node says so.
+        probe.wait(lambda: len(_queued(tmp_path)) == 2, 30.0, "two requests in the outbox journal")
+        probe.wait(lambda: any(_endpoint_warning(s) for s in diagnostics), 30.0, "the endpoint warning")
+        probe.wait(lambda: any("attempt 3" in s.message for s in diagnostics), 30.0, "a third attempt")
+        warning = next(s for s in diagnostics if _endpoint_warning(s))
+        assert "queued in the outbox" in warning.message and "endpoint unavailable" in warning.message
+        seen = len(diagnostics)
+        probe.spin_for(2.5)
+        assert len(diagnostics) > seen, "the node keeps publishing its diagnostics while the endpoint is down"
+        assert node.poll() is None and results == []
+        assert stored_version(bank_path) == len(seed_ids)
+
+        server = FakeLLMServer(port, _answer())
+        probe.wait(lambda: len(results) == 2, 60.0, "two reflection results once the endpoint is back")
+        probe.wait(lambda: any(v.data == len(seed_ids) + 2 for v in versions), 30.0, "memory version +2")
+        for msg in results:
+            r = C.msg_to_reflection(msg)
+            assert not r.error and not r.normal and r.memory_item_id
+        assert sorted(C.msg_to_reflection(m).failure_stamp for m in results) == [10.0, 20.0]
+        probe.wait(lambda: diagnostics[-1].level == DiagnosticStatus.OK, 10.0, "the endpoint condition cleared")
+        assert _queued(tmp_path) == []
+    finally:
+        probe.close()
+        output = stop_process(node, timeout=30)
+        if server is not None:
+            server.close()
+    assert node.returncode == 0, output
+    assert SECRET not in output, "the API key must never be logged"
+    # What the endpoint received: Eq. 29's Q_refl (original query, explanation, failure), the key as a
+    # bearer token from the environment, the configured model.
+    assert server is not None and len(server.requests) == 2
+    assert server.auth == [f"Bearer {SECRET}"] * 2
+    texts = [" ".join(m["content"] for m in r["messages"]) for r in server.requests]
+    assert all(r["model"] == "fake-reasoner" for r in server.requests)
+    assert any("collided with object(s) veh-1" in t for t in texts)
+    assert all("[Traffic state]" in t and "Recommended decisions: AK,CK" in t for t in texts)
+    with MemoryBank.open(bank_path) as bank:
+        new = [i for i in bank if i.source == "reflection"]
+        assert len(bank) == len(seed_ids) + 2 and len(new) == 2
+        assert all(i.distribution is None and i.answer == _answer() for i in new)
+    assert len(Outbox(tmp_path / "outbox")) == 0
+
+
+@pytest.mark.slow
+def test_fake_llm_requests_in_outbox_survive_a_killed_node(tmp_path, ros_context):
+    bank_path, seed_ids = make_bank(tmp_path)
+    port = _free_port()
+    node = _start_client(tmp_path, bank_path, port)
+    probe = Probe(ros_context)
+    server = None
+    restarted = None
+    try:
+        failures = probe.publisher(lm.FailureEvent, "luna/failure", qos.RELIABLE)
+        explanations = probe.publisher(lm.DecisionExplanation, "luna/explanation", qos.RELIABLE)
+        for p in (failures, explanations):
+            wait_for_subscribers(p, timeout=120.0)
+        failure, explanation = _events(10.0, collision=True)
+        failures.publish(C.failure_to_msg(failure))
+        explanations.publish(C.explanation_to_msg(explanation))
+        probe.wait(lambda: len(_queued(tmp_path)) == 1, 30.0, "the request in the outbox journal")
+        os.killpg(node.pid, signal.SIGKILL)  # no shutdown path runs
+        node.communicate(timeout=30)
+
+        server = FakeLLMServer(port, _answer())
+        restarted = _start_client(tmp_path, bank_path, port)
+        versions = probe.collect(UInt64, "luna/memory/version", qos.LATCHED)  # latched: no race with the send
+        probe.wait(lambda: any(v.data == len(seed_ids) + 1 for v in versions), 120.0,
+                   "the restarted node to send the queued request")
+    finally:
+        probe.close()
+        output = stop_process(restarted, timeout=30) if restarted is not None else ""
+        if server is not None:
+            server.close()
+    assert restarted.returncode == 0, output
+    assert len(server.requests) == 1
+    assert _queued(tmp_path) == []
+    with MemoryBank.open(bank_path) as bank:
+        assert len(bank) == len(seed_ids) + 1 and bank.items[-1].source == "reflection"
