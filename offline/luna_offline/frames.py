@@ -1,9 +1,14 @@
-"""``luna-offline frames``: 2 Hz frames with scene descriptors from scenario sources (DESIGN Sec. 7).
+"""``luna-offline frames``: 2 Hz frames with scene descriptors from scenario sources or bags (DESIGN Sec. 7).
 
 Each scenario's logged ego (the expert) is sampled every 1/rate s; at each sample the scene descriptor
 xi_t is built from the expert state, the logged objects and lights, the route and the lane graph. The
 "recent decisions" of a frame are the expert's own decisions over the preceding frame intervals,
 labelled from its motion (``expert_decision``), as the paper's descriptor carries the last two.
+
+A rosbag2 bag (MCAP or sqlite3, ``luna_bringup.bag.reader``; damaged parts are skipped and reported)
+is read the same way: the recorded odometry plays the expert, and each frame takes the latest
+objects, lights, route and lane graph recorded at or before it (by header stamp), as the
+``scene_descriptor`` node would have held them (``bag_frames``).
 
 Output: JSON lines, one frame per line: id, scenario identity (so a simulation-grounded scorer can
 reload the scenario and time), the expert's decision over the next interval, and the descriptor.
@@ -12,11 +17,12 @@ reload the scenario and time), the expert's decision over the next interval, and
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
@@ -24,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from luna_core.lanes import lane_map
-from luna_core.scene import SceneConfig, build_scene, scene_from_dict, scene_to_dict
+from luna_core.scene import SceneConfig, SceneInputError, build_scene, scene_from_dict, scene_to_dict
 from luna_core.types import EgoState, SceneDescriptor
 
 FRAME_FORMAT = 1
@@ -127,6 +133,138 @@ def scenario_frames(scenario: Any, rate: float = 2.0, origin: dict[str, Any] | N
                     decisions[k])
 
 
+# --------------------------------------------------------------------------------------------------
+# Bags
+# --------------------------------------------------------------------------------------------------
+
+#: How old a recorded input may be at a frame's instant and still describe it (s).
+MAX_EGO_AGE = 0.3
+MAX_OBJECTS_AGE = 0.5
+MAX_LIGHTS_AGE = 1.0
+
+
+@dataclass
+class BagInputs:
+    """The stack's inputs recorded in a bag, as luna_core types sorted by header stamp."""
+
+    egos: list[EgoState]
+    objects: list[Any]  # TrackedObjects
+    lights: list[Any]  # TrafficLights
+    routes: list[Any]  # Route
+    graphs: list[Any]  # LaneGraph
+    issues: list[str]  # what the reader worked around and what could not be decoded
+    _stamps: dict[str, list[float]] = field(default_factory=dict, repr=False)
+
+    def latest(self, kind: str, stamp: float, max_age: float = math.inf) -> Any | None:
+        """The latest ``kind`` sample stamped at or before ``stamp`` and at most ``max_age`` old."""
+        samples = getattr(self, kind)
+        if kind not in self._stamps:
+            self._stamps[kind] = [x.stamp for x in samples]
+        i = bisect.bisect_right(self._stamps[kind], stamp + 1e-9)
+        if i == 0 or stamp - samples[i - 1].stamp > max_age:
+            return None
+        return samples[i - 1]
+
+
+def read_bag_inputs(path: str | Path) -> BagInputs:
+    """Decode odometry, objects, lights, route and lane graph from a bag (topics of DESIGN Sec. 5)."""
+    from rclpy.serialization import deserialize_message
+
+    from luna_bringup.bag.msgtypes import import_message_class
+    from luna_bringup.bag.reader import BagError, BagReader
+    from luna_bringup.bag.topics import LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE, TRAFFIC_LIGHTS
+    from luna_nodes import convert as C
+
+    wanted = {ODOMETRY: ("nav_msgs/msg/Odometry", C.odometry_to_ego, "egos"),
+              OBJECTS: ("luna_msgs/msg/TrackedObjects", C.msg_to_objects, "objects"),
+              TRAFFIC_LIGHTS: ("luna_msgs/msg/TrafficLightStateArray", C.msg_to_lights, "lights"),
+              ROUTE: ("luna_msgs/msg/Route", C.msg_to_route, "routes"),
+              LANE_GRAPH: ("luna_msgs/msg/LaneGraph", C.msg_to_lane_graph, "graphs")}
+    out: dict[str, list[Any]] = {kind: [] for _, _, kind in wanted.values()}
+    issues: list[str] = []
+    undecodable: dict[str, int] = {}
+    try:
+        reader = BagReader(path)
+    except BagError as exc:
+        raise FrameError(str(exc)) from None
+    with reader:
+        classes = {}
+        for topic, (msgtype, _, _) in wanted.items():
+            info = reader.topics.get(topic)
+            if info is None:
+                continue
+            if info.msgtype != msgtype:
+                raise FrameError(f"{path}: {topic} holds {info.msgtype}, expected {msgtype}")
+            classes[topic] = import_message_class(msgtype)
+            if classes[topic] is None:
+                raise FrameError(f"{path}: the message class of {msgtype} is not importable (luna_msgs installed?)")
+        for msg in reader.messages(list(classes)):
+            _, convert, kind = wanted[msg.topic]
+            try:
+                out[kind].append(convert(deserialize_message(msg.data, classes[msg.topic])))
+            except Exception:  # noqa: BLE001 - malformed CDR or values from a damaged bag: counted, reported
+                undecodable[msg.topic] = undecodable.get(msg.topic, 0) + 1
+        issues += [str(i) for i in reader.issues]
+    issues += [f"{n} undecodable message(s) on {t} skipped" for t, n in sorted(undecodable.items())]
+    for samples in out.values():
+        samples.sort(key=lambda x: x.stamp)
+    egos = out["egos"]
+    # Odometry carries no acceleration: the speed's difference over one odometry interval.
+    for before, now in zip(egos[:-1], egos[1:]):
+        dt = now.stamp - before.stamp
+        now.acceleration = (now.velocity - before.velocity) / dt if dt > 1e-3 else before.acceleration
+    return BagInputs(issues=issues, **out)
+
+
+def bag_frames(path: str | Path, rate: float = 2.0, config: SceneConfig | None = None,
+               name: str | None = None) -> tuple[list[Frame], list[str]]:
+    """Frames every 1/rate s from the first odometry sample of the bag at ``path`` to its last one,
+    and the issues met (bag damage, frames skipped for want of fresh odometry or objects)."""
+    if not rate > 0.0:
+        raise FrameError(f"frame rate must be positive, got {rate}")
+    from luna_bringup.bag.topics import LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE
+    from luna_core.types import Route
+
+    inputs = read_bag_inputs(path)
+    issues = list(inputs.issues)
+    name = name or Path(path).resolve().name
+    if not inputs.egos:
+        raise FrameError(f"{path}: no odometry on {ODOMETRY}: nothing to describe")
+    if not inputs.graphs:
+        raise FrameError(f"{path}: no lane graph on {LANE_GRAPH} (record the map_server's output with the bag)")
+    if not inputs.objects:
+        raise FrameError(f"{path}: no tracked objects on {OBJECTS}")
+    if not inputs.routes:
+        issues.append(f"no route on {ROUTE}: frames carry navigation None and no target road")
+    interval = 1.0 / rate
+    start = inputs.egos[0].stamp
+    times = start + interval * np.arange(int(math.floor((inputs.egos[-1].stamp - start) / interval + 1e-9)) + 1)
+    egos = [inputs.latest("egos", float(t), MAX_EGO_AGE) for t in times]
+    decisions = [expert_decision(inputs.latest("graphs", float(t)) or inputs.graphs[0], a, b, interval)
+                 if a is not None and b is not None else "" for t, a, b in zip(times, egos[:-1], egos[1:])] + [""]
+    origin = {"scenario": name, "source": "bag", "bag": str(path)}
+    frames = []
+    for k, (t, ego) in enumerate(zip(times, egos)):
+        rel = round(float(t - start), 3)
+        objects = inputs.latest("objects", float(t), MAX_OBJECTS_AGE)
+        if ego is None or objects is None:
+            missing = "odometry" if ego is None else "tracked objects"
+            issues.append(f"t={rel:.2f} s: no {missing} within {MAX_EGO_AGE if ego is None else MAX_OBJECTS_AGE} s;"
+                          " frame skipped")
+            continue
+        graph = inputs.latest("graphs", float(t)) or inputs.graphs[0]  # latched: may be stamped later
+        route = inputs.latest("routes", float(t)) or (inputs.routes[0] if inputs.routes else Route(float(t)))
+        recent = [d for d in decisions[max(k - 2, 0):k] if d]
+        try:
+            scene = build_scene(ego, objects, inputs.latest("lights", float(t), MAX_LIGHTS_AGE), route, graph,
+                                recent, config=config)
+        except SceneInputError as exc:
+            issues.append(f"t={rel:.2f} s: {exc}; frame skipped")
+            continue
+        frames.append(Frame(f"{name}@{rel:07.2f}", name, rel, scene, {**origin, "stamp": float(t)}, decisions[k]))
+    return frames, issues
+
+
 def read_frames(path: str | Path) -> list[Frame]:
     """All frames of a JSON-lines file; raises ``FrameError`` naming the line of any bad record."""
     frames, seen = [], set()
@@ -165,48 +303,66 @@ def write_frames(frames: Iterable[Frame], path: str | Path) -> int:
     return n
 
 
-def _sources(args: argparse.Namespace) -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
-    """(label, loader, origin) of every requested scenario; loading happens one at a time later."""
-    sources: list[tuple[str, Callable[[], Any], dict[str, Any]]] = []
+Source = tuple[str, Callable[[], tuple[str, list[Frame]]]]  # (label, load -> (name, frames))
+
+
+def _scenario_source(load: Callable[[], Any], origin: dict[str, Any], rate: float) -> tuple[str, list[Frame]]:
+    scenario = load()
+    return scenario.name, list(scenario_frames(scenario, rate, origin))
+
+
+def _bag_source(path: Path, rate: float) -> tuple[str, list[Frame]]:
+    frames, issues = bag_frames(path, rate)
+    for issue in issues:  # reported, not fatal: the frames that could be built are kept
+        print(f"[frames] {path}: {issue}", file=sys.stderr)
+    return Path(path).resolve().name, frames
+
+
+def _sources(args: argparse.Namespace) -> list[Source]:
+    """(label, loader) of every requested scenario and bag; loading happens one at a time later."""
+    sources: list[Source] = []
     if args.suite:
         from luna_bridge.scenarios.registry import load_entry, suite_refs
 
         for suite in args.suite:
             for _name, source, loader in suite_refs(suite):
-                sources.append((source, partial(load_entry, source, loader), {"suite": suite, "file": source}))
+                sources.append((source, partial(_scenario_source, partial(load_entry, source, loader),
+                                                {"suite": suite, "file": source}, args.rate)))
     if args.scenario:
         from luna_bridge.scenarios.format import load_scenario
 
         for path in args.scenario:
-            sources.append((str(path), partial(load_scenario, path), {"file": str(path)}))
+            sources.append((str(path), partial(_scenario_source, partial(load_scenario, path), {"file": str(path)},
+                                               args.rate)))
+    for bag in args.bag or []:
+        sources.append((str(bag), partial(_bag_source, bag, args.rate)))
     return sources
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    if not (args.suite or args.scenario):
-        raise SystemExit("luna-offline frames: give --suite NAME and/or --scenario FILE")
+    if not (args.suite or args.scenario or args.bag):
+        raise SystemExit("luna-offline frames: give --suite NAME, --scenario FILE and/or --bag DIR")
     failures: list[str] = []
 
     def generate() -> Iterator[Frame]:
-        taken: dict[str, str] = {}  # scenario name -> where it came from (frame ids must be unique)
-        for label, load, origin in tqdm(_sources(args), desc="scenarios", unit="scn"):
+        taken: dict[str, str] = {}  # scenario / bag name -> where it came from (frame ids must be unique)
+        for label, load in tqdm(_sources(args), desc="sources", unit="src"):
             try:
-                scenario = load()
-                if scenario.name in taken:
-                    raise FrameError(f"scenario name {scenario.name!r} already taken from {taken[scenario.name]}")
-                frames = list(scenario_frames(scenario, args.rate, origin))
-            except Exception as exc:  # noqa: BLE001 - a bad scenario is reported and skipped, never silently
+                name, frames = load()
+                if name in taken:
+                    raise FrameError(f"name {name!r} already taken by {taken[name]}")
+            except Exception as exc:  # noqa: BLE001 - a bad source is reported and skipped, never silently
                 failures.append(f"{label}: {type(exc).__name__}: {exc}")
                 continue
-            taken[scenario.name] = label
+            taken[name] = label
             yield from frames
 
     n = write_frames(generate(), args.out)
     for failure in failures:
         print(f"[frames] skipped {failure}", file=sys.stderr)
-    print(f"[frames] wrote {n} frames to {args.out}" + (f"; {len(failures)} scenario(s) skipped" if failures else ""))
+    print(f"[frames] wrote {n} frames to {args.out}" + (f"; {len(failures)} source(s) skipped" if failures else ""))
     return 0 if n and not failures else 1
 
 
@@ -217,6 +373,8 @@ def register(subparsers: Any) -> None:
                    help="scenario suite (synthetic-train, synthetic-hard, synthetic-random, commonroad) or a "
                         "directory of scenario files; repeatable")
     p.add_argument("--scenario", action="append", type=Path, help="scenario file; repeatable")
+    p.add_argument("--bag", action="append", type=Path,
+                   help="rosbag2 bag (directory or .mcap/.db3 file) with the stack's input topics; repeatable")
     p.add_argument("--rate", type=float, default=2.0, help="frames per second (default 2)")
     p.add_argument("--out", type=Path, required=True, help="output JSON-lines file")
     p.set_defaults(func=run)
