@@ -2,12 +2,8 @@
 
 Conversion:
 
-* lanelets -> ``Lane`` (centre/left/right vertices, speed limit from the lanelet's MAX_SPEED traffic
-  sign when there is one); successors/predecessors kept; same-direction adjacency -> left/right
-  neighbours; a road (``road_id``) is a connected group of same-direction adjacent lanelets.
-  ``in_junction``: the lanelet is an incoming's successor of a CommonRoad intersection, has the
-  ``intersection`` type, or (files without intersection data, like the NGSIM ones) its polygon
-  crosses another lanelet that is neither a neighbour, a predecessor nor a successor.
+* the lanelet network -> ``LaneGraph`` through ``luna_core.maps.commonroad`` (the same conversion the
+  ``map_server`` node uses for a vehicle's CommonRoad map; see there).
 * dynamic obstacles -> ``AgentTrack`` (box centre, heading, speed along the heading) at the file's
   0.1 s steps; static obstacles -> ``static`` tracks over the whole scenario.
 * planning problem -> the ego's initial state (CommonRoad gives the vehicle's reference point; it is
@@ -21,43 +17,26 @@ Conversion:
   history run back at the initial speed along the lane.
 * duration: up to the goal's latest time step or the last recorded state, whichever is later.
 
-A file that is not CommonRoad XML raises ``CommonRoadError`` naming the file.
+A file that is not CommonRoad XML raises ``CommonRoadError`` (``luna_core.maps.commonroad``) naming the file.
 """
 
 from __future__ import annotations
 
 import math
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
-import shapely
 
 from luna_core.idm import idm_acceleration
 from luna_core.lanes import Polyline, lane_map
-from luna_core.types import EgoState, Lane, LaneGraph, ObjectClass, Route, VehicleParameters
+from luna_core.maps.commonroad import CommonRoadError, lane_graph_from_network, open_commonroad
+from luna_core.types import EgoState, LaneGraph, ObjectClass, Route, VehicleParameters
 
 from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
 from luna_bridge.scenarios.traffic import HUMAN, curve_speed, curve_speed_caps, lane_change_path
 
 VEHICLE = VehicleParameters()
 HISTORY = 2.0  # s
-
-
-class CommonRoadError(ValueError):
-    """A file is not a readable CommonRoad scenario."""
-
-
-def _check_root(path: Path) -> None:
-    try:
-        for _, elem in ET.iterparse(path, events=("start",)):
-            if elem.tag != "commonRoad":
-                raise CommonRoadError(f"{path}: not a CommonRoad scenario (root element <{elem.tag}>, "
-                                      f"expected <commonRoad>)")
-            return
-    except ET.ParseError as exc:
-        raise CommonRoadError(f"{path}: not valid XML ({exc})") from None
-    raise CommonRoadError(f"{path}: empty XML file")
 
 
 _CLASSES = {"PEDESTRIAN": ObjectClass.PEDESTRIAN, "BICYCLE": ObjectClass.BICYCLE,
@@ -68,96 +47,6 @@ _CLASSES = {"PEDESTRIAN": ObjectClass.PEDESTRIAN, "BICYCLE": ObjectClass.BICYCLE
 
 def _object_class(obstacle_type: object) -> ObjectClass:
     return _CLASSES.get(getattr(obstacle_type, "name", str(obstacle_type)), ObjectClass.STATIC)
-
-
-# --------------------------------------------------------------------------------------------------
-# Lane graph
-# --------------------------------------------------------------------------------------------------
-
-
-def _speed_limits(network: object) -> dict[int, float]:
-    signs = {s.traffic_sign_id: s for s in network.traffic_signs}
-    out: dict[int, float] = {}
-    for ll in network.lanelets:
-        for sid in ll.traffic_signs:
-            sign = signs.get(sid)
-            if sign is None:
-                continue
-            for el in sign.traffic_sign_elements:
-                name = getattr(el.traffic_sign_element_id, "name", str(el.traffic_sign_element_id))
-                if "MAX_SPEED" in name and el.additional_values:
-                    try:
-                        out[ll.lanelet_id] = float(el.additional_values[0])
-                    except (TypeError, ValueError):
-                        pass
-    return out
-
-
-def _junction_lanelets(network: object) -> set[int]:
-    out: set[int] = set()
-    for inter in getattr(network, "intersections", []):
-        for inc in inter.incomings:
-            out |= set(inc.successors_right) | set(inc.successors_straight) | set(inc.successors_left)
-    for ll in network.lanelets:
-        if any("intersection" in getattr(t, "value", str(t)).lower() for t in (ll.lanelet_type or ())):
-            out.add(ll.lanelet_id)
-    if out:
-        return out
-    # No intersection data: lanelets whose area crosses an unrelated lanelet's area.
-    lanelets = list(network.lanelets)
-    polys = [shapely.make_valid(shapely.Polygon(np.vstack([ll.left_vertices, ll.right_vertices[::-1]])))
-             for ll in lanelets]
-    tree = shapely.STRtree(polys)
-    for i, ll in enumerate(lanelets):
-        related = {ll.lanelet_id, ll.adj_left, ll.adj_right, *ll.successor, *ll.predecessor}
-        for j in tree.query(polys[i], predicate="intersects"):
-            other = lanelets[int(j)]
-            if other.lanelet_id in related or ll.lanelet_id in other.successor or ll.lanelet_id in other.predecessor:
-                continue
-            if polys[i].intersection(polys[int(j)]).area > 1.0:
-                out.add(ll.lanelet_id)
-                break
-    return out
-
-
-def lane_graph_from_network(network: object) -> LaneGraph:
-    """Convert a CommonRoad ``LaneletNetwork`` to a ``LaneGraph`` (see the module docstring)."""
-    limits = _speed_limits(network)
-    junction = _junction_lanelets(network)
-    # Roads: connected components of same-direction adjacency.
-    road: dict[int, int] = {}
-    by_id = {ll.lanelet_id: ll for ll in network.lanelets}
-    for ll in network.lanelets:
-        if ll.lanelet_id in road:
-            continue
-        stack, members = [ll.lanelet_id], []
-        while stack:
-            lid = stack.pop()
-            if lid in road or lid not in by_id:
-                continue
-            road[lid] = -1
-            members.append(lid)
-            cur = by_id[lid]
-            if cur.adj_left is not None and cur.adj_left_same_direction:
-                stack.append(cur.adj_left)
-            if cur.adj_right is not None and cur.adj_right_same_direction:
-                stack.append(cur.adj_right)
-        for lid in members:
-            road[lid] = min(members)
-    graph = LaneGraph()
-    for ll in network.lanelets:
-        left = str(ll.adj_left) if ll.adj_left is not None and ll.adj_left_same_direction else ""
-        right = str(ll.adj_right) if ll.adj_right is not None and ll.adj_right_same_direction else ""
-        graph.add(Lane(id=str(ll.lanelet_id), centerline=np.asarray(ll.center_vertices, dtype=np.float64),
-                       left_boundary=np.asarray(ll.left_vertices, dtype=np.float64),
-                       right_boundary=np.asarray(ll.right_vertices, dtype=np.float64),
-                       speed_limit=limits.get(ll.lanelet_id, 0.0), road_id=f"road_{road[ll.lanelet_id]}",
-                       successors=[str(s) for s in ll.successor if s in by_id],
-                       predecessors=[str(p) for p in ll.predecessor if p in by_id],
-                       left_neighbor=left if left and int(left) in by_id else "",
-                       right_neighbor=right if right and int(right) in by_id else "",
-                       in_junction=ll.lanelet_id in junction))
-    return graph
 
 
 # --------------------------------------------------------------------------------------------------
@@ -298,15 +187,7 @@ def _static_track(obstacle: object, n_steps: int, dt: float) -> AgentTrack:
 def load_commonroad(path: str | Path) -> Scenario:
     """Read one CommonRoad XML file (its first planning problem) as a ``Scenario``."""
     path = Path(path)
-    if not path.is_file():
-        raise CommonRoadError(f"{path}: no such file")
-    _check_root(path)
-    from commonroad.common.file_reader import CommonRoadFileReader
-
-    try:
-        cr, problems = CommonRoadFileReader(str(path)).open()
-    except Exception as exc:  # noqa: BLE001 - commonroad-io raises many kinds; all mean "unreadable"
-        raise CommonRoadError(f"{path}: commonroad-io could not read it ({type(exc).__name__}: {exc})") from None
+    cr, problems = open_commonroad(path)
     if abs(cr.dt - SIM_DT) > 1e-9:
         raise CommonRoadError(f"{path}: time step {cr.dt} s, the simulator needs {SIM_DT} s")
     if not problems.planning_problem_dict:

@@ -31,7 +31,20 @@ def detect_format(path: Path) -> str:
                        f"(use .json, .xml or .osm, or set the format explicitly)")
 
 
-def load_map(path: str | Path, fmt: str = "auto") -> LaneGraph:
+def parse_origin(text: str) -> tuple[float, float] | None:
+    """A Lanelet2 projection origin "lat, lon" (degrees); "" = none (the map's first node)."""
+    if not text.strip():
+        return None
+    try:
+        lat, lon = (float(v) for v in text.replace(",", " ").split())
+    except ValueError:
+        raise MapLoadError(f"Lanelet2 origin {text!r}: expected 'lat, lon' in degrees") from None
+    if not (-90.0 <= lat <= 90.0 and -180.0 <= lon <= 180.0):
+        raise MapLoadError(f"Lanelet2 origin {text!r}: latitude/longitude out of range")
+    return lat, lon
+
+
+def load_map(path: str | Path, fmt: str = "auto", lanelet2_origin: tuple[float, float] | None = None) -> LaneGraph:
     if not str(path):
         raise MapLoadError("no map file configured")
     path = Path(path)
@@ -44,14 +57,15 @@ def load_map(path: str | Path, fmt: str = "auto") -> LaneGraph:
         except LaneGraphError as exc:
             raise MapLoadError(str(exc)) from None
     if fmt == "commonroad":
+        from luna_core.maps.commonroad import CommonRoadError, load_commonroad_map
         try:
-            from luna_bridge.scenarios.commonroad import load_commonroad
-        except ImportError as exc:
-            raise MapLoadError(f"{path}: CommonRoad maps need the luna_bridge package ({exc})") from None
-        try:
-            return load_commonroad(path).lane_graph
-        except Exception as exc:  # noqa: BLE001 - the reader raises many kinds; report them uniformly
-            raise MapLoadError(f"{path}: not a readable CommonRoad map ({exc})") from None
+            return load_commonroad_map(path)
+        except CommonRoadError as exc:
+            raise MapLoadError(f"not a readable CommonRoad map: {exc}") from None
     if fmt == "lanelet2":
-        raise MapLoadError(f"{path}: Lanelet2 maps need the 'lanelet2' package, which is not installed here")
+        from luna_core.maps.lanelet2 import Lanelet2MapError, load_lanelet2_map
+        try:
+            return load_lanelet2_map(path, lanelet2_origin)
+        except Lanelet2MapError as exc:
+            raise MapLoadError(f"not a readable Lanelet2 map: {exc}") from None
     raise MapLoadError(f"{path}: unknown map format '{fmt}' (one of {', '.join(MAP_FORMATS)})")

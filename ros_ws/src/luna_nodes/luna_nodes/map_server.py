@@ -1,10 +1,15 @@
-"""map_server: loads the vehicle's map file into ``map/lane_graph`` (transient local, reliable)."""
+"""map_server: loads the vehicle's map file into ``map/lane_graph`` (transient local, reliable).
+
+Formats (``luna_core.map_files``): the project's lane-graph JSON, CommonRoad XML (commonroad-io) and
+Lanelet2 OSM (the ``lanelet2`` package, UTM projection around ``lanelet2_origin``). A map that cannot
+be loaded publishes nothing and is reported as an ERROR in diagnostics, naming the file and why.
+"""
 
 from __future__ import annotations
 
 import luna_msgs.msg as lm
 
-from luna_core.map_files import MAP_FORMATS, MapLoadError, load_map
+from luna_core.map_files import MAP_FORMATS, MapLoadError, load_map, parse_origin
 from luna_nodes import convert, qos
 from luna_nodes.base import ERROR, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
@@ -19,6 +24,8 @@ INTERFACE = NodeInterface(
         ParamSpec("map_format", str, "auto", "File format; auto picks it from the extension.",
                   choices=("auto",) + MAP_FORMATS),
         ParamSpec("frame_id", str, "map", "Frame of the published lane graph."),
+        ParamSpec("lanelet2_origin", str, "", "Lanelet2 maps: 'lat, lon' (degrees) of the local frame's origin "
+                  "(UTM projection); empty = the map's first node. Localization must use the same frame."),
     ],
 )
 
@@ -32,7 +39,7 @@ class MapServer(LunaNode):
     def load_and_publish(self) -> None:
         path = self.params["map_file"]
         try:
-            graph = load_map(path, self.params["map_format"])
+            graph = load_map(path, self.params["map_format"], parse_origin(self.params["lanelet2_origin"]))
         except MapLoadError as exc:
             self.diagnostics.set_condition("map", ERROR, str(exc))
             return
