@@ -8,6 +8,7 @@ from luna_core.prompts import (MalformedModelOutput, PromptManager, action_set_o
                                format_ranked_answer, parse_confidence, parse_ranked_answer, parse_reflection,
                                parse_summary, parse_vote, traffic_state_text)
 from luna_core.prompts import knowledge as K
+from luna_core.prompts.compact import compact_query
 from luna_core.types import FailureEvent, MemoryItem
 from tests.unit.core.test_scene import car, near_junction_scene
 
@@ -136,15 +137,38 @@ def test_decision_query_structure_and_traffic_state():
     assert problem(traffic_state_text, "free text").problem == "missing"
 
 
-def test_md_messages_put_examples_first_and_the_query_last():
+def test_md_messages_put_compact_examples_first_and_the_query_last():
     q = PM.decision_query(near_junction_scene())
-    examples = [MemoryItem(id=f"m{i}", query=f"Q{i}", answer=f"A{i}") for i in range(3)]
+    queries = [PM.decision_query(near_junction_scene([car(f"v{i}", 90.0, 3.0 + i)])) for i in range(3)]
+    examples = [MemoryItem(id=f"m{i}", query=queries[i], answer=f"A{i}\n") for i in range(3)]
     msgs = PM.md_messages(q, examples)
     assert [m["role"] for m in msgs] == ["system"] + ["user", "assistant"] * 3 + ["user"]
     assert msgs[0]["content"] == K.DECISION_MAKING
-    assert [m["content"] for m in msgs[1:7]] == ["Q0", "A0", "Q1", "A1", "Q2", "A2"]
-    assert msgs[-1] == {"role": "user", "content": q}
+    assert [m["content"] for m in msgs[1:7]] == [compact_query(queries[0]), "A0", compact_query(queries[1]), "A1",
+                                                 compact_query(queries[2]), "A2"]
+    assert msgs[-1] == {"role": "user", "content": compact_query(q)}
     assert len(PM.md_messages(q, [])) == 2
+    bad = MemoryItem(id="corrupt", query="free text without a traffic state", answer="A")
+    assert problem(PM.md_messages, q, [bad]).kind == "query"
+
+
+def test_compact_query_keeps_the_facts_in_fewer_characters():
+    scene = near_junction_scene([car("v1", 95.0, 3.5), car("v2", 80.0, -3.5)])
+    full = PM.decision_query(scene)
+    short = compact_query(full)
+    assert len(short) < 0.7 * len(full)
+    lines = short.splitlines()
+    assert lines[0].startswith("Road section: Multi-Lane Near Junction (junction ahead in 15.0)")
+    assert "Lanes: 2, ego in lane 1." in lines and "Objects:" in lines and "Traffic light: Red." in lines
+    # every object keeps its line; numbers to 0.1, no units, no spaces inside the number list
+    full_objects = [ln for ln in traffic_state_text(full).splitlines() if ln.startswith("- ")]
+    short_objects = [ln for ln in lines if ln.startswith("- ")]
+    assert [ln.split(",")[0] for ln in short_objects] == [ln.split(",")[0] for ln in full_objects]
+    assert short_objects[0] == "- v1 vehicle, same lane: 8.5,0,0,6.0,4.5x1.9."
+    assert not any(unit in short for unit in (" m/s", " m.", " deg", "[Traffic state]", "Which decisions"))
+    assert action_set_of(short) == ALLOWED and lines[-1] == "Action set: " + " ".join(ALLOWED)
+    assert compact_query(full + "\n") == short  # deterministic, trailing text ignored
+    assert problem(compact_query, "[Traffic state]\nx\n[End of traffic state]\n").problem == "missing"
 
 
 def test_explanation_prefix_matches_the_summary_format():

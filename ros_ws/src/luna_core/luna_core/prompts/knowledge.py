@@ -89,6 +89,10 @@ SUMMARIZATION = BASICS + "\n\n" + (
 DECISION_MAKING = BASICS + "\n\n" + (
     "Task: for the traffic state in the question, recommend the plausible decisions from its action set, "
     "most advisable first, and explain each with the key objects and the reason.\n"
+    # The student's queries are compact (luna_core.prompts.compact): units and the object layout live here.
+    "Numbers in the traffic state carry no units: m, m/s, m/s^2 and degrees. Each object line reads: id "
+    "type, relation: distance,line-of-sight angle,heading,speed,length x width (static objects: no "
+    "speed).\n"
     "Answer format:\n"
     f"{RANKED_TAG} <codes separated by '{RANKED_SEPARATOR}'>\n"
     f"{EXPLANATION_TAG}\n"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from luna_core.prompts import knowledge as K
+from luna_core.prompts.compact import compact_query
 from luna_core.prompts.parsers import MalformedModelOutput
 from luna_core.scene import render_traffic_state
 from luna_core.types import ACTION_CODES, FailureEvent, MemoryItem, SceneDescriptor
@@ -73,13 +74,16 @@ class PromptManager:
     def md_messages(self, query: str, examples: Sequence[MemoryItem] = ()) -> list[Message]:
         """Eq. 13: K retrieved [Q_md || A_sum] examples as earlier turns, then the current query last.
 
+        Every Q_md goes into the prompt in the student's compact form (``compact_query``); an example
+        whose stored query is not a Q_md raises ``MalformedModelOutput``.
+
         The decision commitment position is the last prompt token after the chat template's
         generation prompt (``add_generation_prompt=True``).
         """
         messages = [_msg("system", self.knowledge.decision_making)]
         for item in examples:
-            messages += [_msg("user", item.query), _msg("assistant", item.answer)]
-        messages.append(_msg("user", query))
+            messages += [_msg("user", compact_query(item.query)), _msg("assistant", item.answer.strip())]
+        messages.append(_msg("user", compact_query(query)))
         return messages
 
     @staticmethod

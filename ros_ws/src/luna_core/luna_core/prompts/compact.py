@@ -1,0 +1,62 @@
+"""The student's compact form of a decision query Q_md (the user turns of P_md, Eq. 13).
+
+Q_md as stored in the memory bank and published with each decision is the full text of
+``PromptManager.decision_query``: readable by people and by the large teacher. The student reads every
+token of every retrieved example and of the current query in each forward pass, so its prompt carries
+the same facts in fewer tokens (about half): only the traffic state and the action set (the task is in
+the system message), no section markers, numbers to 0.1, without units and without the spaces that cost
+a token each, and a one-word object header.
+The units and the object-line layout are stated once in the decision-making system message, whose KV
+cache is reused between calls, so they cost nothing per decision.
+
+Retrieved examples and the current query go through the same function, so the student sees one format
+in context and at the decision commitment position, in distillation and at run time alike; it works on
+any stored Q_md whatever was collected before this form existed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from luna_core.prompts import knowledge as K
+from luna_core.prompts.parsers import MalformedModelOutput
+
+# Numbers rendered to 0.01 (distances, speeds, sizes) -> 0.1: the student's inputs need no finer grain.
+_FINE_NUMBER = re.compile(r"-?\d+\.\d{2,}")
+# Units after a number; the system message states them once (m, m/s, m/s^2, degrees).
+_UNIT = re.compile(r"(?<=\d) (?:m/s\^2|m/s|m|deg)\b")
+# The object header spells out the object-line layout, which the system message also states.
+_OBJECT_HEADER = re.compile(r"^Objects \(.*\):$", re.MULTILINE)
+_LANE_COUNTING = " counted from the left"  # lanes are numbered from the left in the basic concepts
+# The tokenizer spends a token on each space before a digit: numbers in a list go without them.
+_LIST_GAP = re.compile(r", (?=-?\d)")
+_SIZE_GAP = re.compile(r"(?<=\d) x (?=\d)")
+_HEADING_LABEL = re.compile(r"\bheading (?=-?\d)")  # its place in the object line says what it is
+
+
+def _round(match: re.Match) -> str:
+    text = f"{float(match.group(0)):.1f}"
+    return "0.0" if text == "-0.0" else text
+
+
+def compact_query(query: str) -> str:
+    """The traffic state and the action-set line of a full Q_md, shortened as described above.
+
+    Raises ``MalformedModelOutput`` (kind "query") when ``query`` is not a Q_md (no traffic-state
+    section or no action-set line), e.g. a corrupt memory item.
+    """
+    start = query.find(K.TRAFFIC_STATE_BEGIN)
+    end = query.find(K.TRAFFIC_STATE_END)
+    if start < 0 or end < start:
+        raise MalformedModelOutput("query", "missing", "the query has no traffic-state section", query[:160])
+    state = query[start + len(K.TRAFFIC_STATE_BEGIN):end].strip()
+    action_lines = [ln.strip() for ln in query[end:].splitlines() if ln.strip().startswith(K.ACTION_SET_TAG)]
+    if len(action_lines) != 1:
+        raise MalformedModelOutput("query", "missing", f"the query must state one {K.ACTION_SET_TAG!r} line",
+                                   query[-160:])
+    state = _OBJECT_HEADER.sub("Objects:", state).replace(_LANE_COUNTING, "")
+    state = _UNIT.sub("", _FINE_NUMBER.sub(_round, state))
+    state = _LIST_GAP.sub(",", _SIZE_GAP.sub("x", _HEADING_LABEL.sub("", state)))
+    # Codes separated by spaces: "CK,DK" splits into more tokens than "CK DK".
+    codes = action_lines[0][len(K.ACTION_SET_TAG):].replace(",", " ").split()
+    return f"{state}\n{K.ACTION_SET_TAG} {' '.join(codes)}"
