@@ -50,21 +50,36 @@ def test_commitment_position_is_the_last_token_of_the_generation_prompt(student)
     np.testing.assert_allclose(p, expected, atol=1e-5)
 
 
-def test_prefix_cache_reuse_gives_the_same_distribution(student):
+def test_kv_cache_of_the_shared_prefix_gives_the_same_distribution(student):
     q, ex = query(3), [memory_item(2), memory_item(3)]
-    student.config.reuse_prefix_cache = True
-    p1, lat1 = student.predict(q, ex)
-    p2, lat2 = student.predict(query(1), [])  # a different prompt in between must not leak into the cache
-    p3, lat3 = student.predict(q, ex)
+    other_scene, other_examples = query(1), [memory_item(4)]
     student.config.reuse_prefix_cache = False
     try:
-        p0, lat0 = student.predict(q, ex)
+        reference = {key: student.predict(*key_args)
+                     for key, key_args in (("q", (q, ex)), ("scene", (other_scene, ex)),
+                                           ("examples", (other_scene, other_examples)))}
     finally:
         student.config.reuse_prefix_cache = True
-    assert lat1.cached_prefix_tokens > 20 and lat0.cached_prefix_tokens == 0
-    np.testing.assert_allclose(p1, p0, atol=1e-5)
-    np.testing.assert_allclose(p3, p0, atol=1e-5)
-    assert np.abs(p2 - p0).max() > 1e-6  # a different scene gives a different answer
+    assert all(lat.cached_prefix_tokens == 0 for _, lat in reference.values())
+    ids = {"q": student.encoder.fit(q, ex).input_ids, "scene": student.encoder.fit(other_scene, ex).input_ids,
+           "examples": student.encoder.fit(other_scene, other_examples).input_ids}
+    p1, _ = student.predict(q, ex)
+    p_again, lat_again = student.predict(q, ex)  # same prompt: everything but i* from the cache
+    p_scene, lat_scene = student.predict(other_scene, ex)  # same examples, another scene
+    p_examples, lat_examples = student.predict(other_scene, other_examples)  # other examples
+    p_back, lat_back = student.predict(q, ex)
+    assert lat_again.cached_prefix_tokens == len(ids["q"]) - 1
+    shared_scene = next(i for i, (a, b) in enumerate(zip(ids["q"], ids["scene"])) if a != b)
+    shared_examples = next(i for i, (a, b) in enumerate(zip(ids["scene"], ids["examples"])) if a != b)
+    assert lat_scene.cached_prefix_tokens == shared_scene
+    assert lat_examples.cached_prefix_tokens == shared_examples
+    assert lat_back.cached_prefix_tokens == next(i for i, (a, b) in enumerate(zip(ids["examples"], ids["q"]))
+                                                 if a != b)
+    # the system message and both examples are reused when only the scene changes
+    assert shared_scene > len(student.encoder.fit(q, ex[:1]).input_ids) > shared_examples > 20
+    for p, key in ((p1, "q"), (p_again, "q"), (p_scene, "scene"), (p_examples, "examples"), (p_back, "q")):
+        np.testing.assert_allclose(p, reference[key][0], atol=1e-5)
+    assert np.abs(p_scene - p1).max() > 1e-6  # a different scene gives a different answer
 
 
 def test_action_mask_zeroes_and_renormalises(student):

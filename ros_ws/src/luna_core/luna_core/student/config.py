@@ -37,7 +37,7 @@ class StudentConfig:
     device: str = "auto"  # "auto" = CUDA when available, else CPU
     dtype: str = "auto"  # "auto" = bfloat16 on CUDA, float32 on CPU
     quantization: str = "none"  # "nf4" = bitsandbytes 4-bit base (CUDA)
-    reuse_prefix_cache: bool = True  # keep the KV cache of the static system message between calls
+    reuse_prefix_cache: bool = True  # keep the KV cache of the prefix shared with the previous prompt
 
     def __post_init__(self) -> None:
         self.validate()

@@ -70,7 +70,6 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.messages_fn = messages_fn
         self.max_tokens = max_tokens
-        self._prefix_memo: dict[str, list[int]] = {}
 
     def render(self, messages: list[Message]) -> list[int]:
         """Token ids of the messages with the generation prompt (ending at i*)."""
@@ -78,17 +77,6 @@ class PromptEncoder:
             raise PromptTemplateError("the student's prompt must end with the current user query")
         enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
-
-    def static_prefix(self, messages: list[Message]) -> list[int]:
-        """Token ids of the leading system message alone (the part identical in every call)."""
-        if not messages or messages[0].get("role") != "system":
-            return []
-        key = messages[0].get("content", "")
-        if key not in self._prefix_memo:
-            enc = self.tokenizer.apply_chat_template(messages[:1], add_generation_prompt=False,
-                                                     tokenize=True)
-            self._prefix_memo[key] = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
-        return self._prefix_memo[key]
 
     def fit(self, query: str, retrieved: Sequence[MemoryItem], reserve: int = 0) -> FittedPrompt:
         """Encode ``query`` with ``retrieved`` examples so that it leaves ``reserve`` tokens free."""

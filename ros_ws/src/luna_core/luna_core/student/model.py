@@ -94,6 +94,15 @@ def checked_mask(mask: np.ndarray | None) -> np.ndarray | None:
     return mask
 
 
+def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the longest common prefix of two token sequences, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return max(n, 0)
+
+
 def default_prompts() -> StudentPrompts:
     from luna_core.prompts import PromptManager  # the project's prompt manager (P_md, Eq. 13, 26)
 
@@ -119,8 +128,8 @@ class DualHeadStudent(nn.Module):
         self._lock = threading.Lock()
         self._pending = threading.Condition()
         self._pending_predicts = 0
-        self._prefix_ids: tuple[int, ...] = ()
-        self._prefix_cache = None
+        self._cached_ids: tuple[int, ...] = ()  # the tokens whose keys and values _kv_cache holds
+        self._kv_cache = None
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -256,7 +265,7 @@ class DualHeadStudent(nn.Module):
 
     def train(self, mode: bool = True) -> "DualHeadStudent":
         # Weights may change while training: the cached prefix would be stale.
-        self._prefix_cache, self._prefix_ids = None, ()
+        self._kv_cache, self._cached_ids = None, ()
         return super().train(mode)
 
     def dpp_probabilities(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -306,27 +315,27 @@ class DualHeadStudent(nn.Module):
                 self._pending.notify_all()
 
     def _commitment_hidden(self, fitted: FittedPrompt) -> tuple[torch.Tensor, int]:
-        """h_{i*} of the prompt, reusing the KV cache of the static system message when enabled."""
+        """h_{i*} of the prompt and how many leading tokens came from the KV cache.
+
+        With ``reuse_prefix_cache`` the KV cache of the previous prompt is kept and cut back to the
+        longest token prefix the new prompt shares with it: always the system message, and also the
+        retrieved examples while retrieval returns the same items (consecutive decisions usually do).
+        Causal attention makes the kept keys and values exactly those of a full pass over the prefix.
+        """
         ids = fitted.input_ids
-        prefix = tuple(self.encoder.static_prefix(fitted.messages)) if self.config.reuse_prefix_cache else ()
-        if not prefix or tuple(ids[:len(prefix)]) != prefix or len(prefix) >= len(ids):
+        if not self.config.reuse_prefix_cache:
             x = torch.tensor([ids], device=self.device)
             return self.decoder(input_ids=x, use_cache=False).last_hidden_state[0, -1], 0
-        if self._prefix_ids != prefix or self._prefix_cache is None:
-            x = torch.tensor([list(prefix)], device=self.device)
-            self._prefix_cache = self.decoder(input_ids=x, use_cache=True).past_key_values
-            self._prefix_ids = prefix
-        rest = torch.tensor([ids[len(prefix):]], device=self.device)
-        cache = self._prefix_cache
-        try:
-            out = self.decoder(input_ids=rest, past_key_values=cache, use_cache=True)
-        finally:
-            extra = cache.get_seq_length() - len(prefix)
-            if extra > 0:
-                cache.crop(-extra)  # back to the system message only
-            elif extra < 0:
-                self._prefix_cache, self._prefix_ids = None, ()
-        return out.last_hidden_state[0, -1], len(prefix)
+        # At least the last token is computed: its hidden state is h_{i*}.
+        shared = common_prefix_length(self._cached_ids, ids, len(ids) - 1)
+        cache = self._kv_cache if shared > 0 else None
+        if cache is not None and cache.get_seq_length() > shared:
+            cache.crop(shared - cache.get_seq_length())
+        self._kv_cache, self._cached_ids = None, ()  # until the pass below completes
+        rest = torch.tensor([ids[shared:]], device=self.device)
+        out = self.decoder(input_ids=rest, past_key_values=cache, use_cache=True)
+        self._kv_cache, self._cached_ids = out.past_key_values, tuple(ids)
+        return out.last_hidden_state[0, -1], shared
 
     @torch.inference_mode()
     def predict(self, scene_query: str, retrieved: Sequence[MemoryItem] = (),
