@@ -245,26 +245,26 @@ class ReflectionOutcome:
 
 def reflect_all(system: ReflectionSystem, outbox: Outbox, config: RoundConfig,
                 sleep: Callable[[float], None] = time.sleep) -> dict[str, ReflectionResult]:
-    """Send every pending request of ``outbox`` until it is empty or the endpoint stayed unreachable
-    for ``config.endpoint_wait`` s; request id -> result for the ones answered."""
+    """Send every pending request of ``outbox`` until it is empty or no request got an answer for
+    ``config.endpoint_wait`` s (the endpoint unreachable); request id -> result for the ones answered."""
     results: dict[str, ReflectionResult] = {}
-    total = len(outbox)
-    deadline = time.monotonic() + config.endpoint_wait
-    with tqdm(total=total, desc="reflect", unit="req") as bar:
+    last_answer = time.monotonic()
+    with tqdm(total=len(outbox), desc="reflect", unit="req") as bar:
         while len(outbox):
-            due = outbox.due()
-            for pending in due:
+            for pending in outbox.due():
                 result = system.process(outbox, pending, config.backoff_base, config.backoff_max)
                 if result is not None:
                     results[pending.request.id] = result
+                    last_answer = time.monotonic()
                     bar.update(1)
             if not len(outbox):
                 break
-            if time.monotonic() >= deadline:
-                log.warning("reflection endpoint unreachable: %d request(s) stay in the outbox", len(outbox))
+            waited = time.monotonic() - last_answer
+            if waited >= config.endpoint_wait:
+                log.warning("no reflection answer for %.0f s: %d request(s) stay in the outbox", waited, len(outbox))
                 break
             if not outbox.due():
-                sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                sleep(min(1.0, config.endpoint_wait - waited))
     return results
 
 
@@ -320,6 +320,11 @@ class RoundReport:
 
 def copy_bank(source: Path, target: Path) -> None:
     """Copy the source bank for this round (the writer lock and cached indexes stay behind)."""
+    _check_bank_copy(source, target)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("writer.lock", "index-hnsw-*"))
+
+
+def _check_bank_copy(source: Path, target: Path) -> None:
     if not (source / "manifest.json").exists():
         raise ReflectionRoundError(f"no memory bank at {source} (manifest.json missing)")
     if target.exists():
@@ -327,7 +332,6 @@ def copy_bank(source: Path, target: Path) -> None:
                                    "or remove it; a round never appends to an existing copy")
     if source.resolve() == target.resolve():
         raise ReflectionRoundError("the round's bank copy cannot be the source bank")
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("writer.lock", "index-hnsw-*"))
 
 
 def load_heuristic(config: RoundConfig, bank: Any) -> Any:
@@ -354,7 +358,8 @@ def run_round(deploy: Sequence[Scenario], evaluate: Sequence[Scenario] | None, c
     """Deploy, detect, explain, reflect into a copy of the bank, evaluate (see the module docstring)."""
     from luna_core.assets import resolve
     from luna_core.memory.bank import MemoryBank
-    from luna_core.planning.factory import make_planner
+    from luna_core.llm import LLMConfigError
+    from luna_core.planning.factory import PlannerConfigError, make_planner
     from luna_core.prompts import PromptManager
 
     started = time.perf_counter()
@@ -368,13 +373,18 @@ def run_round(deploy: Sequence[Scenario], evaluate: Sequence[Scenario] | None, c
     except FileNotFoundError as exc:
         raise ReflectionRoundError(f"{exc} (give --memory-bank)") from None
     bank_path = out / BANK_DIR
+    _check_bank_copy(source_bank, bank_path)
+    try:  # configuration errors surface before any simulation runs
+        planner = make_planner(config.planner, config.planner_options)
+        reflection_llm = make_reflection_llm(config)
+    except (PlannerConfigError, LLMConfigError) as exc:
+        raise ReflectionRoundError(str(exc)) from None
     copy_bank(source_bank, bank_path)
     bank = MemoryBank.open(bank_path, writable=True)
     outbox = Outbox(out / OUTBOX_DIR)
     try:
         version_before = int(bank.version)
         heuristic = load_heuristic(config, bank)
-        planner = make_planner(config.planner, config.planner_options)
 
         deployed = run_phase("deploy", deploy, planner, heuristic, config, explain=True)
         before = deployed if _same_set(deploy, evaluate) else \
@@ -389,7 +399,7 @@ def run_round(deploy: Sequence[Scenario], evaluate: Sequence[Scenario] | None, c
                 requests.append(request)
         results: dict[str, ReflectionResult] = {}
         if requests:
-            system = ReflectionSystem(make_reflection_llm(config), PromptManager(), bank,
+            system = ReflectionSystem(reflection_llm, PromptManager(), bank,
                                       ReflectionConfig(max_tokens=config.reflection_max_tokens))
             results = reflect_all(system, outbox, config)
         outcomes = [ReflectionOutcome(r, results.get(r.id)) for r in requests]

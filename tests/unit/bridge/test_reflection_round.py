@@ -139,3 +139,14 @@ def test_command_reports_bad_input_clearly(tmp_path, capsys):
                      "--memory-bank", str(tmp_path / "missing")])
     assert code == 2 and "no memory bank" in capsys.readouterr().err
     assert not (tmp_path / "o" / "memory_bank").exists()
+
+
+def test_configuration_errors_stop_the_round_before_it_drives(source_bank, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("LUNA_TEST_NO_SUCH_KEY", raising=False)
+    base = ["reflect", "--suite", "synthetic-hard", "--limit", "1", "--memory-bank", str(source_bank)]
+    code = cli.main(base + ["--out", str(tmp_path / "a"), "--endpoint", "http://127.0.0.1:9/v1",
+                            "--api-key-env", "LUNA_TEST_NO_SUCH_KEY"])
+    assert code == 2 and "LUNA_TEST_NO_SUCH_KEY" in capsys.readouterr().err
+    code = cli.main(base + ["--out", str(tmp_path / "b"), "--planner-option", "warp_speed=9"])
+    assert code == 2 and "unknown option(s) ['warp_speed']" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "memory_bank").exists() and not (tmp_path / "b" / "memory_bank").exists()
