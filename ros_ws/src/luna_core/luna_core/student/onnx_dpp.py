@@ -55,7 +55,8 @@ def export_dpp_onnx(student: DualHeadStudent, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     graph = _DppGraph(student).eval()
-    dummy = torch.tensor([student.encoder.fit("[Traffic state]\nx\n[End of traffic state]", []).input_ids])
+    dummy_query = "[Traffic state]\nx\n[End of traffic state]\nAction set: CK"  # any Q_md: T is dynamic
+    dummy = torch.tensor([student.encoder.fit(dummy_query, []).input_ids])
     with torch.inference_mode():
         torch.onnx.export(graph, (dummy,), str(tmp), dynamo=False, opset_version=OPSET,
                           input_names=["input_ids"], output_names=["probabilities"],
