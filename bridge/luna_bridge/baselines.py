@@ -5,7 +5,10 @@ ignore it, like nuPlan's ``requires_scenario = False``) and returns a ``luna_cor
 Registering is one line, either a callable or a lazy ``"module:attribute"`` path (so heavy planners,
 e.g. ones loading models, are imported only when evaluated)::
 
-    register_planner("diffusion-es", "luna_core.planning.diffusion_es:make_planner")
+    register_planner("my-planner", "my_package.planners:make_planner")
+
+The full stack and its ablations (``luna``, ``luna-k0``, ``luna-onehot``, ``luna-no-reflection``) and
+``diffusion-es`` are registered here from ``luna_bridge.stack_planner``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from luna_core.types import Planner
 
 from luna_bridge.scenario import Scenario
 from luna_bridge.sim import LogReplayPlanner
+from luna_bridge.stack_planner import SEARCH_PLANNERS, make_stack_planner
 
 PlannerFactory = Callable[[Scenario], Planner]
 EXPERT = "log-replay"  # the expert row every results table carries
@@ -54,6 +58,12 @@ def make_planner(name: str, scenario: Scenario) -> Planner:
     return factory(scenario)  # type: ignore[operator]
 
 
+def _search_planner(variant: str) -> PlannerFactory:
+    return lambda scenario: make_stack_planner(variant, scenario)  # models load when it is built
+
+
 register_planner(EXPERT, LogReplayPlanner)
 register_planner("idm", lambda scenario: IDMPlanner())
 register_planner("pdm", lambda scenario: PDMClosedPlanner())
+for _variant in SEARCH_PLANNERS:
+    register_planner(_variant, _search_planner(_variant))

@@ -4,6 +4,13 @@ Example::
 
     luna-bridge eval --suite synthetic-hard --planner pdm --mode reactive --workers 2
     luna-bridge eval --suite synthetic-random --planner idm --planner pdm --mode both --out results/random
+    luna-bridge eval --suite synthetic-hard --every 10 --replan-every 5 --planner luna --planner luna-k0 \
+        --planner luna-onehot --planner diffusion-es --population 32 --iterations 1
+
+The stack planners (``luna`` and its ablations ``luna-k0``, ``luna-onehot``, ``luna-no-reflection``;
+see ``luna_bridge.stack_planner``) decide every T_d with the student and the memory bank in process;
+they and ``diffusion-es`` run the decision-guided Diffusion-ES in deterministic mode unless
+``--time-budget`` is given.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from pathlib import Path
 
 from luna_bridge.baselines import planner_names
 from luna_bridge.evaluate import MODES, EvalConfig, EvaluationError, run_evaluation
+from luna_bridge.stack_planner import StackConfigError, StackSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +45,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="every N-th scenario of the sorted suite (an even subset over scenario types)")
     p.add_argument("--replan-every", type=int, default=1,
                    help="simulation steps (0.1 s) between planner calls; 1 = nuPlan's 10 Hz (default)")
+    stack = p.add_argument_group("stack planners (luna, luna-k0, luna-onehot, luna-no-reflection, diffusion-es)")
+    stack.add_argument("--student", default="", help="student folder (default: models/student)")
+    stack.add_argument("--memory-bank", default="", help="memory bank folder (default: models/memory_bank)")
+    stack.add_argument("--k", type=int, default=3, help="retrieved memory items per decision (default 3)")
+    stack.add_argument("--decision-every", type=int, default=5,
+                       help="simulation steps between decisions (default 5: T_d = 0.5 s)")
+    stack.add_argument("--population", type=int, default=128, help="Diffusion-ES members per action (default 128)")
+    stack.add_argument("--iterations", type=int, default=2, help="renoise-denoise rounds (default 2)")
+    stack.add_argument("--time-budget", type=float, default=0.0,
+                       help="wall-clock budget per planning call in s; 0 (default) = deterministic mode")
     p.set_defaults(func=run)
 
 
@@ -46,9 +64,16 @@ def run(args: argparse.Namespace) -> int:
         print("luna-bridge eval: --workers must be >= 1", file=sys.stderr)
         return 2
     out = args.out or Path("out/eval") / Path(args.suite).name
+    try:
+        stack = StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
+                              decision_every=args.decision_every, population=args.population,
+                              iterations=args.iterations, time_budget=args.time_budget)
+    except StackConfigError as exc:
+        print(f"luna-bridge eval: {exc}", file=sys.stderr)
+        return 2
     cfg = EvalConfig(suite=args.suite, planners=args.planner or ["pdm"], modes=MODES[args.mode],
                      workers=args.workers, out_dir=out, render=args.render, expect_count=args.expect_count,
-                     limit=args.limit, every=args.every, replan_every=args.replan_every)
+                     limit=args.limit, every=args.every, replan_every=args.replan_every, stack=stack)
     command = "luna-bridge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
         summary = run_evaluation(cfg, command=command)

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from luna_bridge.baselines import EXPERT, make_planner, planner_names
 from luna_bridge.metrics import METRIC_NAMES, ScenarioScore, aggregate, score_log
 from luna_bridge.scenario import Scenario
+from luna_bridge.stack_planner import SEARCH_PLANNERS, StackSettings, use_settings
 
 
 MODES = {"non-reactive": (False,), "reactive": (True,), "both": (False, True)}
@@ -95,6 +96,7 @@ class Job:
     out_dir: str
     render: bool = False
     replan_every: int = 1
+    stack: StackSettings | None = None  # settings of the stack / Diffusion-ES planners (None for the others)
 
     @property
     def result_path(self) -> Path:
@@ -121,6 +123,9 @@ def run_job(job: Job) -> dict[str, Any]:
     started = time.perf_counter()
     head = {"scenario": job.ref.name, "source": job.ref.source, "planner": job.planner,
             "mode": mode_name(job.reactive), "replan_every": job.replan_every}
+    if job.stack is not None:
+        head["stack"] = asdict(job.stack)
+        use_settings(job.stack)
     try:
         scenario: Scenario = load_entry(job.ref.source, job.ref.loader)
     except Exception as exc:  # noqa: BLE001 - a bad file must not stop the run; it is reported
@@ -129,11 +134,15 @@ def run_job(job: Job) -> dict[str, Any]:
     else:
         try:
             planner = make_planner(job.planner, scenario)
-            sim_log = simulate(scenario, planner, reactive=job.reactive,
-                               config=SimulationConfig(replan_every=job.replan_every))
+            source = getattr(planner, "decision_source", None)  # the stack decides every T_d
+            decision_every = job.stack.decision_every if job.stack is not None else 5
+            sim_log = simulate(scenario, planner, reactive=job.reactive, decision_source=source,
+                               config=SimulationConfig(replan_every=job.replan_every, decision_every=decision_every))
             score: ScenarioScore = score_log(sim_log)
             result = {**head, **score.to_json(), "status": STATUS_OK if not score.error else STATUS_CRASHED,
                       "planner_failures": sim_log.planner_failures, "steps": len(sim_log.ego)}
+            if source is not None:
+                result["decisions"] = decision_statistics(source)
             result["planner"], result["mode"] = job.planner, mode_name(job.reactive)
             if job.render:
                 from luna_bridge.render import render_gif, render_png
@@ -150,6 +159,20 @@ def run_job(job: Job) -> dict[str, Any]:
     write_atomic(job.result_path, _dumps(result))
     return {"scenario": job.ref.name, "planner": job.planner, "mode": result["mode"], "status": result["status"],
             "wall_time": time.perf_counter() - started}
+
+
+def decision_statistics(source: Any) -> dict[str, Any]:
+    """What the stack decided in one run: count, top actions, scenes that could not be described,
+    decisions that retrieved a reflection item (no timings: result files stay reproducible)."""
+    decisions = source.decisions
+    bank = getattr(source.heuristic, "bank", None)
+    top: dict[str, int] = {}
+    for d in decisions:
+        top[d.top_action] = top.get(d.top_action, 0) + 1
+    return {"count": len(decisions), "top_actions": dict(sorted(top.items())),
+            "scene_errors": len(source.scene_errors),
+            "using_reflection_items": sum(1 for d in decisions if bank is not None and any(
+                i in bank and bank.get(i).source == "reflection" for i in d.retrieved_ids))}
 
 
 def _worker_init() -> None:
@@ -178,6 +201,10 @@ class EvalConfig:
     limit: int | None = None  # first N scenarios only (smoke runs)
     every: int = 1  # every N-th scenario of the sorted suite (an even subset across scenario types)
     replan_every: int = 1  # simulation steps between planner calls (nuPlan: 1, i.e. 10 Hz)
+    stack: StackSettings = field(default_factory=StackSettings)  # for the stack / Diffusion-ES planners
+
+    def job_stack(self, planner: str) -> StackSettings | None:
+        return self.stack if planner in SEARCH_PLANNERS else None
 
 
 @dataclass
@@ -271,6 +298,8 @@ def _markdown(cfg: EvalConfig, summary: EvalSummary, command: str) -> str:
              "| planner | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for e in summary.table:
         lines.append(f"| {e['planner']} | " + " | ".join(_fmt(e[c]) if c in e else "-" for c in cols) + " |")
+    if any(e["planner"] in SEARCH_PLANNERS for e in summary.table):
+        lines += ["", f"Stack / Diffusion-ES planners: {cfg.stack.describe()}."]
     lines += ["", f"Wall time: {summary.wall_time:.1f} s; peak RSS: main process {summary.peak_rss_main_mb:.0f} MB, "
               f"largest worker {summary.peak_rss_worker_mb:.0f} MB.", ""]
     if summary.failures:
@@ -300,7 +329,7 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
         print(f"suite {cfg.suite}: {len(refs)} scenarios x {len(planners)} planners ({', '.join(planners)}) x "
               f"{len(cfg.modes)} mode(s)", flush=True)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [Job(ref, p, reactive, str(cfg.out_dir), cfg.render, cfg.replan_every)
+    jobs = [Job(ref, p, reactive, str(cfg.out_dir), cfg.render, cfg.replan_every, cfg.job_stack(p))
             for p in planners for reactive in cfg.modes for ref in refs]
     todo = [j for j in jobs if not _finished(j)]
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"eval {cfg.suite}", unit="run",
@@ -340,9 +369,11 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
 
 def _finished(job: Job) -> bool:
     """A run is done when its result file parses and was made with the same settings (a torn or
-    corrupt file, or one from another replanning rate, is rerun)."""
+    corrupt file, or one from another replanning rate or other stack settings, is rerun)."""
     try:
         done = json.loads(job.result_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(done, dict) and done.get("replan_every") == job.replan_every
+    same_stack = done.get("stack") == (asdict(job.stack) if job.stack is not None else None) \
+        if isinstance(done, dict) else False
+    return isinstance(done, dict) and done.get("replan_every") == job.replan_every and same_stack

@@ -509,12 +509,3 @@ class DecisionGuidedPlanner:
         self.last = result
         return result
 
-
-def make_planner(scenario: object = None) -> DecisionGuidedPlanner:
-    """Bridge registry factory: the LUNA planner with default settings (the scenario is ignored)."""
-    return DecisionGuidedPlanner(DecisionGuidedConfig())
-
-
-def make_baseline_planner(scenario: object = None) -> DecisionGuidedPlanner:
-    """Bridge registry factory: Diffusion-ES without decisions (J_gen only; the scenario is ignored)."""
-    return DecisionGuidedPlanner(DecisionGuidedConfig(use_decisions=False))

@@ -1,0 +1,233 @@
+"""The full LUNA stack as evaluable planners: heuristic decisions every T_d + the decision-guided planner.
+
+``luna-bridge eval --planner luna`` drives the stack in process: every T_d of simulation time the
+scene descriptor is built from the planner input (as the ``scene_descriptor`` node builds it) and the
+heuristic system (student + K retrieved memory items, ``luna_core.heuristic``) issues a decision; the
+decision-guided Diffusion-ES planner plans with it (Eq. 19-22). Variants, each a named planner of the
+eval registry so they land in one Table III layout (ablations in the spirit of LUNA-AD Table V):
+
+=====================  ==========================================================================
+``luna``               the full stack: K = 3 retrieved items from the bank as given
+``luna-k0``            no retrieval (K = 0)
+``luna-onehot``        one-hot decisions: the student's argmax with probability 1 (C_t = {a*})
+``luna-no-reflection`` the same bank, its reflection items never retrieved
+``diffusion-es``       the same search without decisions (J_gen only; no student)
+=====================  ==========================================================================
+
+The planner searches under a wall-clock budget on the vehicle; for reproducible batch evaluation
+``StackSettings.time_budget = 0`` (the default here) runs it in deterministic mode (fixed stage sizes:
+``population`` members per candidate action, ``iterations`` renoise-denoise rounds), so results do
+not depend on the machine's load. Settings reach worker processes through ``use_settings``
+(``luna_bridge.evaluate`` calls it with the job's settings before building the planner).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from luna_core.types import ACTION_CODES, DecisionDistribution, MemoryItem, PlannerInput, Trajectory
+
+from luna_bridge.scenario import SIM_DT, Scenario
+
+if TYPE_CHECKING:  # imported when a stack is built: it pulls in the reflection machinery
+    from luna_bridge.reflection_round import SceneDecisionSource
+
+STACK_PLANNERS = ("luna", "luna-k0", "luna-onehot", "luna-no-reflection")
+SEARCH_PLANNERS = (*STACK_PLANNERS, "diffusion-es")  # everything built on the decision-guided planner
+
+
+class StackConfigError(ValueError):
+    """Invalid stack settings, or a variant that cannot run with the given artifacts."""
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    student: str = ""  # student folder; "" = the bundled default (models/student)
+    memory_bank: str = ""  # memory bank folder; "" = the bundled default (models/memory_bank)
+    k: int = 3  # retrieved items per decision (the K = 0 variant overrides it)
+    gamma_p: float = 0.1
+    decision_every: int = 5  # simulation steps (0.1 s) between decisions: T_d = 0.5 s
+    population: int = 128  # Diffusion-ES members per candidate action
+    iterations: int = 2  # renoise-denoise rounds
+    time_budget: float = 0.0  # s of wall time per planning call; 0 = deterministic mode (no budget)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.k < 0 or self.decision_every < 1 or self.population < 4 or self.iterations < 0 \
+                or self.time_budget < 0 or not 0.0 <= self.gamma_p <= 1.0:
+            raise StackConfigError(f"invalid stack settings {self}: need k >= 0, decision_every >= 1, "
+                                   "population >= 4, iterations >= 0, time_budget >= 0, 0 <= gamma_p <= 1")
+
+    @property
+    def decision_period(self) -> float:
+        return self.decision_every * SIM_DT
+
+    def describe(self) -> str:
+        """One line for result tables."""
+        search = (f"deterministic search (population {self.population} per action, {self.iterations} "
+                  "renoise-denoise round(s), no wall-clock budget)" if self.time_budget == 0 else
+                  f"anytime search with a {self.time_budget * 1e3:.0f} ms wall-clock budget (population "
+                  f"{self.population}, {self.iterations} round(s))")
+        return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
+                f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, K = {self.k}); "
+                f"{search}")
+
+
+_settings = StackSettings()
+_cache_lock = threading.Lock()
+_students: dict[tuple[str, str], Any] = {}
+_banks: dict[str, Any] = {}
+
+
+def use_settings(settings: StackSettings) -> None:
+    """Settings for the stack planners built from now on in this process."""
+    global _settings
+    _settings = settings
+
+
+def current_settings() -> StackSettings:
+    return _settings
+
+
+# --------------------------------------------------------------------------------------------------
+# Decision sources
+# --------------------------------------------------------------------------------------------------
+
+
+class WithoutReflections:
+    """A read-only view of a memory bank whose retrieval never returns reflection items (the
+    "no reflection" ablation: the bank as it was before reflection, without copying it)."""
+
+    def __init__(self, bank: Any) -> None:
+        self._bank = bank
+        self._reflections: tuple[int, set[str]] = (-1, set())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bank, name)
+
+    def __contains__(self, item_id: object) -> bool:
+        return item_id in self._bank
+
+    def reflection_ids(self) -> set[str]:
+        version = int(self._bank.version)
+        if self._reflections[0] != version:
+            self._reflections = (version, {i.id for i in self._bank if i.source == "reflection"})
+        return self._reflections[1]
+
+    def retrieve(self, query: Any, k: int = 3, exclude_ids: Any = ()) -> list[tuple[MemoryItem, float]]:
+        return self._bank.retrieve(query, k, set(exclude_ids) | self.reflection_ids())
+
+
+class ArgmaxDecisions:
+    """The "one-hot decisions" ablation: the heuristic system's top action with probability 1."""
+
+    def __init__(self, heuristic: Any) -> None:
+        self.heuristic = heuristic
+        self.bank = heuristic.bank
+
+    def decide(self, scene: Any) -> DecisionDistribution:
+        d = self.heuristic.decide(scene)
+        top = int(np.argmax(d.probabilities))
+        one_hot = np.zeros_like(d.probabilities)
+        one_hot[top] = 1.0
+        return replace(d, probabilities=one_hot, candidate_set=[ACTION_CODES[top]])
+
+
+def _student(settings: StackSettings) -> Any:
+    from luna_core.assets import resolve
+    from luna_core.student import DualHeadStudent
+
+    key = (settings.student, settings.device)
+    with _cache_lock:
+        if key not in _students:
+            try:
+                folder = resolve(settings.student, "student")
+            except FileNotFoundError as exc:
+                raise StackConfigError(f"{exc} (pass --student)") from None
+            _students[key] = DualHeadStudent.from_pretrained(folder, device=settings.device)
+        return _students[key]
+
+
+def _bank(settings: StackSettings) -> Any:
+    from luna_core.assets import resolve
+    from luna_core.memory.bank import MemoryBank
+
+    with _cache_lock:
+        if settings.memory_bank not in _banks:
+            try:
+                folder = resolve(settings.memory_bank, "memory_bank")
+            except FileNotFoundError as exc:
+                raise StackConfigError(f"{exc} (pass --memory-bank)") from None
+            _banks[settings.memory_bank] = MemoryBank.open(Path(folder), writable=False)
+        return _banks[settings.memory_bank]
+
+
+def heuristic_for(variant: str, settings: StackSettings) -> Any:
+    """The decision maker of a stack variant (student and bank loaded once per process)."""
+    from luna_core.heuristic import HeuristicConfig, HeuristicSystem
+    from luna_core.prompts import PromptManager
+
+    if variant not in STACK_PLANNERS:
+        raise StackConfigError(f"unknown stack variant {variant!r}; one of {', '.join(STACK_PLANNERS)}")
+    k = 0 if variant == "luna-k0" else settings.k
+    bank = _bank(settings) if k > 0 else None
+    if variant == "luna-no-reflection":
+        bank = WithoutReflections(bank)
+    system = HeuristicSystem(_student(settings), PromptManager(), bank,
+                             HeuristicConfig(k=k, gamma_p=settings.gamma_p))
+    return ArgmaxDecisions(system) if variant == "luna-onehot" else system
+
+
+# --------------------------------------------------------------------------------------------------
+# Planners
+# --------------------------------------------------------------------------------------------------
+
+
+class StackPlanner:
+    """A ``luna_core.types.Planner`` (the decision-guided planner) carrying the decision source the
+    simulator calls every T_d (``simulate(..., decision_source=planner.decision_source)``)."""
+
+    def __init__(self, name: str, planner: Any, decision_source: SceneDecisionSource | None) -> None:
+        self.name = name
+        self.planner = planner
+        self.decision_source = decision_source
+
+    def reset(self) -> None:
+        self.planner.reset()
+        if self.decision_source is not None:
+            self.decision_source.decisions.clear()
+            self.decision_source.lights.clear()
+            self.decision_source.scene_errors.clear()
+
+    def plan(self, planner_input: PlannerInput) -> Trajectory:
+        return self.planner.plan(planner_input)
+
+    def debug_candidates(self) -> list:
+        return self.planner.debug_candidates()
+
+
+def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
+    from luna_core.planning.decision_guided import DecisionGuidedConfig, DecisionGuidedPlanner
+    from luna_core.planning.diffusion_es import DiffusionESConfig
+
+    search = replace(DiffusionESConfig(), population=settings.population, iterations=settings.iterations)
+    return DecisionGuidedPlanner(DecisionGuidedConfig(
+        search=search, use_decisions=use_decisions, gamma_p=settings.gamma_p,
+        deterministic=settings.time_budget == 0, time_budget=settings.time_budget or 0.4,
+        decision_timeout=2.0 * settings.decision_period))
+
+
+def make_stack_planner(variant: str, scenario: Scenario | None = None,
+                       settings: StackSettings | None = None) -> StackPlanner:
+    """Registry factory of the stack variants and ``diffusion-es`` (the scenario is never read)."""
+    from luna_bridge.reflection_round import SceneDecisionSource
+
+    s = settings or _settings
+    if variant == "diffusion-es":
+        return StackPlanner(variant, search_planner(False, s), None)
+    return StackPlanner(variant, search_planner(True, s), SceneDecisionSource(heuristic_for(variant, s)))

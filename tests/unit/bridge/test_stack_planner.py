@@ -1,0 +1,131 @@
+"""The full stack in process (``luna_bridge.stack_planner``): the decision variants of the Table V
+ablations with a real (untrained) student and a real memory bank, and ``luna-bridge eval`` running
+them next to a baseline. Small populations keep the planner calls short; the code path is the one
+the evaluation runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from luna_core import types as T
+from luna_core.memory.bank import MemoryBank
+from luna_core.prompts import PromptManager
+from luna_core.types import PlannerInput, TrackedObjects, TrafficLights
+
+from luna_bridge.evaluate import EvalConfig, run_evaluation
+from luna_bridge.scenarios.format import save_scenario
+from luna_bridge.stack_planner import (StackConfigError, StackSettings, WithoutReflections, make_stack_planner)
+from tests import samples
+from tests.heuristic_fixtures import make_bank, make_student_dir
+from tests.unit.bridge.test_eval import scenario
+
+REFLECTION_ID = "reflection-1"
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """An untrained student on disk and a bank of 2 teacher items + 1 reflection item (K = 3 retrieves
+    all three, so the full stack always sees the reflection item)."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("stack")
+    student = make_student_dir(root)
+    bank_path, _ = make_bank(root, n=2)
+    scene = samples.scene()
+    with MemoryBank.open(bank_path, writable=True) as bank:
+        bank.append(T.MemoryItem(id=REFLECTION_ID, query=PromptManager().decision_query(scene),
+                                 answer="Recommended decisions: DK\nExplanations: the lead brakes.",
+                                 source="reflection"))
+    return student, bank_path
+
+
+def settings(artifacts: tuple[Path, Path], **kw) -> StackSettings:
+    student, bank = artifacts
+    base = dict(student=str(student), memory_bank=str(bank), population=8, iterations=1, decision_every=20)
+    return StackSettings(**{**base, **kw})
+
+
+def planner_input() -> PlannerInput:
+    s = scenario("x", 20.0)
+    return PlannerInput(0.0, [s.ego_initial], TrackedObjects(0.0, s.objects_at(0.0).objects), TrafficLights(0.0),
+                        s.lane_graph, s.route, None)
+
+
+@pytest.mark.slow  # four student forward passes: ~12 s of CPU, 25 s wall on the shared machine
+def test_decision_variants(artifacts) -> None:
+    cfg = settings(artifacts)
+    pin = planner_input()
+    decided = {v: make_stack_planner(v, settings=cfg).decision_source.decide(pin)
+               for v in ("luna", "luna-k0", "luna-onehot", "luna-no-reflection")}
+    full = decided["luna"]
+    assert full is not None and len(full.retrieved_ids) == 3 and REFLECTION_ID in full.retrieved_ids
+    assert REFLECTION_ID not in decided["luna-no-reflection"].retrieved_ids
+    assert len(decided["luna-no-reflection"].retrieved_ids) == 2  # only the teacher items are left
+    assert decided["luna-k0"].retrieved_ids == []
+    onehot = decided["luna-onehot"]
+    assert onehot.retrieved_ids == full.retrieved_ids  # same retrieval, same forward pass
+    assert np.count_nonzero(onehot.probabilities) == 1 and onehot.probabilities.sum() == 1.0
+    assert onehot.top_action == full.top_action and onehot.candidate_set == [full.top_action]
+    for d in decided.values():
+        T.validate_distribution(d.probabilities)
+    # Masked actions stay impossible: the scenario's ego lane has no right neighbour.
+    assert all(d.probabilities[T.ACTION_INDEX[c]] == 0.0 for d in decided.values() for c in ("AR", "CR", "DR"))
+    assert make_stack_planner("diffusion-es", settings=cfg).decision_source is None
+
+
+def test_without_reflections_view_follows_the_bank(artifacts) -> None:
+    _, bank_path = artifacts
+    with MemoryBank.open(bank_path) as bank:
+        view = WithoutReflections(bank)
+        assert view.reflection_ids() == {REFLECTION_ID}
+        assert len(bank) == 3 and REFLECTION_ID in view and view.get(REFLECTION_ID).source == "reflection"
+        hits = view.retrieve(PromptManager().decision_query(samples.scene()), k=5)
+        assert [item.source for item, _ in hits] == ["teacher", "teacher"]
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(StackConfigError, match="population >= 4"):
+        StackSettings(population=2)
+    with pytest.raises(StackConfigError, match="decision_every >= 1"):
+        StackSettings(decision_every=0)
+
+
+@pytest.mark.slow  # three student forward passes and 13 closed-loop runs: ~25 s wall on the shared machine
+def test_eval_runs_the_stack_variants_deterministically(artifacts, tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    save_scenario(scenario("a_lead_near", 20.0), suite / "a_lead_near.json")
+    # k0 and onehot differ from luna only in the decision source (test_decision_variants); every
+    # student forward pass costs seconds on this CPU, so the end-to-end run keeps two stack variants.
+    planners = ["luna", "luna-no-reflection", "diffusion-es", "idm"]
+    cfg = EvalConfig(str(suite), planners, modes=(False,), out_dir=tmp_path / "out", replan_every=5,
+                     stack=settings(artifacts))
+    summary = run_evaluation(cfg, progress=False)
+    assert summary.failures == []
+    assert [row["planner"] for row in summary.table] == ["log-replay", *planners]
+    results = {p: json.loads((tmp_path / "out/scenarios" / p / "non_reactive/a_lead_near.json").read_text())
+               for p in planners}
+    for p in planners[:2]:
+        d = results[p]["decisions"]
+        assert d["count"] == 1 and d["scene_errors"] == 0, p  # t = 0 of the 2 s scenario (T_d = 2 s)
+        assert results[p]["stack"]["population"] == 8 and results[p]["planner_failures"] == 0
+    assert results["luna"]["decisions"]["using_reflection_items"] == 1
+    assert results["luna-no-reflection"]["decisions"]["using_reflection_items"] == 0
+    assert "decisions" not in results["diffusion-es"] and "stack" not in results["idm"]
+    md = (tmp_path / "out/summary.md").read_text()
+    assert "deterministic search (population 8 per action, 1 renoise-denoise round(s)" in md
+    # Deterministic mode: a rerun in a fresh folder gives byte-identical result files.
+    cfg2 = EvalConfig(str(suite), ["luna", "diffusion-es"], modes=(False,), out_dir=tmp_path / "again",
+                      replan_every=5, stack=settings(artifacts))
+    run_evaluation(cfg2, progress=False)
+    for p in ("luna", "diffusion-es"):
+        rel = Path("scenarios") / p / "non_reactive/a_lead_near.json"
+        assert (tmp_path / "again" / rel).read_bytes() == (tmp_path / "out" / rel).read_bytes(), p
+    # Other stack settings are another experiment: the run is redone, not resumed.
+    cfg3 = EvalConfig(str(suite), ["diffusion-es"], modes=(False,), out_dir=tmp_path / "out", replan_every=5,
+                      stack=settings(artifacts, population=12))
+    assert run_evaluation(cfg3, progress=False).skipped == 1  # the expert row only
