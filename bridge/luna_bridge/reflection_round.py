@@ -21,8 +21,9 @@ Outputs in ``<out>``: ``memory_bank/`` (the updated copy), ``outbox/`` (the refl
 ``reflections.jsonl`` (every failure with its explanation and outcome), ``per_scenario.csv``,
 ``summary.json``, ``summary.md`` and ``before_after.png``.
 
-The planner searches under a wall-clock budget, so two runs of one scenario differ slightly even with
-the same bank: read before/after differences on few scenarios with that in mind.
+By default the planner searches under a wall-clock budget, so two runs of one scenario differ slightly
+even with the same bank; ``--planner-option deterministic=true`` (full search, no budget) makes the
+before/after comparison depend on the memory bank only.
 """
 
 from __future__ import annotations
@@ -293,6 +294,7 @@ class RoundReport:
     bank_version_before: int
     bank_version_after: int
     wall_time: float = 0.0
+    planner_deterministic: bool = False  # no wall-clock budget: before/after differ only by the bank
 
     @property
     def counts(self) -> dict[str, int]:
@@ -405,7 +407,8 @@ def run_round(deploy: Sequence[Scenario], evaluate: Sequence[Scenario] | None, c
         outcomes = [ReflectionOutcome(r, results.get(r.id)) for r in requests]
 
         after = run_phase("evaluate (after)", evaluate, planner, heuristic, config, explain=False)
-        report = RoundReport(deployed, before, after, outcomes, bank_path, version_before, int(bank.version))
+        report = RoundReport(deployed, before, after, outcomes, bank_path, version_before, int(bank.version),
+                             planner_deterministic=bool(config.planner_options.get("deterministic", False)))
     finally:
         outbox.close()
         bank.close()
@@ -445,8 +448,11 @@ def summary_markdown(report: RoundReport, command: str = "") -> str:
               f"{c['failures_before']} |",
               f"| after reflection | {agg_a.count} | {agg_a.cls:.1f} | {agg_a.success_rate:.1f} | "
               f"{c['failures_after']} |", "",
-              f"Updated memory bank: `{report.bank_path}`. Wall time {report.wall_time:.0f} s. The planner "
-              "searches under a wall-clock budget: part of any before/after difference is run-to-run noise."]
+              f"Updated memory bank: `{report.bank_path}`. Wall time {report.wall_time:.0f} s. "
+              + ("The planner ran in deterministic mode (no wall-clock budget): the runs before and after "
+                 "differ only by the memory bank." if report.planner_deterministic else
+                 "The planner searched under a wall-clock budget: part of any before/after difference is "
+                 "run-to-run noise (`--planner-option deterministic=true` removes it).")]
     return "\n".join(lines) + "\n"
 
 

@@ -32,7 +32,7 @@ def test_reflect_command_reflects_on_a_collision_into_a_copy_of_the_bank(tmp_pat
     code = cli.main(["reflect", "--suite", str(suite), "--out", str(out), "--student", str(student),
                      "--memory-bank", str(bank_path), "--device", "cpu", "--k", "1", "--explanation-tokens", "16",
                      "--reflection-tokens", "48", "--planner-option", "population=16",
-                     "--planner-option", "time_budget=0.2"])
+                     "--planner-option", "deterministic=true"])
     printed = capsys.readouterr().out
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -69,3 +69,4 @@ def test_reflect_command_reflects_on_a_collision_into_a_copy_of_the_bank(tmp_pat
     for name in ("summary.md", "per_scenario.csv", "before_after.png"):
         assert (out / name).stat().st_size > 0
     assert "| before reflection | 1 |" in printed and "| new memory items |" in printed
+    assert "deterministic mode" in printed
