@@ -3,7 +3,6 @@ monitor replayed over a log, as the node sees it), the bank copy, the outbox dra
 input errors."""
 
 import socket
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -121,8 +121,8 @@ def lane_graph_from_network(network: Any) -> LaneGraph:
 
     def same_direction(lid: int) -> list[int]:
         ll = by_id[lid]
-        return [n for n, same in ((ll.adj_left, ll.adj_left_same_direction), (ll.adj_right, ll.adj_right_same_direction))
-                if n is not None and same]
+        sides = ((ll.adj_left, ll.adj_left_same_direction), (ll.adj_right, ll.adj_right_same_direction))
+        return [n for n, same in sides if n is not None and same]
 
     road = connected_roads(by_id, same_direction)
     graph = LaneGraph()
