@@ -7,7 +7,8 @@ C_t = {CK}, {CK, CL, DK} and {CK, CL, CR, DK, AK} (gamma_p 0.1). Full cycles run
 unlimited budget so the figures show what the complete search costs; the budget runs use the
 planner's default anytime behaviour. Reports p50/p95 over repeated cycles, the stage breakdown and
 a Markdown table (stdout, ``--markdown FILE``, or ``--docs`` to replace the section in
-docs/benchmarks.md).
+docs/benchmarks.md). ``--breakdown`` adds where one full cycle's time goes (profiled, |C_t| = 3) on
+this scene and on a real CommonRoad intersection (USA_Lanker-1_10_T-1, 91 lanelets, at t = 0).
 
     .venv/bin/python benchmarks/bench_planner.py --cycles 10 --docs --plot docs/figures/bench_planner.png
 """
@@ -15,8 +16,10 @@ docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import platform
+import pstats
 import time
 from pathlib import Path
 
@@ -57,6 +60,51 @@ def scene(probs: dict[str, float]) -> PlannerInput:
     return PlannerInput(now, hist, TrackedObjects(now, objs), TrafficLights(now), g, Route(0.0, ["A"]), dec)
 
 
+def commonroad_scene(probs: dict[str, float], name: str = "USA_Lanker-1_10_T-1") -> PlannerInput:
+    """The planner input of a real CommonRoad scenario at t = 0 (as the simulator builds it)."""
+    from luna_bridge.scenarios import suite_refs
+    from luna_bridge.scenarios.registry import load_entry
+
+    ref = next(r for r in suite_refs("commonroad") if r[0] == name)
+    sc = load_entry(ref[1], ref[2])
+    p = np.zeros(10)
+    for code, v in probs.items():
+        p[ACTION_INDEX[code]] = v
+    return PlannerInput(0.0, [sc.ego_initial], sc.objects_at(0.0), sc.lights_at(0.0), sc.lane_graph, sc.route,
+                        DecisionDistribution(-0.2, p, list(probs)), sc.vehicle)
+
+
+# (label, file name, function) of the parts of a cycle reported by --breakdown; cumulative times,
+# so "lane occupancy" and "Polyline.project" are parts of the J_gen / J_dec rows, not additions.
+PARTS = [("denoiser network (DDIM steps)", "diffusion.py", "denoise"),
+         ("LQR + bicycle tracking", "control.py", "simulate_proposals"),
+         ("J_gen: PDM-style scorer", "scorer.py", "score_proposals"),
+         ("  of which lane occupancy (shapely point-in-lane)", "scorer.py", "lane_membership"),
+         ("  of which same-or-connected-lanes test", "scorer.py", "in_common_or_connected_lanes"),
+         ("J_dec terms (per candidate action)", "decision_guided.py", "group_terms"),
+         ("Polyline.project (all callers)", "lanes.py", "project")]
+
+
+def breakdown(planner: DecisionGuidedPlanner, pi: PlannerInput, cycles: int = 3) -> tuple[float, dict[str, float]]:
+    """(median unprofiled full-cycle time, share of one profiled cycle per part of PARTS)."""
+    planner.plan_detailed(pi, 60.0)
+    times = []
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        planner.plan_detailed(pi, 60.0)
+        times.append(time.perf_counter() - t0)
+    prof = cProfile.Profile()
+    prof.enable()
+    planner.plan_detailed(pi, 60.0)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, function): (cc, nc, tottime, cumtime, callers)}
+    total = max(v[3] for v in stats.values())
+    shares = {}
+    for label, file, func in PARTS:
+        shares[label] = sum(v[3] for (f, _, fn), v in stats.items() if f.endswith(file) and fn == func) / total
+    return float(np.median(times)), shares
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q))
 
@@ -81,12 +129,17 @@ def main() -> int:
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
     ap.add_argument("--plot", type=Path, help="PNG of the cycle times (e.g. docs/figures/bench_planner.png)")
+    ap.add_argument("--breakdown", action="store_true", help="profile where a full cycle's time goes")
+    ap.add_argument("--only-breakdown", action="store_true", help="the breakdown alone (no cycle-time tables)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
     base = DecisionGuidedConfig()
     cfg = DecisionGuidedConfig(search=type(base.search)(population=args.population))
     planner = DecisionGuidedPlanner(cfg)
+    if args.only_breakdown:
+        print("\n".join(breakdown_lines(planner, args.population)))
+        return 0
     rows = []
     for k, probs in DECISIONS.items():
         pi = scene(probs)
@@ -154,6 +207,8 @@ def main() -> int:
                 f"{default_worst * 1e3:.0f} ms ({'within' if default_worst <= 0.5 else 'over'} the 0.5 s replanning "
                 f"period); at this load the search reaches the stages listed, and a quieter machine goes further.",
               ""]
+    if args.breakdown:
+        lines += breakdown_lines(planner, args.population)
     if args.plot:
         plot(rows, budget_rows, args.plot)
         lines += [f"![planner cycle times]({os.path.relpath(args.plot, ROOT / 'docs')})", ""]
@@ -164,6 +219,21 @@ def main() -> int:
     if args.docs:
         write_section(ROOT / "docs" / "benchmarks.md", SECTION, text)
     return 0
+
+
+def breakdown_lines(planner: DecisionGuidedPlanner, population: int) -> list[str]:
+    scenes = [("three-lane road (above)", scene(DECISIONS[3])),
+              ("CommonRoad USA_Lanker-1_10_T-1, t = 0", commonroad_scene(DECISIONS[3]))]
+    results = [(name, *breakdown(planner, pi)) for name, pi in scenes]
+    lines = ["", f"Where a full cycle goes (|C_t| = 3: CK, CL, DK; population {population}; shares of one cycle "
+             "profiled with cProfile, which inflates the Python-heavy parts; cumulative, so the indented rows are "
+             "parts of the row above):", "",
+             "| part | " + " | ".join(name for name, _, _ in results) + " |",
+             "|---|" + "---:|" * len(results),
+             "| full cycle, unprofiled median of 3 (ms) | " + " | ".join(f"{t * 1e3:.0f}" for _, t, _ in results) + " |"]
+    for label, _, _ in PARTS:
+        lines.append(f"| {label} | " + " | ".join(f"{100 * sh[label]:.0f} %" for _, _, sh in results) + " |")
+    return lines
 
 
 def plot(rows: list, budget_rows: list, path: Path) -> None:
