@@ -16,6 +16,7 @@ import pytest
 
 import luna_msgs.msg as lm
 from nav_msgs.msg import Odometry
+from visualization_msgs.msg import Marker, MarkerArray
 
 from luna_core import types as T
 from luna_nodes import convert as C
@@ -37,6 +38,7 @@ class Stack:
     route: object
     trajectories: list
     diagnostics: list
+    markers: list
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,8 @@ def stack(tmp_path_factory):
                   probe.publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED),
                   probe.publisher(lm.Route, "planning/route", qos.LATCHED),
                   probe.collect(lm.Trajectory, "planning/trajectory", qos.RELIABLE),
-                  probe.diagnostics("planner"))
+                  probe.diagnostics("planner"),
+                  probe.collect(MarkerArray, "planning/debug/candidates", qos.RELIABLE))
         for p in (s.odom, s.objects, s.decisions, s.graph, s.route):
             wait_for_subscribers(p, timeout=60.0)
         s.graph.publish(C.lane_graph_to_msg(samples.lane_graph()))
@@ -84,6 +87,7 @@ def drive(s: Stack, seconds: float, x: float = 20.0, y: float = 0.0, speed: floa
     stamped ``decision_age`` s in the past) for ``seconds``; return the trajectories planned from
     this window's odometry and the planner's last diagnostics message."""
     s.trajectories.clear()
+    s.markers.clear()
     start = _now(s)
     last_decision = -1.0
     while _now(s) - start < seconds:
@@ -127,10 +131,18 @@ def decision_msg(codes: list[str], probabilities: list[float]) -> lm.DecisionDis
     return msg
 
 
+def candidate_labels(s: Stack) -> list[str]:
+    """The action labels of the last candidates marker array (empty: markers cleared)."""
+    assert s.markers, "no candidate markers were published"
+    return [m.text for m in s.markers[-1].markers if m.type == Marker.TEXT_VIEW_FACING]
+
+
 def test_nominal_decision_is_used(stack):
     plans, message = drive(stack, 1.5, decision=C.decision_to_msg(samples.decision()))
     check_valid(plans, 20.0, 1.5)
     assert "decision:" not in message and "input luna/decision" not in message, message
+    labels = candidate_labels(stack)
+    assert labels and {label.split()[0] for label in labels} <= {"CK", "CL", "DK"}, labels  # C_t at gamma_p 0.1
 
 
 def test_objects_with_nan_are_dropped_and_reported(stack):
@@ -185,6 +197,7 @@ def test_empty_lane_graph_stops_comfortably(stack):
         check_valid(plans, 20.0, 1.5)
         check_stop(plans)
         assert "lane graph has no lanes: comfortable stop" in message, message
+        assert candidate_labels(stack) == [], "a cycle that bypassed the planner shows no stale candidates"
     finally:
         stack.graph.publish(C.lane_graph_to_msg(samples.lane_graph()))
         time.sleep(0.2)

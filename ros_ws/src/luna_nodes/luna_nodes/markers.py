@@ -20,7 +20,8 @@ def _colour(score: float, chosen: bool) -> ColorRGBA:
 
 def candidate_markers(planner, stamp_msg, frame_id: str = "map") -> MarkerArray:
     """Markers from ``planner.debug_candidates()`` -> [(action code, Trajectory, score, chosen)],
-    when the planner offers it; an empty array (clearing old markers) otherwise."""
+    when the planner offers it; an empty array (clearing old markers) otherwise, e.g. for ``None``
+    when the cycle did not run the planner."""
     out = MarkerArray(markers=[Marker(action=Marker.DELETEALL, ns="candidates")])
     debug = getattr(planner, "debug_candidates", None)
     if not callable(debug):

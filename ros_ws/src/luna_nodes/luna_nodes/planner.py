@@ -249,6 +249,7 @@ class PlannerNode(LunaLifecycleNode):
         pin = self.planner_input(now)
         if pin is None:
             return
+        searched = None  # the planner whose candidates this cycle's markers show (none when it was bypassed)
         if now - pin.ego.stamp > self.params["max_input_age"] or not pin.lane_graph.lanes:
             # Stale odometry, or no map (missing or empty): nothing to plan on; stop comfortably.
             trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
@@ -260,6 +261,7 @@ class PlannerNode(LunaLifecycleNode):
                 trajectory = self.planner.plan(pin)
                 if not trajectory.is_finite() or len(trajectory) < 2:
                     raise ValueError("planner returned a non-finite or empty trajectory")
+                searched = self.planner
                 reason = getattr(getattr(self.planner, "last", None), "degraded_reason", "")
                 if reason:
                     self.diagnostics.set_condition("planning", WARN, reason)
@@ -271,7 +273,7 @@ class PlannerNode(LunaLifecycleNode):
                 trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
         trajectory.stamp = now
         self.trajectory_pub.publish(convert.trajectory_to_msg(trajectory))
-        self.markers_pub.publish(markers.candidate_markers(self.planner, convert.to_time(now)))
+        self.markers_pub.publish(markers.candidate_markers(searched, convert.to_time(now)))
         elapsed = time.perf_counter() - started
         self.diagnostics.set_value("cycle_time_s", elapsed)
         self.diagnostics.increment("cycles")
