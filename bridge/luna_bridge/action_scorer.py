@@ -335,6 +335,14 @@ class SimulationActionScorer:
         self._scenarios: OrderedDict[str, Scenario] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to worker processes / Ray actors (``luna-offline collect --executor``): the settings
+        # only; each copy loads its own scenarios.
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["config"])
+
     def scenario(self, context: Mapping[str, Any]) -> Scenario:
         """The frame's scenario, loaded from ``context['file']`` (cached)."""
         source = str(context.get("file") or "")

@@ -7,8 +7,12 @@
 * Resumable: every finished frame is durable before the next one is counted (the memory item is
   appended and fsync'ed by the bank, then the frame's record is appended and fsync'ed to
   ``<run>/records.jsonl``); a rerun skips frames found in either, so nothing is repeated.
-* Concurrent: ``--concurrency`` frames are in flight at once (threads; the endpoint client also
-  bounds its own concurrent requests); the bank and the records have one writer, this process.
+* Concurrent: ``--concurrency`` frames are in flight at once; the bank and the records have one
+  writer, this process. LLM teachers run their frames in threads (the work is waiting on the
+  endpoint, whose client also bounds its own concurrent requests); simulation-grounded teachers
+  (``--scorer``) are CPU-bound and run in worker processes (``--executor process``, the default
+  there with ``--concurrency`` > 1) or on Ray workers (``--executor ray [--ray-address ADDR]``,
+  for many machines); each worker gets one copy of the teacher and keeps its scenario cache.
 * Progress bar with ETA (tqdm), and a token / cost summary; ``--spending-cap`` is a hard cap (each
   request reserves its worst-case cost first), reaching it stops the run cleanly (exit code 3) and a
   rerun with a higher cap continues where it stopped.
@@ -23,10 +27,10 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from luna_core.llm import BudgetExceeded, CachingChatModel, EndpointConfig, OpenAIChatModel, UsageMeter
 from luna_core.memory import InvalidItemError
@@ -117,11 +121,123 @@ def _tally(summary: CollectSummary, result: TeacherResult) -> None:
     summary.parse_failures += len(result.failures)
 
 
+# --------------------------------------------------------------------------------------------------
+# Frame runners: where teacher.run executes (threads, worker processes, Ray workers)
+# --------------------------------------------------------------------------------------------------
+
+
+def run_frame(teacher: Teacher, frame: Frame, seed: int) -> TeacherResult:
+    """The teacher on one frame; the context tells a scorer where the frame comes from."""
+    return teacher.run(frame.scene, {**frame.origin, "time": frame.time, "frame": frame.id},
+                       seed=derive_seed(seed, frame.id))
+
+
+class FrameRunner(Protocol):
+    """Runs frames somewhere and hands back ``concurrent.futures.Future``s of their results."""
+
+    def submit(self, frame: Frame) -> Future:
+        ...
+
+    def shutdown(self) -> None:
+        ...
+
+
+class ThreadRunner:
+    """Frames in threads of this process (LLM teachers: the work waits on the endpoint)."""
+
+    def __init__(self, teacher: Teacher, seed: int, workers: int) -> None:
+        self.teacher, self.seed = teacher, seed
+        self.pool = ThreadPoolExecutor(max(workers, 1), thread_name_prefix="collect")
+
+    def submit(self, frame: Frame) -> Future:
+        return self.pool.submit(run_frame, self.teacher, frame, self.seed)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+_WORKER_TEACHER: Teacher | None = None  # the teacher of this worker process
+
+
+def _init_worker(teacher: Teacher) -> None:
+    global _WORKER_TEACHER
+    _WORKER_TEACHER = teacher
+
+
+def _run_in_worker(frame: Frame, seed: int) -> TeacherResult:
+    assert _WORKER_TEACHER is not None, "worker process started without its teacher"
+    return run_frame(_WORKER_TEACHER, frame, seed)
+
+
+class ProcessRunner:
+    """Frames in ``workers`` processes (multiprocessing, spawned: this process may hold torch
+    threads that a fork would copy in a locked state); the teacher is sent once per worker."""
+
+    def __init__(self, teacher: Teacher, seed: int, workers: int) -> None:
+        import multiprocessing
+
+        self.seed = seed
+        self.pool = ProcessPoolExecutor(max(workers, 1), mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_init_worker, initargs=(teacher,))
+
+    def submit(self, frame: Frame) -> Future:
+        return self.pool.submit(_run_in_worker, frame, self.seed)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _RayWorker:
+    """One Ray actor: a teacher copy (and its scorer's scenario cache) that runs frames."""
+
+    def __init__(self, teacher: Teacher) -> None:
+        self.teacher = teacher
+
+    def run(self, frame: Frame, seed: int) -> TeacherResult:
+        return run_frame(self.teacher, frame, seed)
+
+
+class RayRunner:
+    """Frames on ``workers`` Ray actors of a cluster (``address``) or of a local Ray instance
+    started here (then stopped by ``shutdown``); each frame goes to the least busy actor."""
+
+    def __init__(self, teacher: Teacher, seed: int, workers: int, address: str | None = None) -> None:
+        import ray
+
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            ray.init(address=address, num_cpus=None if address else max(workers, 1), include_dashboard=False,
+                     log_to_driver=False)
+        actor = ray.remote(num_cpus=1)(_RayWorker)
+        shared = ray.put(teacher)
+        self.actors = [actor.remote(shared) for _ in range(max(workers, 1))]
+        self.busy = [0] * len(self.actors)
+        self.seed = seed
+
+    def submit(self, frame: Frame) -> Future:
+        k = min(range(len(self.actors)), key=self.busy.__getitem__)
+        self.busy[k] += 1
+        future = self.actors[k].run.remote(frame, self.seed).future()
+        future.add_done_callback(lambda _f, k=k: self.busy.__setitem__(k, self.busy[k] - 1))
+        return future
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        if self.started:
+            self.ray.shutdown()
+
+
 def collect(frames: Sequence[Frame], teacher: Teacher, bank: Any, run_dir: str | Path, *,
             seed: int = 0, concurrency: int = 1, retry_failed: bool = False, meter: UsageMeter | None = None,
-            cache: CachingChatModel | None = None, progress: bool = True) -> CollectSummary:
+            cache: CachingChatModel | None = None, progress: bool = True,
+            runner: FrameRunner | None = None) -> CollectSummary:
     """Run ``teacher`` on every frame not yet done; append items to ``bank`` (an open, writable
-    ``MemoryBank``) and records to ``run_dir``. Stops cleanly on ``BudgetExceeded`` or Ctrl-C."""
+    ``MemoryBank``) and records to ``run_dir``. Stops cleanly on ``BudgetExceeded`` or Ctrl-C.
+
+    Frames run in ``runner`` (default: ``concurrency`` threads); at most ``concurrency`` are in
+    flight. Results come back to this process, the only writer of the bank and the records."""
     from tqdm import tqdm
 
     run_dir = Path(run_dir)
@@ -132,19 +248,15 @@ def collect(frames: Sequence[Frame], teacher: Teacher, bank: Any, run_dir: str |
     summary = CollectSummary(frames_total=len(frames), skipped_done=len(frames) - len(todo))
     records = run_dir / RECORDS
 
-    def work(frame: Frame) -> TeacherResult:
-        return teacher.run(frame.scene, {**frame.origin, "time": frame.time, "frame": frame.id},
-                           seed=derive_seed(seed, frame.id))
-
     bar = tqdm(total=len(todo), desc="collect", unit="frame", disable=not progress)
-    pool = ThreadPoolExecutor(max(concurrency, 1), thread_name_prefix="collect")
+    pool = runner or ThreadRunner(teacher, seed, concurrency)
     pending: dict[Future, Frame] = {}
     queue = list(todo)
     try:
         while queue or pending:
             while queue and len(pending) < max(concurrency, 1) and not summary.stopped:
                 frame = queue.pop(0)
-                pending[pool.submit(work, frame)] = frame
+                pending[pool.submit(frame)] = frame
             if not pending:
                 break
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -180,7 +292,7 @@ def collect(frames: Sequence[Frame], teacher: Teacher, bank: Any, run_dir: str |
         summary.stopped = "interrupted"
         queue.clear()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown()
         bar.close()
     summary.wall_time = time.monotonic() - t0
     summary.usage = meter.summary() if meter is not None else {}
@@ -238,9 +350,20 @@ def run(args: argparse.Namespace) -> int:
         summarizer = None if args.no_summary else cache
     teacher = Teacher(voters, summarizer, config=config)
     embedder = MiniLMEmbedder() if args.embedder == "minilm" else SceneVectorEmbedder()
+    executor = args.executor
+    if executor == "auto":
+        executor = "process" if args.scorer and args.concurrency > 1 else "thread"
+    if executor != "thread" and not args.scorer:
+        raise CollectError(f"--executor {executor} runs simulation-grounded teachers (--scorer); LLM teachers "
+                           f"run in threads (their response cache and spending cap live in this process)")
+    runner: FrameRunner | None = None
+    if executor == "process":
+        runner = ProcessRunner(teacher, args.seed, args.concurrency)
+    elif executor == "ray":
+        runner = RayRunner(teacher, args.seed, args.concurrency, args.ray_address)
     with MemoryBank.create(args.bank, embedder, index=args.index, exist_ok=True) as bank:
         summary = collect(frames, teacher, bank, args.run, seed=args.seed, concurrency=args.concurrency,
-                          retry_failed=args.retry_failed, meter=meter, cache=cache)
+                          retry_failed=args.retry_failed, meter=meter, cache=cache, runner=runner)
     print(summary.table())
     if summary.stopped.startswith("spending cap"):
         return EXIT_BUDGET
@@ -278,7 +401,11 @@ def register(subparsers: Any) -> None:
     t.add_argument("--max-tokens-confidence", type=int, default=160)
     t.add_argument("--max-tokens-summary", type=int, default=512)
     t.add_argument("--voter-parallel", type=int, default=1, help="voters of one frame run concurrently")
-    t.add_argument("--concurrency", type=int, default=1, help="frames in flight")
+    t.add_argument("--concurrency", type=int, default=1, help="frames in flight (threads, processes or Ray actors)")
+    t.add_argument("--executor", choices=("auto", "thread", "process", "ray"), default="auto",
+                   help="where frames run: auto = worker processes for --scorer with --concurrency > 1, else "
+                        "threads; ray = Ray actors (a local instance, or --ray-address)")
+    t.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
     t.add_argument("--no-summary", action="store_true", help="template rationales instead of the summariser")
     t.add_argument("--no-constrained", action="store_true", help="drop voters whose answers do not parse")
     t.add_argument("--scorer", help="simulation-grounded voters: 'module:factory' returning an ActionScorer")
