@@ -204,7 +204,7 @@ class EvalConfig:
     stack: StackSettings = field(default_factory=StackSettings)  # for the stack / Diffusion-ES planners
 
     def job_stack(self, planner: str) -> StackSettings | None:
-        return self.stack if planner in SEARCH_PLANNERS else None
+        return self.stack.for_planner(planner) if planner in SEARCH_PLANNERS else None
 
 
 @dataclass

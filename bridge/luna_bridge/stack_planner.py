@@ -67,6 +67,15 @@ class StackSettings:
     def decision_period(self) -> float:
         return self.decision_every * SIM_DT
 
+    def for_planner(self, name: str) -> "StackSettings":
+        """The settings that matter to planner ``name``: ``diffusion-es`` makes no decisions, so its
+        decision settings are left at their defaults (its runs are the same whatever the student)."""
+        if name in STACK_PLANNERS:
+            return self
+        d = StackSettings()
+        return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, gamma_p=d.gamma_p,
+                       decision_every=d.decision_every)
+
     def describe(self) -> str:
         """One line for result tables."""
         search = (f"deterministic search (population {self.population} per action, {self.iterations} "

@@ -87,6 +87,12 @@ def test_without_reflections_view_follows_the_bank(artifacts) -> None:
         assert [item.source for item, _ in hits] == ["teacher", "teacher"]
 
 
+def test_diffusion_es_settings_ignore_the_decision_maker() -> None:
+    s = StackSettings(student="a", memory_bank="b", k=1, decision_every=7, population=16)
+    assert s.for_planner("luna") == s
+    assert s.for_planner("diffusion-es") == StackSettings(population=16)  # same runs whatever the student
+
+
 def test_settings_are_validated() -> None:
     with pytest.raises(StackConfigError, match="population >= 4"):
         StackSettings(population=2)
