@@ -38,7 +38,7 @@ from tqdm import tqdm
 from luna_bridge.baselines import EXPERT, make_planner, planner_names
 from luna_bridge.metrics import METRIC_NAMES, ScenarioScore, aggregate, score_log
 from luna_bridge.scenario import Scenario
-from luna_bridge.stack_planner import SEARCH_PLANNERS, StackSettings, use_settings
+from luna_bridge.stack_planner import SEARCH_PLANNERS, STACK_PLANNERS, StackSettings, use_settings
 
 
 MODES = {"non-reactive": (False,), "reactive": (True,), "both": (False, True)}
@@ -299,7 +299,8 @@ def _markdown(cfg: EvalConfig, summary: EvalSummary, command: str) -> str:
     for e in summary.table:
         lines.append(f"| {e['planner']} | " + " | ".join(_fmt(e[c]) if c in e else "-" for c in cols) + " |")
     if any(e["planner"] in SEARCH_PLANNERS for e in summary.table):
-        lines += ["", f"Stack / Diffusion-ES planners: {cfg.stack.describe()}."]
+        decides = any(e["planner"] in STACK_PLANNERS for e in summary.table)
+        lines += ["", f"{'Stack / ' if decides else ''}Diffusion-ES planners: {cfg.stack.describe(decides)}."]
     lines += ["", f"Wall time: {summary.wall_time:.1f} s; peak RSS: main process {summary.peak_rss_main_mb:.0f} MB, "
               f"largest worker {summary.peak_rss_worker_mb:.0f} MB.", ""]
     if summary.failures:

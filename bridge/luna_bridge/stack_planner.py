@@ -76,12 +76,14 @@ class StackSettings:
         return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, gamma_p=d.gamma_p,
                        decision_every=d.decision_every)
 
-    def describe(self) -> str:
-        """One line for result tables."""
+    def describe(self, decisions: bool = True) -> str:
+        """One line for result tables (``decisions``: also how the stack decides)."""
         search = (f"deterministic search (population {self.population} per action, {self.iterations} "
                   "renoise-denoise round(s), no wall-clock budget)" if self.time_budget == 0 else
                   f"anytime search with a {self.time_budget * 1e3:.0f} ms wall-clock budget (population "
                   f"{self.population}, {self.iterations} round(s))")
+        if not decisions:
+            return search
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
                 f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, K = {self.k}); "
                 f"{search}")
