@@ -143,6 +143,25 @@ def test_track_step_follows_a_planned_trajectory() -> None:
     assert np.allclose(state_from_ego(ego)[[StateIndex.X, StateIndex.Y]], [ego.x, ego.y])
 
 
+def test_track_step_matches_the_nuplan_devkit_when_braking_to_a_stop() -> None:
+    """Golden values from the nuPlan devkit (v1.2.2) ``TwoStageController`` (LQRTracker + kinematic
+    bicycle, nuPlan's gains) tracking the same reference, recorded by benchmarks/nuplan_crosscheck.py:
+    12 m/s, braking at 3 m/s^2 from t = 2 s to a stop. The devkit fits velocity over the whole
+    reference; a fit over the look-ahead window alone gives 11.18 / 6.08 / 0.97 m/s here."""
+    t = np.arange(0.0, 12.05, 0.1)
+    v = np.maximum(12.0 - 3.0 * np.maximum(t - 2.0, 0.0), 0.0)
+    x = np.concatenate([[0.0], np.cumsum(0.5 * (v[1:] + v[:-1]) * 0.1)])
+    traj = Trajectory(0.0, t, x, np.zeros_like(t), np.zeros_like(t), v, np.gradient(v, t))
+    ego = EgoState(0.0, 0.0, 0.0, 0.0, 12.0)
+    seen = {}
+    for k in range(1, 62):
+        ego = track_step(ego, traj)
+        seen[k] = (ego.velocity, ego.x)
+    for k, (velocity, position) in {21: (10.9876, 24.896), 41: (5.7927, 42.254), 61: (0.8588, 48.516)}.items():
+        assert seen[k][0] == pytest.approx(velocity, abs=1e-3)
+        assert seen[k][1] == pytest.approx(position, abs=1e-3)
+
+
 def test_custom_parameters_change_the_response() -> None:
     ref = _straight(10.0, 21)[None]
     slow = simulate_proposals(_state(y=-1.0, v=10.0), ref, bicycle=BicycleParameters(steering_time_constant=1.0))
