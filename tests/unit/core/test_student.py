@@ -139,6 +139,20 @@ def test_explain_starts_with_the_ranked_codes_and_can_be_stopped(student):
         student.explain(query(), [], ["XX"])
 
 
+def test_explanation_read_in_chunks_equals_one_pass(student):
+    args = (query(2), [memory_item(1)], ["CK", "DK"])
+    old = student.config.explanation_prefill_chunk
+    try:
+        student.config.explanation_prefill_chunk = 4096  # the whole prompt in one step
+        whole = student.explain(*args, max_new_tokens=6)
+        student.config.explanation_prefill_chunk = 16
+        chunked = student.explain(*args, max_new_tokens=6)
+    finally:
+        student.config.explanation_prefill_chunk = old
+    assert whole.prompt_tokens > 100 and chunked.generated_tokens == whole.generated_tokens >= 1
+    assert chunked.text == whole.text
+
+
 def test_predict_while_explaining_gives_the_idle_answer(student):
     idle, _ = student.predict(query(2), [])
     result: dict = {}
@@ -187,6 +201,10 @@ def test_config_validation_names_the_field():
         StudentConfig(lora_r=0)
     with pytest.raises(StudentConfigError, match="device"):
         StudentConfig(device="tpu")
+    with pytest.raises(StudentConfigError, match="explanation_max_yield"):
+        StudentConfig(explanation_max_yield=float("nan"))
+    with pytest.raises(StudentConfigError, match="explanation_prefill_chunk"):
+        StudentConfig(explanation_prefill_chunk=0)
     with pytest.raises(StudentConfigError, match="unknown StudentConfig keys"):
         StudentConfig.from_dict({"lora_rank": 8})
     assert StudentConfig.from_dict(StudentConfig(lora_r=8).to_dict()).lora_r == 8

@@ -34,6 +34,8 @@ class StudentConfig:
     max_context_tokens: int = 2048  # prompt budget of predict(); long prompts are shortened first
     truncation_policy: str = "drop_examples_then_objects"
     explanation_max_new_tokens: int = 256
+    explanation_prefill_chunk: int = 64  # prompt tokens per explanation step (a decision waits <= 1 step)
+    explanation_max_yield: float = 1.0  # s an explanation step waits for pending decisions at most
     device: str = "auto"  # "auto" = CUDA when available, else CPU
     dtype: str = "auto"  # "auto" = bfloat16 on CUDA, float32 on CPU
     quantization: str = "none"  # "nf4" = bitsandbytes 4-bit base (CUDA)
@@ -49,10 +51,13 @@ class StudentConfig:
         if not self.base_model:
             raise bad("base_model", "empty")
         for name in ("lora_r", "lora_alpha", "head_hidden", "max_context_tokens",
-                     "explanation_max_new_tokens"):
+                     "explanation_max_new_tokens", "explanation_prefill_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise bad(name, f"must be a positive integer, got {value!r}")
+        if not isinstance(self.explanation_max_yield, (int, float)) or not self.explanation_max_yield > 0.0:
+            raise bad("explanation_max_yield", f"must be a positive number of seconds, got "
+                                               f"{self.explanation_max_yield!r}")
         if self.num_actions != NUM_ACTIONS:
             raise bad("num_actions", f"must be {NUM_ACTIONS} (the action space), got {self.num_actions}")
         if not 0.0 <= self.lora_dropout < 1.0:

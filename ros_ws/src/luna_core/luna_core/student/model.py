@@ -364,14 +364,18 @@ class DualHeadStudent(nn.Module):
         """Eq. 25-28: Delta A_md from the ranked codes, then greedy generation of the rest.
 
         Stops at the end-of-turn token, after ``max_new_tokens``, when ``stop`` is set, or after
-        ``max_time`` seconds; between tokens it waits while a ``predict`` call is pending.
+        ``max_time`` seconds. The prompt is read in chunks of ``explanation_prefill_chunk`` tokens and the
+        answer one token per step; before each step it waits while a ``predict`` call is pending, so a
+        decision waits at most one step (one chunk), never a whole prompt. So that back-to-back
+        decisions cannot starve it, a step waits at most ``explanation_max_yield`` seconds.
         """
         t0 = time.perf_counter()
         max_new = self.config.explanation_max_new_tokens if max_new_tokens is None else max_new_tokens
+        chunk = self.config.explanation_prefill_chunk
         prefix_text = self.prompts.explanation_prefix(list(ranked_codes))
         prefix_ids = list(self.tokenizer(prefix_text, add_special_tokens=False)["input_ids"])
         fitted = self.encoder.fit(scene_query, retrieved, reserve=len(prefix_ids) + max_new)
-        ids = torch.tensor([fitted.input_ids + prefix_ids], device=self.device)
+        feed = fitted.input_ids + prefix_ids  # tokens not yet read by the model
         eos = self.tokenizer.eos_token_id
         generated: list[int] = []
         reason = "max_tokens"
@@ -384,16 +388,20 @@ class DualHeadStudent(nn.Module):
                 reason = "max_time"
                 break
             with self._pending:
-                self._pending.wait_for(lambda: self._pending_predicts == 0)
+                self._pending.wait_for(lambda: self._pending_predicts == 0,
+                                       timeout=self.config.explanation_max_yield)
             with self._lock:
-                out = self.lm(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
-            past = out.past_key_values
+                out = self.lm(input_ids=torch.tensor([feed[:chunk]], device=self.device), past_key_values=past,
+                              use_cache=True, logits_to_keep=1)
+            past, feed = out.past_key_values, feed[chunk:]
+            if feed:
+                continue  # still reading the prompt
             token = int(out.logits[0, -1].argmax())
             if token == eos:
                 reason = "eos"
                 break
             generated.append(token)
-            ids = torch.tensor([[token]], device=self.device)
+            feed = [token]
         text = prefix_text + self.tokenizer.decode(generated, skip_special_tokens=True)
         return Explanation(text=text, prefix=prefix_text, generated_tokens=len(generated),
                            latency=time.perf_counter() - t0, stop_reason=reason,
