@@ -11,6 +11,7 @@ evaluation are meant to call the same object so that everything decides the same
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +21,37 @@ import numpy as np
 from luna_core.scene import scene_vector
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
                              candidate_set)
+
+
+class InvalidSceneError(ValueError):
+    """A scene descriptor that cannot be decided on; the message names the field and the value."""
+
+
+def check_scene(scene: SceneDescriptor) -> None:
+    """Reject a scene with non-finite numbers or an impossible lane layout (``InvalidSceneError``).
+
+    A whole scene is refused rather than the bad object dropped: an object whose distance is unknown
+    may be the one right in front, and a decision that silently ignored it would look trustworthy.
+    """
+    where = f"scene at {scene.stamp:.3f} s"
+    if not math.isfinite(scene.stamp):
+        raise InvalidSceneError(f"scene: stamp is {scene.stamp}")
+    for name in ("ego_speed", "ego_acceleration", "ego_length", "ego_width"):
+        value = getattr(scene, name)
+        if not math.isfinite(value):
+            raise InvalidSceneError(f"{where}: {name} is {value}")
+    if math.isnan(scene.junction_distance):
+        raise InvalidSceneError(f"{where}: junction_distance is nan")
+    for i, point in enumerate(scene.exit_points):
+        if not all(math.isfinite(v) for v in point):
+            raise InvalidSceneError(f"{where}: exit_points[{i}] is {tuple(point)}")
+    if scene.num_lanes < 0 or not 0 <= scene.ego_lane_index <= scene.num_lanes:
+        raise InvalidSceneError(f"{where}: ego lane {scene.ego_lane_index} of {scene.num_lanes} lanes")
+    for i, o in enumerate(scene.objects):
+        for name in ("distance", "bearing", "heading", "speed", "length", "width"):
+            value = getattr(o, name)
+            if not math.isfinite(value):
+                raise InvalidSceneError(f"{where}: objects[{i}] ({o.id!r}) {name} is {value}")
 
 
 @dataclass(frozen=True)
@@ -66,15 +98,21 @@ class HeuristicSystem:
     # -- decisions ---------------------------------------------------------------------------------
 
     def decide(self, scene: SceneDescriptor) -> DecisionDistribution:
+        """pi_hat for ``scene``; raises ``InvalidSceneError`` for a scene with non-finite numbers and
+        ``ContextOverflowError`` when even the shortened prompt does not fit the context window."""
         started = time.perf_counter()
+        check_scene(scene)
         query = self.prompts.decision_query(scene)
         retrieved = self.retrieve(scene, query)
-        probabilities, _ = self.student.predict(query, retrieved, mask=scene.action_mask())
+        probabilities, prompt = self.student.predict(query, retrieved, mask=scene.action_mask())
+        used = retrieved[:prompt.examples_used]  # the least similar items are dropped first
         return DecisionDistribution(stamp=scene.stamp, probabilities=probabilities,
                                     candidate_set=candidate_set(probabilities, self.config.gamma_p), query=query,
-                                    retrieved_ids=[item.id for item in retrieved],
+                                    retrieved_ids=[item.id for item in used],
                                     latency=time.perf_counter() - started, scene_stamp=scene.stamp,
-                                    memory_version=self.memory_version)
+                                    memory_version=self.memory_version,
+                                    examples_dropped=len(retrieved) - len(used),
+                                    objects_dropped=prompt.objects_dropped)
 
     def explain(self, decision: DecisionDistribution, failure: FailureEvent,
                 stop: threading.Event | None = None) -> DecisionExplanation:

@@ -377,6 +377,9 @@ class DecisionDistribution:
     latency: float = 0.0  # s, model forward pass incl. retrieval
     scene_stamp: float = 0.0
     memory_version: int = 0
+    # How the prompt was shortened to fit the student's context window (luna_core.student.context):
+    examples_dropped: int = 0  # retrieved items left out (retrieved_ids lists only the ones used)
+    objects_dropped: int = 0  # farthest objects left out of the current traffic state
 
     @property
     def top_action(self) -> str:

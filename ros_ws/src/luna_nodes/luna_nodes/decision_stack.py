@@ -25,7 +25,7 @@ from rclpy.lifecycle import TransitionCallbackReturn
 from std_msgs.msg import UInt64
 
 from luna_core.assets import live_memory_bank, resolve
-from luna_core.heuristic import HeuristicConfig, HeuristicSystem
+from luna_core.heuristic import HeuristicConfig, HeuristicSystem, check_scene
 from luna_core.types import DecisionDistribution, FailureEvent
 from luna_nodes import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, LunaNode, run
@@ -38,6 +38,9 @@ MODEL_PARAMS = [
     ParamSpec("memory_bank", str, "", "Memory bank directory; empty = the live bank in $LUNA_DATA (seeded from "
               "the bundled one); 'none' = no retrieval."),
     ParamSpec("device", str, "auto", "Torch device.", choices=("auto", "cpu", "cuda")),
+    ParamSpec("max_context_tokens", int, 0, "Prompt budget of the student in tokens; 0 = the one it was "
+              "trained with. A longer prompt drops retrieved examples (least similar first), then the "
+              "farthest objects; never the instructions, the task or the answer format.", min=0),
     ParamSpec("k", int, 3, "Retrieved memory items per decision (K).", min=0, max=10),
     ParamSpec("gamma_p", float, 0.1, "Candidate-set threshold gamma_p (Eq. 19).", min=0.0, max=1.0),
 ]
@@ -66,7 +69,8 @@ def load_heuristic(params: dict) -> HeuristicSystem:
 
     device = None if params["device"] == "auto" else params["device"]
     student = DualHeadStudent.from_pretrained(resolve(params["student_model"], "student"), device=device,
-                                              base_model=params["base_model"] or None)
+                                              base_model=params["base_model"] or None,
+                                              max_context_tokens=params["max_context_tokens"] or None)
     bank = None
     if params["memory_bank"] != "none":
         bank = MemoryBank.open(live_memory_bank(params["memory_bank"]), writable=False)
@@ -131,8 +135,10 @@ class DecisionInference(LunaLifecycleNode):
 
     def on_scene(self, msg: lm.SceneDescriptor) -> None:
         scene = convert.msg_to_scene(msg)
+        check_scene(scene)  # a bad scene is rejected here (diagnosed); the last good one stays
         with self.scene_lock:
             self.scene = scene
+        self.diagnostics.clear("input luna/scene")
 
     def on_memory_version(self, msg: UInt64) -> None:
         if self.heuristic is not None and msg.data > self.heuristic.memory_version:
@@ -182,6 +188,7 @@ class DecisionInference(LunaLifecycleNode):
                 self.diagnostics.increment("failed_decisions")
                 return
             self.diagnostics.clear("decision")
+            self._diagnose_prompt(decision)
             if self.closing.is_set():
                 return
             decision.stamp = now
@@ -193,6 +200,15 @@ class DecisionInference(LunaLifecycleNode):
                 self.diagnostics.clear("latency")
         finally:
             self.busy.clear()
+
+    def _diagnose_prompt(self, decision: DecisionDistribution) -> None:
+        if decision.examples_dropped or decision.objects_dropped:
+            self.diagnostics.increment("shortened_prompts")
+            self.diagnostics.set_condition(
+                "prompt", WARN, f"prompt longer than the context window: left out {decision.examples_dropped} "
+                                f"retrieved example(s) and the {decision.objects_dropped} farthest object(s)")
+        else:
+            self.diagnostics.clear("prompt")
 
     def close(self) -> None:
         # Queued work is dropped; a forward pass in flight finishes (seconds) without publishing.

@@ -157,6 +157,10 @@ class DualHeadStudent(nn.Module):
                 bnb_4bit_compute_dtype=dtype)
             kwargs["device_map"] = {"": str(device)}
         lm = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        positions = getattr(lm.config, "max_position_embeddings", None)
+        if positions is not None and config.max_context_tokens > positions:
+            raise StudentConfigError(f"StudentConfig.max_context_tokens: {config.max_context_tokens} is more than "
+                                     f"the {positions} positions of the base model {folder}")
         if config.quantization == "none":
             lm.to(device)
         tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -175,11 +179,13 @@ class DualHeadStudent(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, prompts: StudentPrompts | None = None,
-                        device: str | None = None, base_model: str | None = None) -> "DualHeadStudent":
+                        device: str | None = None, base_model: str | None = None,
+                        max_context_tokens: int | None = None) -> "DualHeadStudent":
         """Load a saved student; the base model must be the one it was trained on (hash check).
 
         ``device`` overrides the saved device; ``base_model`` overrides where the base is found (e.g. a
-        local folder on a vehicle): its hash must still match.
+        local folder on a vehicle): its hash must still match; ``max_context_tokens`` overrides the
+        prompt budget (a latency budget on a slow computer).
         """
         from peft import set_peft_model_state_dict
         from safetensors import SafetensorError
@@ -193,6 +199,8 @@ class DualHeadStudent(nn.Module):
             config.device = device
         if base_model is not None:
             config.base_model = base_model
+        if max_context_tokens is not None:
+            config.max_context_tokens = max_context_tokens
         config.validate()
         meta = files.read_meta(directory)
         adapter_path = files.check_file(directory, files.ADAPTER_FILE, meta)

@@ -1,0 +1,90 @@
+"""HeuristicSystem.decide on bad input: scene checks and the context-window policy, with a real (untrained)
+student and a real MiniLM memory bank."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from luna_core import types as T
+from luna_core.heuristic import HeuristicConfig, HeuristicSystem, InvalidSceneError, check_scene
+from luna_core.memory.bank import MemoryBank
+from luna_core.prompts import PromptManager
+from luna_core.student import ContextOverflowError, DualHeadStudent
+from tests import samples
+from tests.heuristic_fixtures import make_bank, make_student_dir
+
+torch.set_num_threads(1)  # the CI machine is shared
+
+
+def crowded_scene(n_objects: int) -> T.SceneDescriptor:
+    scene = samples.scene()
+    scene.objects = [T.ObjectDescription(f"veh{i}", T.ObjectClass.VEHICLE, 10.0 + 3.0 * i, 0.01 * i, 0.0, 8.0,
+                                         4.6, 1.9, "same lane") for i in range(n_objects)]
+    return scene
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory) -> HeuristicSystem:
+    root = tmp_path_factory.mktemp("heuristic")
+    bank_path, _ = make_bank(root)
+    student = DualHeadStudent.from_pretrained(make_student_dir(root), device="cpu")
+    return HeuristicSystem(student, PromptManager(), MemoryBank.open(bank_path, writable=False), HeuristicConfig(k=3))
+
+
+@pytest.mark.parametrize("spoil, named", [
+    (lambda s: setattr(s.objects[1], "distance", math.nan), "objects[1] ('ped-7') distance is nan"),
+    (lambda s: setattr(s.objects[0], "speed", math.inf), "objects[0] ('veh-1') speed is inf"),
+    (lambda s: setattr(s, "ego_speed", math.nan), "ego_speed is nan"),
+    (lambda s: setattr(s, "junction_distance", math.nan), "junction_distance is nan"),
+    (lambda s: s.exit_points.append((math.nan, 0.0)), "exit_points[2]"),
+    (lambda s: setattr(s, "ego_lane_index", 4), "ego lane 4 of 3 lanes"),
+    (lambda s: setattr(s, "stamp", math.nan), "stamp is nan"),
+])
+def test_check_scene_names_the_bad_field(spoil, named):
+    check_scene(samples.scene())  # the sample is fine
+    scene = samples.scene()
+    spoil(scene)
+    with pytest.raises(InvalidSceneError) as info:
+        check_scene(scene)
+    assert named in str(info.value)
+
+
+def test_decide_refuses_a_nan_scene_and_decides_an_empty_one(system):
+    bad = samples.scene()
+    bad.objects[0].distance = math.nan
+    with pytest.raises(InvalidSceneError, match="distance is nan"):
+        system.decide(bad)
+    empty = T.SceneDescriptor(stamp=3.0, road_section=T.RoadSection.NORMAL_MULTI_LANE, num_lanes=0,
+                              ego_lane_index=0)  # no objects, no lane information
+    d = system.decide(empty)
+    assert d.probabilities.sum() == pytest.approx(1.0)
+    kept = [c for c, p in zip(T.ACTION_CODES, d.probabilities) if p > 0.0]
+    assert kept == ["AK", "CK", "DK", "SK"]  # no lane on either side: only lane keeping
+    assert "Objects: none relevant." in d.query and (d.examples_dropped, d.objects_dropped) == (0, 0)
+
+
+def test_a_prompt_longer_than_the_window_drops_examples_then_far_objects(system):
+    encoder = system.student.encoder
+    scene = crowded_scene(12)
+    full = system.decide(scene)
+    assert len(full.retrieved_ids) == 3 and (full.examples_dropped, full.objects_dropped) == (0, 0)
+    bare = encoder.fit(system.prompts.decision_query(scene), [])
+    old = encoder.max_tokens
+    try:
+        encoder.max_tokens = len(bare.input_ids) + 10  # the query fits, no example does
+        d = system.decide(scene)
+        assert (d.retrieved_ids, d.examples_dropped, d.objects_dropped) == ([], 3, 0)
+        encoder.max_tokens = len(bare.input_ids) - 40  # the query itself must lose objects
+        d = system.decide(scene)
+        assert d.examples_dropped == 3 and d.objects_dropped >= 1
+        assert abs(d.probabilities.sum() - 1.0) < 1e-9 and np.isfinite(d.probabilities).all()
+        assert "veh11" in d.query  # the published query is the full one; the student read a shorter one
+        encoder.max_tokens = 60  # not even the instructions fit: a clear error, never a cut instruction
+        with pytest.raises(ContextOverflowError, match="budget"):
+            system.decide(scene)
+    finally:
+        encoder.max_tokens = old
