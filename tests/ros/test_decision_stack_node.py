@@ -1,10 +1,11 @@
 """decision_inference + explainer in one process over DDS, with a real student and memory bank."""
 
+import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -36,11 +37,23 @@ def _start(tmp_path: Path, student: Path, bank: Path, **overrides) -> subprocess
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _value(statuses: list, key: str) -> float:
+    """The latest value of a diagnostic key (0 if never reported)."""
+    for status in reversed(statuses):
+        for kv in status.values:
+            if kv.key == key:
+                return float(kv.value)
+    return 0.0
+
+
 def test_decisions_from_scenes_and_explanation_on_failure(artifacts, tmp_path, ros_context):
     student, bank, ids = artifacts
-    proc = _start(tmp_path, student, bank)
+    # T_d far below a CPU forward pass: every decision overruns it, and the explanation must still come
+    # out (the decision worker skips cycles instead of queueing them, and the explainer gets its turns).
+    proc = _start(tmp_path, student, bank, decision_period=0.05)
     probe = Probe(ros_context)
     try:
+        diags = probe.diagnostics("decision_inference")
         decisions = probe.collect(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
         explanations = probe.collect(lm.DecisionExplanation, "luna/explanation", qos.RELIABLE)
         scenes = probe.publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
@@ -69,20 +82,104 @@ def test_decisions_from_scenes_and_explanation_on_failure(artifacts, tmp_path, r
         assert e.decision_stamp == pytest.approx(d.stamp, abs=1e-6)
         assert e.candidate_set == d.candidate_set
         assert e.text.startswith("Recommended decisions: " + ",".join(d.candidate_set))
+        probe.wait(lambda: _value(diags, "skipped_cycles_busy") > 0, 10.0, "a diagnosed skipped cycle")
     finally:
         probe.close()
         out = stop_process(proc, timeout=60)
     assert proc.returncode == 0, out
 
 
-def test_missing_model_keeps_node_up_and_diagnosed(artifacts, tmp_path, ros_context):
-    _, bank, _ = artifacts
-    proc = _start(tmp_path, tmp_path / "no-such-student", bank)
+def crowded_scene(stamp: float, n_objects: int) -> T.SceneDescriptor:
+    scene = samples.scene()
+    scene.stamp = stamp
+    scene.objects = [T.ObjectDescription(f"veh{i}", T.ObjectClass.VEHICLE, 10.0 + 2.0 * i, 0.01 * i, 0.0, 8.0,
+                                         4.6, 1.9, "same lane") for i in range(n_objects)]
+    return scene
+
+
+def test_bad_scenes_are_diagnosed_and_the_node_keeps_deciding(artifacts, tmp_path, ros_context):
+    student, bank, _ = artifacts
+    proc = _start(tmp_path, student, bank, max_context_tokens=1024)  # 40 objects do not fit
     probe = Probe(ros_context)
     try:
         diags = probe.diagnostics("decision_inference")
-        probe.wait(lambda: any(d.level == b"\x02" and "cannot load" in d.message for d in diags), 60.0,
-                   "an ERROR diagnostic about the missing model")
+        decisions = probe.collect(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
+        scenes = probe.publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+        wait_for_subscribers(scenes, timeout=60.0)
+
+        def now() -> float:
+            return probe.node.get_clock().now().nanoseconds * 1e-9
+
+        def publish(make) -> None:
+            scenes.publish(C.scene_to_msg(make(now())))
+
+        def nan_scene(stamp: float) -> T.SceneDescriptor:
+            scene = samples.scene()
+            scene.stamp, scene.objects[1].distance = stamp, math.nan
+            return scene
+
+        def empty_scene(stamp: float) -> T.SceneDescriptor:  # no objects, no lanes known
+            return T.SceneDescriptor(stamp=stamp, road_section=T.RoadSection.NORMAL_MULTI_LANE, num_lanes=0,
+                                     ego_lane_index=0)
+
+        # 1. a NaN: refused at the input, named in /diagnostics, no decision made on it
+        probe.wait(lambda: publish(nan_scene) or any(
+            s.level == b"\x01" and "objects[1] ('ped-7') distance is nan" in s.message for s in diags), 60.0,
+            "a WARN diagnostic naming the NaN field")
+        assert not decisions and _value(diags, "rejected_inputs") >= 1
+
+        # 2. an empty scene: decided, lane keeping only
+        probe.wait(lambda: publish(empty_scene) or decisions, 120.0, "a decision on the empty scene")
+        d = C.msg_to_decision(decisions[-1])
+        assert "Objects: none relevant." in d.query
+        assert [c for c, p in zip(T.ACTION_CODES, d.probabilities) if p > 0.0] == ["AK", "CK", "DK", "SK"]
+
+        # 3. a prompt longer than the context window: examples, then far objects left out; still decided
+        def crowded_decided() -> bool:
+            publish(lambda t: crowded_scene(t, 40))
+            return any("veh39" in m.query for m in decisions)
+
+        probe.wait(crowded_decided, 120.0, "a decision on the crowded scene")
+        d = C.msg_to_decision(next(m for m in decisions if "veh39" in m.query))
+        assert d.retrieved_ids == [] and d.probabilities.sum() == pytest.approx(1.0)
+        probe.wait(lambda: any(s.level == b"\x01" and "longer than the context window: left out 3 retrieved"
+                               in s.message for s in diags), 10.0, "a WARN diagnostic about the shortened prompt")
+        assert _value(diags, "shortened_prompts") >= 1
+        assert proc.poll() is None
+    finally:
+        probe.close()
+        out = stop_process(proc, timeout=60)
+    assert proc.returncode == 0, out
+
+
+def _spoil_missing(student: Path, tmp_path: Path) -> tuple[Path, str]:
+    return tmp_path / "no-such-student", "no-such-student: not a directory"
+
+
+def _spoil_head(student: Path, tmp_path: Path) -> tuple[Path, str]:
+    copy = Path(shutil.copytree(student, tmp_path / "student"))
+    head = copy / "head.safetensors"
+    head.write_bytes(head.read_bytes()[:-16] + b"not a tensor....")
+    return copy, f"{head}: corrupt"
+
+
+def _spoil_config(student: Path, tmp_path: Path) -> tuple[Path, str]:
+    copy = Path(shutil.copytree(student, tmp_path / "student"))
+    (copy / "student_config.json").write_text('{"lora_r": 16,')
+    return copy, f"{copy / 'student_config.json'}: unreadable JSON"
+
+
+@pytest.mark.parametrize("spoil", [_spoil_missing, _spoil_head, _spoil_config], ids=["missing", "corrupt-safetensors",
+                                                                                     "bad-config-json"])
+def test_bad_model_files_keep_node_up_and_diagnosed(artifacts, tmp_path, ros_context, spoil):
+    student, bank, _ = artifacts
+    path, named = spoil(student, tmp_path)
+    proc = _start(tmp_path, path, bank)
+    probe = Probe(ros_context)
+    try:
+        diags = probe.diagnostics("decision_inference")
+        probe.wait(lambda: any(d.level == b"\x02" and "cannot load" in d.message and named in d.message
+                               for d in diags), 60.0, f"an ERROR diagnostic naming {named!r}")
         assert proc.poll() is None, "the node must stay up in its degraded mode"
     finally:
         probe.close()
