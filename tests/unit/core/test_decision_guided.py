@@ -238,3 +238,16 @@ def test_deterministic_mode_ignores_the_clock_and_repeats_fake_clock(prior) -> N
     for a, b in zip(first, second):
         assert np.array_equal(a.trajectory.x, b.trajectory.x) and np.array_equal(a.trajectory.y, b.trajectory.y)
     assert np.array_equal(first[0].trajectory.x, first[2].trajectory.x), "reset restarts the seed sequence"
+
+
+def test_progress_floor_hand_computed() -> None:
+    from luna_core.planning.decision_guided import progress_floor
+
+    # Half of: from standstill at 1 m/s^2 for 4 s = 8 m; from 10 m/s to a 15 m/s limit in 4 s = 48 m;
+    # already at the limit = v T; no limit known = 15 m/s.
+    assert progress_floor(0.0, 15.0, 4.0) == pytest.approx(4.0)
+    assert progress_floor(10.0, 15.0, 4.0) == pytest.approx(24.0)
+    assert progress_floor(20.0, 15.0, 4.0) == pytest.approx(40.0)
+    assert progress_floor(14.0, 0.0, 4.0) == pytest.approx(0.5 * (14.0 + 0.5 + 15.0 * 3.0))
+    assert progress_floor(-1.0, 15.0, 4.0) == pytest.approx(4.0)  # reversing counts as standing
+

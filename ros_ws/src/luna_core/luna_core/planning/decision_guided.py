@@ -146,6 +146,21 @@ class PlanResult:
 # --------------------------------------------------------------------------------------------------
 
 
+PROGRESS_FLOOR_ACCELERATION = 1.0  # m/s^2 of the ideal start the progress floor is half of
+
+
+def progress_floor(speed: float, speed_limit: float, horizon: float) -> float:
+    """The least progress reference (m): half the distance covered over ``horizon`` seconds when
+    accelerating gently (1 m/s^2) from ``speed`` up to ``speed_limit`` (no limit known: 15 m/s).
+    Far below what any feasible warm start reaches in normal traffic, so it only matters when none
+    is feasible or the ego stands still."""
+    v0 = max(speed, 0.0)
+    v_max = max(speed_limit if speed_limit > 0.0 else 15.0, v0)
+    t_acc = min(horizon, (v_max - v0) / PROGRESS_FLOOR_ACCELERATION)
+    ideal = v0 * t_acc + 0.5 * PROGRESS_FLOOR_ACCELERATION * t_acc ** 2 + v_max * (horizon - t_acc)
+    return 0.5 * ideal
+
+
 class PlannerObjective:
     """The ``PopulationObjective`` of one planning call: tracking + J_gen shared, J_dec per group."""
 
@@ -163,6 +178,7 @@ class PlannerObjective:
         self.config = config
         self.state0 = state_from_ego(ego)
         self.progress_reference: float | None = None
+        self.progress_floor = progress_floor(ego.velocity, ctx.speed_limit, config.horizon_steps * config.dt)
 
     def map_poses(self, poses: np.ndarray, steps: int) -> np.ndarray:
         dense = densify(poses, self.seed, self.waypoint_dt, self.config.dt, steps)
@@ -189,7 +205,10 @@ class PlannerObjective:
         s = score_proposals(states, self.ctx, self.weights)
         if self.progress_reference is None:  # fixed by the first batch: comparable across batches
             feasible = s.raw_progress[s.multiplicative > 0]
-            self.progress_reference = float(feasible.max()) if len(feasible) else 0.0
+            # Never below the floor: when no warm start is feasible (or all barely move) a reference
+            # of ~0 would give every member full progress, and a creeping or reversing trajectory
+            # would score like one that drives on.
+            self.progress_reference = max(float(feasible.max()) if len(feasible) else 0.0, self.progress_floor)
         ref = self.progress_reference
         progress = np.clip(s.raw_progress / ref, 0.0, 1.0) if ref > PROGRESS_EPSILON else np.ones(len(states))
         w = self.weights
