@@ -130,3 +130,18 @@ def test_cli_eval(suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert (out / "renders" / "idm" / "non_reactive" / "a_lead_near.png").stat().st_size > 1000
     assert (out / "renders" / "idm" / "non_reactive" / "a_lead_near.gif").read_bytes()[:3] == b"GIF"
     assert main(["eval", "--suite", str(suite), "--planner", "idm", "--expect-count", "3", "--out", str(out)]) == 2
+
+
+def test_cli_eval_diffusion_es_and_bad_stack_settings(suite: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "des"
+    code = main(["eval", "--suite", str(suite), "--planner", "diffusion-es", "--mode", "non-reactive", "--limit", "1",
+                 "--replan-every", "5", "--population", "8", "--iterations", "0", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| diffusion-es |" in printed
+    assert "Diffusion-ES planners: deterministic search (population 8 per action, 0 renoise-denoise" in printed
+    result = json.loads((out / "scenarios/diffusion-es/non_reactive/a_lead_near.json").read_text())
+    assert result["status"] == "ok" and result["planner_failures"] == 0 and result["stack"]["population"] == 8
+    assert main(["eval", "--suite", str(suite), "--planner", "luna", "--population", "2", "--out", str(out)]) == 2
+    assert "population >= 4" in capsys.readouterr().err
