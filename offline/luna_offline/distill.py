@@ -1,7 +1,8 @@
 """``luna-offline distill``: dual-objective distillation of the student (LUNA-AD Eq. 13-18).
 
 Each teacher item v = <Q_md, e, pi, A_sum> of the memory bank becomes one sample: K ~ U{K_min..K_max}
-retrieved examples (cosine retrieval from the same bank, never the item itself nor a held-out item)
+retrieved examples (cosine retrieval from the same bank, never from the item's own scenario nor a
+held-out item)
 as earlier chat turns (Eq. 13), the current Q_md, then A_sum as the assistant answer (Eq. 14). The loss
 is L_LM over the sequence + alpha * KL(pi || pi_hat) at the commitment position (Eq. 15-18).
 
@@ -60,7 +61,7 @@ class DistillSettings:
     k_min: int = 0
     k_max: int = 3
     heldout_fraction: float = 0.1
-    limit: int = 0  # use at most this many training items (0 = all); for small CPU runs
+    limit: int = 0  # use at most this many training items, a seeded random subset (0 = all); small CPU runs
     seed: int = 0
     max_context_tokens: int = 2048
     quantization: str = "auto"  # auto = nf4 on CUDA, none on CPU
@@ -123,6 +124,15 @@ def split_items(items: Sequence[MemoryItem], fraction: float) -> tuple[list[Memo
     train = [it for it in usable if not is_heldout(it.id, fraction)]
     held = [it for it in usable if is_heldout(it.id, fraction)]
     return train, held
+
+
+def subset(items: Sequence[MemoryItem], limit: int, seed: int) -> list[MemoryItem]:
+    """At most ``limit`` items (0 = all) drawn at random with ``seed``, in bank order: a bank is
+    written scenario by scenario, so its first items would all come from a few scenarios."""
+    if not limit or limit >= len(items):
+        return list(items)
+    keep = np.random.default_rng([seed, 17]).choice(len(items), size=limit, replace=False)
+    return [items[i] for i in sorted(keep)]
 
 
 def retrieve_examples(bank, item: MemoryItem, k: int, exclude: set[str]) -> list[MemoryItem]:
@@ -243,8 +253,7 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
     bank = MemoryBank.open(settings.bank)
     try:
         train, held = split_items(list(bank), settings.heldout_fraction)
-        if settings.limit:
-            train = train[:settings.limit]
+        train = subset(train, settings.limit, settings.seed)
         if not train:
             raise DistillError(f"memory bank {settings.bank} has no teacher items with a distribution "
                                f"for training (held out: {len(held)})")
@@ -254,7 +263,13 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
             except ValueError as exc:
                 raise DistillError(f"memory item {item.id!r}: {exc}") from exc
         exclude = {it.id for it in held}
-        neighbours = {it.id: retrieve_examples(bank, it, settings.k_max, exclude) for it in train}
+        # Examples never come from the sample's own scenario: its neighbouring frames carry nearly the
+        # same answer, and copying them is not what retrieval offers on a new scene (nor in evaluate).
+        groups: dict[str, set[str]] = {}
+        for it in bank.items:
+            groups.setdefault(split_group(it.id), set()).add(it.id)
+        neighbours = {it.id: retrieve_examples(bank, it, settings.k_max, exclude | groups[split_group(it.id)])
+                      for it in train}
     finally:
         bank.close()
 

@@ -11,7 +11,7 @@ import torch
 from luna_core.memory import MemoryBank, SceneVectorEmbedder
 from luna_core.student import DualHeadStudent
 from luna_offline.distill import (DistillError, DistillSettings, distill, is_heldout, retrieve_examples,
-                                  sample_order, split_group, split_items)
+                                  sample_order, split_group, split_items, subset)
 from tests.unit.core.test_student_support import PROMPTS, memory_item
 
 torch.set_num_threads(1)  # shared CI machine
@@ -53,6 +53,15 @@ def test_held_out_split_keeps_the_frames_of_one_scenario_together():
     for s in range(40):  # every frame of a scenario falls on the same side
         assert len({is_heldout(f"scn{s}@{t:07.2f}", 0.2) for t in (0.0, 2.0, 4.0)}) == 1
     assert not any(is_heldout(i, 0.0) for i in ids)
+
+
+def test_limit_draws_a_seeded_subset_across_the_bank():
+    items = [memory_item(i) for i in range(20)]
+    some = subset(items, 5, seed=0)
+    assert len(some) == 5 and [it.id for it in some] == [it.id for it in subset(items, 5, seed=0)]
+    assert some != items[:5] and max(int(it.id[1:]) for it in some) >= 5  # not just the first items
+    assert [int(it.id[1:]) for it in some] == sorted(int(it.id[1:]) for it in some)  # bank order kept
+    assert subset(items, 0, 0) == items and subset(items, 50, 0) == items
 
 
 @pytest.mark.slow  # three short runs, each loading the base model: ~30 s on two cores
