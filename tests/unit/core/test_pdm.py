@@ -6,12 +6,16 @@ junction lane "j" continues the right lane from x = 200 (for the red-light case)
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pytest
 
-from luna_core.lanes import lane_map, make_lane
+from luna_core.control import track_step
+from luna_core.lanes import Polyline, lane_map, make_lane
 from luna_core.planning.forecast import CLASS_CAPS, constant_velocity_forecast, select_objects
-from luna_core.planning.pdm_closed import PDMClosedPlanner
+from luna_core.planning.fallback import stop_along
+from luna_core.planning.pdm_closed import PDMClosedPlanner, emergency_brake_trajectory
 from luna_core.planning.proposals import IDMPlanner, idm_proposals, planning_setup
 from luna_core.planning.reference_paths import OffMapError
 from luna_core.planning.scorer import ObjectBoxes
@@ -89,10 +93,11 @@ def test_proposals_grid_order_and_simulated_states_start_at_the_ego() -> None:
     props = idm_proposals(pi.ego, setup.reference.centerline, setup.forecast,
                           target_speeds=(3.0, 6.0, 9.0, 12.0, 15.0))
     assert props.poses.shape == (15, 81, 3) and props.states.shape == (15, 41, 8)
-    assert props.offsets.tolist() == [-1.0] * 5 + [0.0] * 5 + [1.0] * 5
+    assert props.offsets.tolist() == [0.0] * 5 + [-1.0] * 5 + [1.0] * 5  # centreline first, as PDM-Closed
     assert props.target_speeds.tolist() == [3.0, 6.0, 9.0, 12.0, 15.0] * 3
     assert props.states[:, 0, :2] == pytest.approx(np.zeros((15, 2)))
-    assert props.poses[0, 0, 1] == pytest.approx(-1.0) and props.poses[10, 0, 1] == pytest.approx(1.0)
+    assert props.poses[0, 0, 1] == pytest.approx(0.0) and props.poses[5, 0, 1] == pytest.approx(-1.0)
+    assert props.poses[10, 0, 1] == pytest.approx(1.0)
     # Free road: IDM approaches each target speed from 8 m/s, never above it.
     assert np.all(props.velocity[:, -1] <= props.target_speeds + 1e-9)
     assert props.velocity[4, -1] > 12.0 and props.velocity[0, -1] < 4.0
@@ -118,10 +123,10 @@ def test_idm_planner_targets_nuplan_10_mps_capped_by_the_limit() -> None:
 def test_pdm_on_a_free_road_takes_the_fastest_centred_proposal() -> None:
     p = PDMClosedPlanner()
     traj = p.plan(planner_input())
-    assert p.last is not None and p.last.scores.best == 9  # offset 0 x speed fraction 1.0
+    assert p.last is not None and p.last.scores.best == 4  # offset 0 (first) x speed fraction 1.0
     assert not p.last.emergency_brake
     # The -1 m offset pushes the right corners 0.15 m out of the road: not drivable.
-    assert p.last.scores.drivable_area[:5].tolist() == [0.0] * 5
+    assert p.last.scores.drivable_area[5:10].tolist() == [0.0] * 5
     assert traj.velocity[-1] > 14.0 and abs(traj.y[-1]) < 1e-6
 
 
@@ -148,7 +153,36 @@ def test_pdm_emergency_brakes_when_a_collision_is_unavoidable_at_low_speed() -> 
     block = vehicle("wall", VP.front_length + 1.0 + 2.25, y=2.0, width=10.0)
     traj = p.plan(planner_input([block], v=4.0))
     assert p.last is not None and p.last.emergency_brake
-    assert traj.acceleration[0] == pytest.approx(-4.0) and traj.velocity[-1] == 0.0
+    # PDM-Closed's first request at 4 m/s: 1.1 (v - 4.05), a reference just behind the ego.
+    assert traj.velocity[0] == pytest.approx(1.1 * (4.0 - 4.05)) and abs(traj.velocity[-1]) < 1e-3
+
+
+def _track(traj: Trajectory, v: float, steps: int, replan: Callable[[EgoState], Trajectory] | None = None,
+           every: int = 5) -> list[EgoState]:
+    ego = EgoState(0.0, 0.0, 0.0, 0.0, v, acceleration=0.0)
+    out = [ego]
+    for k in range(steps):
+        if replan is not None and k % every == 0:
+            traj = replan(ego)
+        ego = track_step(ego, traj)
+        out.append(ego)
+    return out
+
+
+def test_pdm_emergency_brake_stops_short_through_nuplans_tracker_and_never_reverses() -> None:
+    """Tracked by nuPlan's LQR + bicycle from 4 m/s, PDM-Closed's brake stops within about
+    v^2 / (2 x 3.5 m/s^2) + the actuator lag, where a reference that itself stops at 4 m/s^2 creeps
+    ~1.5 m further (the tracker follows the velocity 1 s ahead: a = -0.91 v); replanned only every
+    0.5 s (the brake held in between) the car still does not reverse."""
+    line = Polyline(np.array([[0.0, 0.0], [100.0, 0.0]]))
+    start = EgoState(0.0, 0.0, 0.0, 0.0, 4.0)
+    brake = emergency_brake_trajectory(start, 80, 0.1)
+    braked = _track(brake, 4.0, 60)
+    comfortable = _track(stop_along(start, line, 4.0, horizon=8.0, dt=0.1), 4.0, 60)
+    assert braked[-1].velocity < 0.05 and braked[-1].x < 4.0 ** 2 / (2 * 3.5) + 4.0 * 0.2
+    assert comfortable[-1].x > braked[-1].x + 1.2
+    held = _track(brake, 4.0, 60, replan=lambda e: emergency_brake_trajectory(e, 80, 0.1), every=5)
+    assert min(e.velocity for e in held) > -0.2 and held[-1].x == pytest.approx(braked[-1].x, abs=0.3)
 
 
 def test_pdm_replans_the_centreline_from_the_current_lane() -> None:

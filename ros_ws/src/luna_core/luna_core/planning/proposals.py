@@ -89,7 +89,10 @@ def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray
             j = np.argmin(g, axis=1)
             rows = np.arange(p)
             gap = g[rows, j]
-            lead_v = np.maximum(v_along[rows, j, kk], 0.0)
+            # The leader's velocity projected on the path, negative when it comes towards the ego
+            # (PDM-Closed projects on the ego heading and does not clip): IDM's approach term then
+            # sees the true closing speed and brakes harder for oncoming or crossing-against traffic.
+            lead_v = np.where(np.isfinite(gap), v_along[rows, j, kk], 0.0)
         acc = idm_acceleration(v[:, k], gap, lead_v, params, target_speeds)
         a[:, k] = acc
         s[:, k + 1] = s[:, k] + v[:, k] * dt
@@ -99,7 +102,7 @@ def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray
 
 
 def idm_proposals(ego: EgoState, path: Polyline, objects: ObjectBoxes, *,
-                  offsets: tuple[float, ...] = (-1.0, 0.0, 1.0),
+                  offsets: tuple[float, ...] = (0.0, -1.0, 1.0),
                   target_speeds: tuple[float, ...] = (3.0, 6.0, 9.0, 12.0, 15.0),
                   steps: int = 80, simulate_steps: int = 40, dt: float = 0.1,
                   vehicle: VehicleParameters = VehicleParameters(),

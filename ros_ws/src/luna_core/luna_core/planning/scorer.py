@@ -14,8 +14,9 @@ Per proposal (PDM-Closed, tuplan_garage; nuPlan's at-fault rules):
   2 m, 0.5 below 6 m, else 0);
 * weighted: ``progress`` 5 (along the centreline, normalised by the best proposal that passes the
   multiplicative terms; all 1 if that best is <= 0.1 m; if none passes, by the best of all),
-  ``ttc`` 5 (0 if the ego box projected at constant velocity by +0, 0.3, 0.6, 0.9 s overlaps an
-  object that is not behind it at that future time), ``comfort`` 2 (nuPlan's comfort bounds over the horizon), and ``speed_limit`` with weight
+  ``ttc`` 5 (0 if the ego box projected at constant velocity by +0, 0.3, 0.6, 0.9 s overlaps, at
+  that future time, an object ahead of it, or one not behind it while the ego straddles lanes,
+  leaves them or is in a junction), ``comfort`` 2 (nuPlan's comfort bounds over the horizon), and ``speed_limit`` with weight
   0 by default (PDM-Closed has no such term; nuPlan's CLS weighs it 4: set
   ``ScorerWeights.speed_limit`` to include it; its value is nuPlan's max(0, 1 - mean over-speed /
   2.23 m/s) over the horizon);
@@ -47,6 +48,7 @@ from luna_core.types import VehicleParameters, box_corners, wrap_angle
 STOPPED_SPEED = 0.05  # m/s, nuPlan's stopped threshold for collisions
 TTC_STOPPED_SPEED = 0.005  # m/s, below which TTC is not evaluated
 BEHIND_ANGLE = np.deg2rad(150.0)
+AHEAD_ANGLE = np.deg2rad(30.0)  # nuPlan's is_agent_ahead tolerance (TTC relevance)
 TTC_PROJECTION_STEPS = (0, 3, 6, 9)  # x 0.1 s: the ego box at +0, 0.3, 0.6, 0.9 s
 PROGRESS_EPSILON = 0.1  # m: if the best progress is below this, everybody gets 1
 DIRECTION_HORIZON = 1.0  # s
@@ -293,8 +295,25 @@ def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
     return score, t_fault, collided
 
 
-def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided: np.ndarray) -> np.ndarray:
-    """1 unless the ego box projected ahead at constant velocity meets an object not behind it."""
+def in_junction(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
+    """(...,) True where a point (..., 2) lies in a junction lane (nuPlan's INTERSECTION layer)."""
+    import shapely
+
+    pts = np.asarray(points, dtype=np.float64)
+    flat = pts.reshape(-1, 2)
+    out = np.zeros(len(flat), dtype=bool)
+    for lane_id in lanes.ids:
+        if lanes.graph.lanes[lane_id].in_junction:
+            out |= shapely.intersects_xy(lanes.lane_polygons[lane_id], flat[:, 0], flat[:, 1])
+    return out.reshape(pts.shape[:-1])
+
+
+def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided: np.ndarray,
+         wide: np.ndarray) -> np.ndarray:
+    """1 unless the ego box projected ahead at constant velocity meets a relevant object: one ahead
+    (within 30 deg of the heading, seen from the rear axle), or, where ``wide`` (P, T+1: the ego
+    straddles lanes, leaves them or is in a junction), any object not behind it (> 150 deg).
+    PDM-Closed's and nuPlan's rule; the angle is taken from the unprojected ego state."""
     p, steps = states.shape[:2]
     obj = ctx.objects
     ok = np.ones(p, dtype=bool)
@@ -312,10 +331,9 @@ def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided:
         ego_future = corners[:, t_now] + shift  # (P, T', 4, 2)
         fut = slice(1 + k, steps)
         hit = proposals_vs_objects(ego_future, obj_corners[:, fut], backend="numpy")  # (P, N, T')
-        future_states = states[:, t_now].copy()
-        future_states[..., :2] += shift[..., 0, :]
-        behind = _relative_angle(future_states, obj.pose[:, fut, :2]) > BEHIND_ANGLE
-        hit &= ~behind & ~collided[:, :, t_now] & moving[:, None, t_now]
+        angle = _relative_angle(states[:, t_now], obj.pose[:, fut, :2])  # (P, N, T')
+        relevant = (angle < AHEAD_ANGLE) | (wide[:, None, t_now] & (angle <= BEHIND_ANGLE))
+        hit &= relevant & ~collided[:, :, t_now] & moving[:, None, t_now]
         ok &= ~hit.any(axis=(1, 2))
     return ok.astype(np.float64)
 
@@ -364,7 +382,8 @@ def score_proposals(states: np.ndarray, ctx: ScoringContext,
     best = float(np.max(raw_progress[valid] if valid.any() else raw_progress)) if p else 0.0
     progress = np.clip(raw_progress / best, 0.0, 1.0) if best > PROGRESS_EPSILON else np.ones(p)
 
-    ttc = _ttc(states, corners, ctx, collided)
+    wide = multi_lane | in_junction(ctx.lanes, states[..., :2])
+    ttc = _ttc(states, corners, ctx, collided, wide)
     if states.shape[1] >= SAVGOL_ORDER + 2:
         q = comfort_quantities(states[..., StateIndex.VELOCITY], states[..., StateIndex.HEADING], ctx.dt)
         comfort = np.all(np.stack(list(comfort_within_bounds(q).values())), axis=0).astype(np.float64)
