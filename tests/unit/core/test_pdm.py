@@ -201,3 +201,19 @@ def test_planners_refuse_a_pose_off_the_map() -> None:
 
 def test_empty_forecast_shape() -> None:
     assert ObjectBoxes.empty(41).pose.shape == (0, 41, 3)
+
+
+def test_idm_proposal_brakes_harder_for_an_oncoming_object_than_for_a_stopped_one() -> None:
+    """nuPlan's IDM and PDM-Closed take the leader's velocity projected on the ego heading without
+    clipping: an object coming towards the ego closes faster than a stopped one at the same gap."""
+    pi = planner_input(v=8.0)
+    setup = planning_setup(pi, 20, 0.1)
+    line = setup.reference.centerline
+
+    def first_accel(speed: float) -> float:
+        obj = ObjectBoxes(["o"], np.array([[[25.0 - speed * 0.1 * k, 0.0, np.pi] for k in range(21)]]),
+                          np.array([[4.5, 2.0]]), np.array([speed]), np.array([False]), np.array([False]))
+        props = idm_proposals(pi.ego, line, obj, offsets=(0.0,), target_speeds=(10.0,), steps=20, simulate_steps=0)
+        return float(props.acceleration[0, 0])
+
+    assert first_accel(5.0) < first_accel(0.0) - 0.5

@@ -191,3 +191,25 @@ def test_best_falls_back_to_the_least_bad_proposal_when_all_totals_are_zero() ->
     s = score_proposals(np.stack([slow_off, fast_off]), context())
     assert s.total.tolist() == [0.0, 0.0]
     assert s.best == 1
+
+
+def test_ttc_counts_a_car_converging_from_the_side_only_in_a_junction() -> None:
+    """PDM-Closed's and nuPlan's TTC rule: an object counts if it is ahead (within 30 deg of the
+    heading) or, while the ego straddles lanes / leaves them / is in a junction, if it is not behind.
+    A car alongside (bearing > 30 deg) drifting into the ego's lane touches its side: not at fault and,
+    with the ego in its own lane, no TTC violation; the same run in a junction lane violates TTC."""
+    # Centre 3 m ahead of the rear axle in the left lane (bearing 53 deg), moving 2 m/s mostly sideways:
+    # its future boxes stay more than 30 deg off the heading (the rule compares the ego now with the
+    # object at the projected time).
+    car = (3.0, 4.0, -1.2, 2.0, 3.6, 2.0)
+    p = states(constant(5.0))[None]
+    s = score_proposals(p, context(objects(car)))
+    assert s.no_at_fault_collision.tolist() == [1.0]
+    assert s.ttc.tolist() == [1.0]
+    junction = graph()
+    for lane in junction.lanes.values():
+        lane.in_junction = True
+    xs = np.linspace(-100.0, 300.0, 401)
+    ctx = ScoringContext(lane_map(junction), Polyline(np.column_stack([xs, np.zeros_like(xs)])), objects(car), 0.0,
+                         VP, DT)
+    assert score_proposals(p, ctx).ttc.tolist() == [0.0]
