@@ -88,3 +88,24 @@ def test_a_prompt_longer_than_the_window_drops_examples_then_far_objects(system)
             system.decide(scene)
     finally:
         encoder.max_tokens = old
+
+
+def test_retrieval_keeps_the_previous_items_within_the_margin(system):
+    slow, fast = samples.scene(), samples.scene()
+    slow.ego_speed, fast.ego_speed = 4.0, 10.0  # the bank's items have ego speeds 4, 6, 8, 10 m/s
+    exact = HeuristicSystem(system.student, system.prompts, system.bank, HeuristicConfig(k=2, retrieval_margin=0.0))
+    sticky = HeuristicSystem(system.student, system.prompts, system.bank, HeuristicConfig(k=2, retrieval_margin=1.0))
+
+    def top(scene: T.SceneDescriptor) -> list[str]:
+        return [item.id for item, _ in system.bank.retrieve(system.prompts.decision_query(scene), 2)]
+
+    assert top(slow) != top(fast)  # otherwise this test could not tell the policies apart
+    assert exact.decide(slow).retrieved_ids == top(slow) and exact.decide(fast).retrieved_ids == top(fast)
+    assert sticky.decide(slow).retrieved_ids == top(slow)
+    held = sticky.decide(fast)
+    assert held.retrieved_ids == top(slow)  # nearly as similar (margin 1): the cached examples stay
+    # so the second prompt shares the system message and both examples with the first one
+    items = [system.bank.get(i) for i in held.retrieved_ids]
+    system.student.predict(system.prompts.decision_query(slow), items)
+    _, prompt = system.student.predict(held.query, items)
+    assert prompt.cached_prefix_tokens > 0.5 * prompt.prompt_tokens

@@ -43,6 +43,9 @@ MODEL_PARAMS = [
               "farthest objects; never the instructions, the task or the answer format.", min=0),
     ParamSpec("k", int, 3, "Retrieved memory items per decision (K).", min=0, max=10),
     ParamSpec("gamma_p", float, 0.1, "Candidate-set threshold gamma_p (Eq. 19).", min=0.0, max=1.0),
+    ParamSpec("retrieval_margin", float, 0.005, "Keep the previous decision's retrieved items while their mean "
+              "cosine similarity is within this of the best K's (their KV cache is reused); 0 = always the "
+              "top K.", min=0.0, max=1.0),
 ]
 
 
@@ -74,7 +77,8 @@ def load_heuristic(params: dict) -> HeuristicSystem:
     bank = None
     if params["memory_bank"] != "none":
         bank = MemoryBank.open(live_memory_bank(params["memory_bank"]), writable=False)
-    return HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=params["k"], gamma_p=params["gamma_p"]))
+    config = HeuristicConfig(k=params["k"], gamma_p=params["gamma_p"], retrieval_margin=params["retrieval_margin"])
+    return HeuristicSystem(student, PromptManager(), bank, config)
 
 
 DECISION_INTERFACE = NodeInterface(
