@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -69,6 +70,7 @@ class DistillSettings:
     optimizer: str = "auto"  # auto = adamw8bit on CUDA, adamw on CPU
     device: str = "auto"
     checkpoint_every: int = 50
+    max_time: float = 0.0  # s of training wall time after which the run stops at the next optimizer step (0 = none)
 
     def validate(self) -> None:
         if not 0 <= self.k_min <= self.k_max:
@@ -89,7 +91,7 @@ class DistillSettings:
     def resumable_keys(self) -> dict:
         """The settings a checkpoint must share with the run that resumes it."""
         d = asdict(self)
-        for key in ("out", "checkpoint_every", "max_steps", "epochs"):
+        for key in ("out", "checkpoint_every", "max_steps", "epochs", "max_time"):
             d.pop(key)
         return d
 
@@ -321,8 +323,13 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
     bar = tqdm(total=total_steps, initial=state.step, desc="distill", unit="step",
                disable=not (progress and accelerator.is_main_process))
     sums = {"total": 0.0, "lm": 0.0, "kl": 0.0, "n": 0}
+    started = time.monotonic()
     for b in range(start_batch, len(batches)):
         if state.step >= total_steps:
+            break
+        if settings.max_time and time.monotonic() - started > settings.max_time and sums["n"] == 0:
+            # A time budget on a shared machine: stop between optimizer steps (resumable as any stop).
+            print(f"[distill] max_time {settings.max_time:.0f} s reached after {state.step} steps", flush=True)
             break
         state.samples_seen = (b + 1) * settings.batch_size
         if b % accelerator.num_processes != accelerator.process_index:
@@ -376,7 +383,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for name, typ in (("epochs", int), ("max_steps", int), ("batch_size", int), ("grad_accum", int),
                       ("lr", float), ("warmup_steps", int), ("alpha", float), ("k_min", int), ("k_max", int),
                       ("heldout_fraction", float), ("limit", int), ("seed", int),
-                      ("max_context_tokens", int), ("checkpoint_every", int)):
+                      ("max_context_tokens", int), ("checkpoint_every", int), ("max_time", float)):
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(d, name))
     p.add_argument("--quantization", choices=("auto", "none", "nf4"), default=d.quantization)
     p.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default=d.gradient_checkpointing)

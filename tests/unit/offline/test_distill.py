@@ -112,3 +112,18 @@ def test_kl_to_the_teacher_falls_on_a_small_synthetic_set(tmp_path):
     kl = [h["kl"] for h in json.loads((tmp_path / "run" / "history.json").read_text())]
     assert len(kl) == 12
     assert np.mean(kl[-3:]) < np.mean(kl[:3]), kl
+
+
+@pytest.mark.slow  # one base-model load and two short steps: ~15 s on two cores
+def test_max_time_stops_between_optimizer_steps_and_saves_the_student(tmp_path):
+    bank_path = make_bank(tmp_path / "bank", 8)
+    settings = DistillSettings(bank=bank_path, out=str(tmp_path / "run"), batch_size=1, grad_accum=2,
+                               k_min=0, k_max=0, heldout_fraction=0.0, max_time=0.01, checkpoint_every=100,
+                               max_context_tokens=1024, device="cpu")
+    final = distill(settings, prompts=PROMPTS, progress=False)
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    # Over budget after the first micro-batch already, but the step completes its accumulation.
+    assert [h["step"] for h in history] == [1]
+    state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["samples_seen"] == 2 and state["step"] == 1
+    assert (final / "adapter.safetensors").stat().st_size > 0
