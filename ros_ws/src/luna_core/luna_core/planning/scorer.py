@@ -309,11 +309,13 @@ def in_junction(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
 
 
 def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided: np.ndarray,
-         wide: np.ndarray) -> np.ndarray:
+         multi_lane: np.ndarray) -> np.ndarray:
     """1 unless the ego box projected ahead at constant velocity meets a relevant object: one ahead
-    (within 30 deg of the heading, seen from the rear axle), or, where ``wide`` (P, T+1: the ego
-    straddles lanes, leaves them or is in a junction), any object not behind it (> 150 deg).
-    PDM-Closed's and nuPlan's rule; the angle is taken from the unprojected ego state."""
+    (within 30 deg of the heading, seen from the rear axle), or, while the ego straddles lanes,
+    leaves them (``multi_lane``, P x T+1) or is in a junction, any object not behind it (> 150 deg).
+    PDM-Closed's and nuPlan's rule; the angle is taken from the unprojected ego state. The junction
+    test (point in polygon for every junction lane) only runs for the proposal steps where an
+    object beside the ego is hit: usually none."""
     p, steps = states.shape[:2]
     obj = ctx.objects
     ok = np.ones(p, dtype=bool)
@@ -332,8 +334,13 @@ def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided:
         fut = slice(1 + k, steps)
         hit = proposals_vs_objects(ego_future, obj_corners[:, fut], backend="numpy")  # (P, N, T')
         angle = _relative_angle(states[:, t_now], obj.pose[:, fut, :2])  # (P, N, T')
-        relevant = (angle < AHEAD_ANGLE) | (wide[:, None, t_now] & (angle <= BEHIND_ANGLE))
-        hit &= relevant & ~collided[:, :, t_now] & moving[:, None, t_now]
+        hit &= (angle <= BEHIND_ANGLE) & ~collided[:, :, t_now] & moving[:, None, t_now]
+        beside = hit & (angle >= AHEAD_ANGLE)
+        pi, ti = np.nonzero(beside.any(axis=1))  # proposal steps where only the wide rule can count
+        if len(pi):
+            wide = np.zeros(beside.shape[::2], dtype=bool)
+            wide[pi, ti] = multi_lane[pi, ti + 1] | in_junction(ctx.lanes, states[pi, ti + 1, :2])
+            hit &= (angle < AHEAD_ANGLE) | wide[:, None, :]
         ok &= ~hit.any(axis=(1, 2))
     return ok.astype(np.float64)
 
@@ -382,8 +389,7 @@ def score_proposals(states: np.ndarray, ctx: ScoringContext,
     best = float(np.max(raw_progress[valid] if valid.any() else raw_progress)) if p else 0.0
     progress = np.clip(raw_progress / best, 0.0, 1.0) if best > PROGRESS_EPSILON else np.ones(p)
 
-    wide = multi_lane | in_junction(ctx.lanes, states[..., :2])
-    ttc = _ttc(states, corners, ctx, collided, wide)
+    ttc = _ttc(states, corners, ctx, collided, multi_lane)
     if states.shape[1] >= SAVGOL_ORDER + 2:
         q = comfort_quantities(states[..., StateIndex.VELOCITY], states[..., StateIndex.HEADING], ctx.dt)
         comfort = np.all(np.stack(list(comfort_within_bounds(q).values())), axis=0).astype(np.float64)
