@@ -150,10 +150,9 @@ PROGRESS_FLOOR_ACCELERATION = 1.0  # m/s^2 of the ideal start the progress floor
 
 
 def progress_floor(speed: float, speed_limit: float, horizon: float) -> float:
-    """The least progress reference (m): half the distance covered over ``horizon`` seconds when
-    accelerating gently (1 m/s^2) from ``speed`` up to ``speed_limit`` (no limit known: 15 m/s).
-    Far below what any feasible warm start reaches in normal traffic, so it only matters when none
-    is feasible or the ego stands still."""
+    """The progress reference (m) when no feasible warm start moves: half the distance covered over
+    ``horizon`` seconds when accelerating gently (1 m/s^2) from ``speed`` up to ``speed_limit`` (no
+    limit known: 15 m/s)."""
     v0 = max(speed, 0.0)
     v_max = max(speed_limit if speed_limit > 0.0 else 15.0, v0)
     t_acc = min(horizon, (v_max - v0) / PROGRESS_FLOOR_ACCELERATION)
@@ -205,10 +204,12 @@ class PlannerObjective:
         s = score_proposals(states, self.ctx, self.weights)
         if self.progress_reference is None:  # fixed by the first batch: comparable across batches
             feasible = s.raw_progress[s.multiplicative > 0]
-            # Never below the floor: when no warm start is feasible (or all barely move) a reference
-            # of ~0 would give every member full progress, and a creeping or reversing trajectory
-            # would score like one that drives on.
-            self.progress_reference = max(float(feasible.max()) if len(feasible) else 0.0, self.progress_floor)
+            best = float(feasible.max()) if len(feasible) else 0.0
+            # No feasible warm start that moves: a reference of ~0 would give every member full
+            # progress, and a creeping or reversing trajectory would score like one that drives on.
+            # Then (only then: a max() with the floor would push a planned stop towards the lead
+            # and cost TTC) the floor is the reference.
+            self.progress_reference = best if best > PROGRESS_EPSILON else self.progress_floor
         ref = self.progress_reference
         progress = np.clip(s.raw_progress / ref, 0.0, 1.0) if ref > PROGRESS_EPSILON else np.ones(len(states))
         w = self.weights
