@@ -158,7 +158,8 @@ def main() -> int:
     lines = [SECTION, "",
              f"Command: `.venv/bin/python benchmarks/bench_planner.py --cycles {args.cycles}"
              f"{' --threads %d' % args.threads if args.threads != 1 else ''}"
-             f"{' --population %d' % args.population if args.population != 128 else ''} --docs"
+             f"{' --population %d' % args.population if args.population != 128 else ''}"
+             f"{' --breakdown' if args.breakdown else ''} --docs"
              f"{' --plot ' + str(args.plot) if args.plot else ''}`",
              "",
              f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores shared with other engineers' jobs "
