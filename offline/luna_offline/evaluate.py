@@ -28,7 +28,7 @@ import torch
 
 from luna_core.student import DualHeadStudent
 from luna_core.types import ACTION_CODES, NUM_ACTIONS, MemoryItem, candidate_set, validate_distribution
-from luna_offline.distill import retrieve_examples, split_items
+from luna_offline.distill import retrieve_examples, split_items, subset
 
 # WordNet's fixed list of lexicographer files (wndb(5WN) 'lexnames': number, name, syntactic category).
 _LEXNAMES = ("adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body "
@@ -210,8 +210,7 @@ def evaluate(student: DualHeadStudent, bank_path: str, ks: Sequence[int] = range
     bank = MemoryBank.open(bank_path)
     try:
         train, held = split_items(list(bank), heldout_fraction)
-        if limit:
-            held = held[:limit]
+        held = subset(held, limit, seed=0)
         if not held or not train:
             raise ValueError(f"memory bank {bank_path}: need held-out and training items with a distribution "
                              f"(held out {len(held)}, training {len(train)}; heldout_fraction={heldout_fraction})")
@@ -339,7 +338,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bank", required=True, help="the memory bank the student was distilled from")
     p.add_argument("--out", required=True, help="output directory for metrics.json, metrics.md, fig7.png")
     p.add_argument("--ks", type=int, nargs="+", default=list(range(6)), help="numbers of retrieved examples")
-    p.add_argument("--limit", type=int, default=0, help="at most this many held-out frames (0 = all)")
+    p.add_argument("--limit", type=int, default=0,
+                   help="at most this many held-out frames, a seeded random subset (0 = all)")
     p.add_argument("--explain-limit", type=int, default=5, help="frames per K that get an explanation")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="must match distill's")
