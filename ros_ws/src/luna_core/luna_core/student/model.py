@@ -327,7 +327,8 @@ class DualHeadStudent(nn.Module):
 
         With ``reuse_prefix_cache`` the KV cache of the previous prompt is kept and cut back to the
         longest token prefix the new prompt shares with it: always the system message, and also the
-        retrieved examples while retrieval returns the same items (consecutive decisions usually do).
+        retrieved examples while retrieval returns the same items (``HeuristicConfig.retrieval_margin``
+        keeps them across nearby scenes), and the first lines of the traffic state.
         Causal attention makes the kept keys and values exactly those of a full pass over the prefix.
         """
         ids = fitted.input_ids
