@@ -12,6 +12,7 @@ from luna_core.lanes import Polyline
 from luna_core.types import EgoState, LaneGraph, Route, Trajectory
 
 COMFORTABLE_DECELERATION = 3.0  # m/s^2, inside nuPlan's comfort bound of 4.05
+LATERAL_BLEND_DISTANCE = 10.0  # m of travel over which a stop joins the centreline from the ego's offset
 
 
 def stop_along(ego: EgoState, path: Polyline | None, deceleration: float = COMFORTABLE_DECELERATION,
@@ -26,7 +27,13 @@ def stop_along(ego: EgoState, path: Polyline | None, deceleration: float = COMFO
     v = np.maximum(v0 - deceleration * t, 0.0)
     a = np.where(t < t_stop, -deceleration, 0.0)
     if path is not None and path.length > 0.5:
-        poses = path.interpolate(float(path.project(np.array([ego.x, ego.y])).s) + s)
+        foot_s = float(path.project(np.array([ego.x, ego.y])).s)
+        poses = path.interpolate(foot_s + s)
+        # Join the centreline gradually: a stop cannot move sideways, and a slow or standing ego
+        # asked to reach a foot point beside it steers hard at full lock (seen as loops).
+        offset = np.array([ego.x, ego.y]) - path.interpolate(np.array([foot_s]))[0, :2]
+        fade = np.clip(1.0 - s / LATERAL_BLEND_DISTANCE, 0.0, 1.0)
+        poses[:, :2] += fade[:, None] * offset
         poses[0] = (ego.x, ego.y, ego.heading)
     else:
         poses = np.column_stack([ego.x + s * np.cos(ego.heading), ego.y + s * np.sin(ego.heading),
