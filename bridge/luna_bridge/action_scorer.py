@@ -43,7 +43,7 @@ from luna_core.idm import IDMParameters, idm_acceleration
 from luna_core.lanes import Polyline, lane_map
 from luna_core.planning.forecast import red_light_obstacles
 from luna_core.planning.objectives import ObjectiveConfig, lane_following, speed_following, speed_interval
-from luna_core.planning.proposals import _corridor_leaders
+from luna_core.planning.proposals import corridor_leaders
 from luna_core.planning.reference_paths import OffMapError, ReferencePath, reference_paths
 from luna_core.planning.scorer import (ObjectBoxes, ProposalScores, ScorerWeights, ScoringContext, ego_corners,
                                        score_proposals)
@@ -248,7 +248,7 @@ def rollout(ego: EgoState, actions: Sequence[str], paths: Mapping[str, Reference
     leader: list[list[str | None]] = [[None] * (steps + 1) for _ in actions]
     n = objects.num_objects
     if n:
-        per_path = [_corridor_leaders(line, objects, scenario_vehicle) for line in polylines]
+        per_path = [corridor_leaders(line, objects, scenario_vehicle) for line in polylines]
         rear, blocks, v_along, half = (np.stack([pp[i] for pp in per_path])[which] for i in range(4))
         centre = rear + half
     rows = np.arange(p)

@@ -44,7 +44,7 @@ class ProposalSet:
                           self.velocity[index].copy(), self.acceleration[index].copy())
 
 
-def _corridor_leaders(path: Polyline, objects: ObjectBoxes, vehicle: VehicleParameters
+def corridor_leaders(path: Polyline, objects: ObjectBoxes, vehicle: VehicleParameters
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per object and step: arc length of its rear end along the path (N, K+1), whether it blocks
     the ego's corridor, and its speed along the path; plus its half extent along the path."""
@@ -74,7 +74,7 @@ def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray
     n = objects.num_objects
     front = vehicle.front_length
     if n:
-        per_path = [_corridor_leaders(path, objects, vehicle) for path in paths]
+        per_path = [corridor_leaders(path, objects, vehicle) for path in paths]
         # Stacked per proposal: (P, N, K+1) rear-end arc length, corridor blocking, speed, centre.
         rear, blocks, v_along, half = (np.stack([pp[i] for pp in per_path])[path_index] for i in range(4))
         centre = rear + half
