@@ -165,21 +165,14 @@ def test_objects_with_nan_are_dropped_and_reported(stack):
     assert "non-finite" not in message, "a clean objects message clears the report"
 
 
-def test_decision_not_summing_to_one_falls_back(stack):
-    codes = list(T.ACTION_CODES)
-    bad = decision_msg(codes, [0.5] * len(codes))
-    plans, message = drive(stack, 1.5, decision=bad, objects=[])
+@pytest.mark.parametrize("codes, probabilities, reason", [
+    (list(T.ACTION_CODES), [0.5] * 10, "rejected: decision distribution sums to 5.0000, not 1"),
+    (list(T.ACTION_CODES[:-1]) + ["XY"], [0.1] * 10, "decision names unknown action codes ['XY']"),
+], ids=["not_summing_to_one", "unknown_codes"])
+def test_invalid_decision_falls_back(stack, codes, probabilities, reason):
+    plans, message = drive(stack, 1.5, decision=decision_msg(codes, probabilities), objects=[])
     check_valid(plans, 20.0, 1.5)
-    assert "rejected: decision distribution sums to 5.0000, not 1" in message, message
-    assert "fallback objective without the decision term" in message, message
-
-
-def test_decision_with_unknown_codes_falls_back(stack):
-    codes = list(T.ACTION_CODES[:-1]) + ["XY"]
-    bad = decision_msg(codes, [0.1] * len(codes))
-    plans, message = drive(stack, 1.5, decision=bad, objects=[])
-    check_valid(plans, 20.0, 1.5)
-    assert "decision names unknown action codes ['XY']" in message, message
+    assert reason in message, message
     assert "fallback objective without the decision term" in message, message
 
 

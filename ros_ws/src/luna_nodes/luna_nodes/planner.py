@@ -190,14 +190,14 @@ class PlannerNode(LunaLifecycleNode):
     def _has_inputs_of(self, now: float) -> bool:
         if self.graph is None or self.route is None:
             return False
-        def fresh(stamp: float | None, heard: bool) -> bool:
-            # Inputs never heard (no acceleration or lights source, e.g. in some bags) are not waited for.
-            return not heard or (stamp is not None and stamp >= now - 1e-6)
+        def fresh(stamp: float | None) -> bool:
+            # None = never heard (no acceleration or lights source, e.g. in some bags): not waited for.
+            return stamp is None or stamp >= now - 1e-6
 
         with self.lock:
             ego_ok = bool(self.history) and self.history[-1].stamp >= now - 1e-6
-            accel_ok = fresh(self.acceleration_stamp, self.acceleration_stamp is not None)
-        others_ok = all(fresh(getattr(m, "stamp", None), m is not None) for m in (self.objects, self.lights))
+            accel_ok = fresh(self.acceleration_stamp)
+        others_ok = all(fresh(m.stamp if m is not None else None) for m in (self.objects, self.lights))
         decision_period = self.params["decision_period"]
         decision_due = self.params["planner"] == "luna" and decision_period > 0 and \
             abs(now / decision_period - round(now / decision_period)) < 1e-6
