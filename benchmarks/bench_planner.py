@@ -9,25 +9,34 @@ planner's default anytime behaviour. Reports p50/p95 over repeated cycles, the s
 a Markdown table (stdout, ``--markdown FILE``, or ``--docs`` to replace the section in
 docs/benchmarks.md). ``--breakdown`` adds where one full cycle's time goes (profiled, |C_t| = 3) on
 this scene and on a real CommonRoad intersection (USA_Lanker-1_10_T-1, 91 lanelets, at t = 0).
+``--compare-lane-tests`` adds full-cycle times (|C_t| = 3) with the scorer's lane tests as they are
+and with their plain form before the issue-7 change (every point against every lane polygon with
+shapely, the lane-family product in int32), interleaved cycle by cycle on this scene, a synthetic
+suite junction and the CommonRoad intersection, and checks that both publish the same trajectories.
 
     .venv/bin/python benchmarks/bench_planner.py --cycles 10 --docs --plot docs/figures/bench_planner.png
+    .venv/bin/python benchmarks/bench_planner.py --cycles 5 --compare-lane-tests --markdown /tmp/planner.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import platform
 import pstats
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
+import shapely
 import torch
 from tqdm import tqdm
 
-from luna_core.lanes import make_lane
+from luna_core.lanes import LaneMap, make_lane
+from luna_core.planning import scorer
 from luna_core.planning.decision_guided import DecisionGuidedConfig, DecisionGuidedPlanner, PlanResult
 from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
                              Route, TrackedObject, TrackedObjects, TrafficLights)
@@ -60,12 +69,14 @@ def scene(probs: dict[str, float]) -> PlannerInput:
     return PlannerInput(now, hist, TrackedObjects(now, objs), TrafficLights(now), g, Route(0.0, ["A"]), dec)
 
 
-def commonroad_scene(probs: dict[str, float], name: str = "USA_Lanker-1_10_T-1") -> PlannerInput:
-    """The planner input of a real CommonRoad scenario at t = 0 (as the simulator builds it)."""
+def commonroad_scene(probs: dict[str, float], name: str = "USA_Lanker-1_10_T-1",
+                     suite: str = "commonroad") -> PlannerInput:
+    """The planner input of a suite scenario (default: a real CommonRoad one) at t = 0, as the
+    simulator builds it."""
     from luna_bridge.scenarios import suite_refs
     from luna_bridge.scenarios.registry import load_entry
 
-    ref = next(r for r in suite_refs("commonroad") if r[0] == name)
+    ref = next(r for r in suite_refs(suite) if r[0] == name)
     sc = load_entry(ref[1], ref[2])
     p = np.zeros(10)
     for code, v in probs.items():
@@ -105,6 +116,100 @@ def breakdown(planner: DecisionGuidedPlanner, pi: PlannerInput, cycles: int = 3)
     return float(np.median(times)), shares
 
 
+# The scorer's lane tests as they were before the issue-7 change: the baseline of
+# --compare-lane-tests (the current ones must give the same results, only faster).
+
+
+def plain_lane_membership(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
+    pts = np.asarray(points, dtype=np.float64)
+    flat = pts.reshape(-1, 2)
+    out = np.zeros((len(flat), len(lanes.ids)), dtype=bool)
+    for j, lane_id in enumerate(lanes.ids):
+        out[:, j] = shapely.intersects_xy(lanes.lane_polygons[lane_id], flat[:, 0], flat[:, 1])
+    return out.reshape(pts.shape[:-1] + (len(lanes.ids),))
+
+
+def plain_in_common_or_connected_lanes(lanes: LaneMap, corners: np.ndarray) -> np.ndarray:
+    member = plain_lane_membership(lanes, corners)
+    if member.shape[-1] == 0:
+        return np.zeros(member.shape[:-2], dtype=bool)
+    c = scorer._connection_matrix(lanes)
+    in_family = (member.astype(np.int32) @ c.astype(np.int32)) > 0  # NumPy: no BLAS for integers
+    return np.any(np.all(in_family, axis=-2), axis=-1)
+
+
+def plain_in_junction(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
+    pts = np.asarray(points, dtype=np.float64)
+    flat = pts.reshape(-1, 2)
+    out = np.zeros(len(flat), dtype=bool)
+    for lane_id in lanes.ids:
+        if lanes.graph.lanes[lane_id].in_junction:
+            out |= shapely.intersects_xy(lanes.lane_polygons[lane_id], flat[:, 0], flat[:, 1])
+    return out.reshape(pts.shape[:-1])
+
+
+def plain_in_drivable_area(self: LaneMap, points: np.ndarray) -> np.ndarray:
+    pts = np.asarray(points, dtype=np.float64)
+    return shapely.intersects_xy(self.drivable_area, pts[..., 0].ravel(), pts[..., 1].ravel()).reshape(pts.shape[:-1])
+
+
+@contextlib.contextmanager
+def plain_lane_tests() -> Iterator[None]:
+    """Swap the plain lane tests into the scorer (module globals: the scorer looks them up per
+    call) and ``LaneMap.in_drivable_area`` for the duration of the block."""
+    saved = {name: getattr(scorer, name) for name in ("lane_membership", "in_common_or_connected_lanes",
+                                                      "in_junction")}
+    saved_area = LaneMap.in_drivable_area
+    scorer.lane_membership, scorer.in_common_or_connected_lanes = plain_lane_membership, \
+        plain_in_common_or_connected_lanes
+    scorer.in_junction = plain_in_junction
+    LaneMap.in_drivable_area = plain_in_drivable_area
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(scorer, name, fn)
+        LaneMap.in_drivable_area = saved_area
+
+
+def compare_lane_tests(cfg: DecisionGuidedConfig, cycles: int) -> list[str]:
+    """Full cycles (|C_t| = 3) with the plain and the current lane tests, interleaved cycle by cycle
+    so both see the same load; two planners called in lockstep draw the same random streams, so
+    their published trajectories must be identical."""
+    scenes = [("three-lane road (above)", scene(DECISIONS[3])),
+              ("synthetic junction hard_starting_left_turn_00, t = 0",
+               commonroad_scene(DECISIONS[3], "hard_starting_left_turn_00", "synthetic-hard")),
+              ("CommonRoad USA_Lanker-1_10_T-1, t = 0", commonroad_scene(DECISIONS[3]))]
+    rows = []
+    for name, pi in scenes:
+        planners = {"plain": DecisionGuidedPlanner(cfg), "current": DecisionGuidedPlanner(cfg)}
+        times: dict[str, list[float]] = {"plain": [], "current": []}
+        same = True
+        for k in tqdm(range(cycles + 1), desc=name.split(",")[0], unit="cycle", leave=False):
+            out = {}
+            for which, planner in planners.items():
+                with plain_lane_tests() if which == "plain" else contextlib.nullcontext():
+                    t0 = time.perf_counter()
+                    out[which] = planner.plan_detailed(pi, 60.0)
+                    if k:  # cycle 0 is the warm-up
+                        times[which].append(time.perf_counter() - t0)
+            a, b = out["plain"], out["current"]
+            same &= a.action == b.action and all(np.array_equal(getattr(a.trajectory, f), getattr(b.trajectory, f))
+                                                 for f in ("t", "x", "y", "heading", "velocity", "acceleration"))
+        rows.append((name, pct(times["plain"], 50), pct(times["current"], 50), pct(times["plain"], 95),
+                     pct(times["current"], 95), same))
+    lines = ["", f"Scorer lane tests, plain (before issue 7's change) vs current (|C_t| = 3: CK, CL, DK; population "
+             f"{cfg.search.population}; full cycles, {cycles} per version after one warm-up, the versions "
+             "alternating cycle by cycle):", "",
+             "| scene | p50 plain (ms) | p50 current (ms) | change | p95 plain (ms) | p95 current (ms) | "
+             "same action and trajectory every cycle |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for name, p50a, p50b, p95a, p95b, same in rows:
+        lines.append(f"| {name} | {p50a * 1e3:.0f} | {p50b * 1e3:.0f} | {100 * (p50b / p50a - 1):+.0f} % | "
+                     f"{p95a * 1e3:.0f} | {p95b * 1e3:.0f} | {'yes' if same else 'NO'} |")
+    return lines
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q))
 
@@ -131,6 +236,8 @@ def main() -> int:
     ap.add_argument("--plot", type=Path, help="PNG of the cycle times (e.g. docs/figures/bench_planner.png)")
     ap.add_argument("--breakdown", action="store_true", help="profile where a full cycle's time goes")
     ap.add_argument("--only-breakdown", action="store_true", help="the breakdown alone (no cycle-time tables)")
+    ap.add_argument("--compare-lane-tests", action="store_true",
+                    help="full cycles with the plain (pre-issue-7) and the current scorer lane tests")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
@@ -138,7 +245,8 @@ def main() -> int:
     cfg = DecisionGuidedConfig(search=type(base.search)(population=args.population))
     planner = DecisionGuidedPlanner(cfg)
     if args.only_breakdown:
-        print("\n".join(breakdown_lines(planner, args.population)))
+        extra = compare_lane_tests(cfg, args.cycles) if args.compare_lane_tests else []
+        print("\n".join(breakdown_lines(planner, args.population) + extra))
         return 0
     rows = []
     for k, probs in DECISIONS.items():
@@ -159,7 +267,8 @@ def main() -> int:
              f"Command: `.venv/bin/python benchmarks/bench_planner.py --cycles {args.cycles}"
              f"{' --threads %d' % args.threads if args.threads != 1 else ''}"
              f"{' --population %d' % args.population if args.population != 128 else ''}"
-             f"{' --breakdown' if args.breakdown else ''} --docs"
+             f"{' --breakdown' if args.breakdown else ''}"
+             f"{' --compare-lane-tests' if args.compare_lane_tests else ''} --docs"
              f"{' --plot ' + str(args.plot) if args.plot else ''}`",
              "",
              f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores shared with other engineers' jobs "
@@ -210,6 +319,8 @@ def main() -> int:
               ""]
     if args.breakdown:
         lines += breakdown_lines(planner, args.population)
+    if args.compare_lane_tests:
+        lines += compare_lane_tests(cfg, args.cycles)
     if args.plot:
         plot(rows, budget_rows, args.plot)
         lines += [f"![planner cycle times]({os.path.relpath(args.plot, ROOT / 'docs')})", ""]

@@ -163,6 +163,21 @@ def make_lane(lane_id: str, centerline: np.ndarray, width: float, speed_limit: f
 # --------------------------------------------------------------------------------------------------
 
 
+def intersects_xy_in_box(geometry: shapely.Geometry, bounds: np.ndarray, x: np.ndarray,
+                         y: np.ndarray) -> np.ndarray:
+    """``shapely.intersects_xy(geometry, x, y)`` for flat arrays, run only on the points inside the
+    geometry's bounding box ``bounds`` (min x, min y, max x, max y, as ``shapely.bounds`` gives it,
+    borders included). The result is identical: the box holds the exact extremes of the geometry's
+    coordinates, so no point outside it can touch the geometry; most lanes of a junction map are
+    far from most points of a proposal, and the box test is far cheaper than GEOS's."""
+    near = (x >= bounds[0]) & (x <= bounds[2]) & (y >= bounds[1]) & (y <= bounds[3])
+    out = np.zeros(len(x), dtype=bool)
+    idx = np.flatnonzero(near)
+    if len(idx):
+        out[idx] = shapely.intersects_xy(geometry, x[idx], y[idx])
+    return out
+
+
 @dataclass(frozen=True)
 class LaneMatch:
     """A pose located on a lane."""
@@ -336,6 +351,13 @@ class LaneMap:
         return polys
 
     @cached_property
+    def lane_bounds(self) -> np.ndarray:
+        """(L, 4) bounding box (min x, min y, max x, max y) of each lane polygon, in ``ids`` order
+        (NaN for an empty polygon: no point is inside its box)."""
+        polys = self.lane_polygons
+        return shapely.bounds(np.array([polys[i] for i in self.ids], dtype=object)).reshape(-1, 4)
+
+    @cached_property
     def drivable_area(self) -> shapely.Geometry:
         """Union of all lane polygons (prepared for fast point queries)."""
         area = shapely.union_all(list(self.lane_polygons.values()))
@@ -345,8 +367,13 @@ class LaneMap:
     def in_drivable_area(self, points: np.ndarray) -> np.ndarray:
         """Boolean (...,) for points (..., 2): inside (or on the border of) the drivable area."""
         pts = np.asarray(points, dtype=np.float64)
-        inside = shapely.intersects_xy(self.drivable_area, pts[..., 0].ravel(), pts[..., 1].ravel())
+        flat = pts.reshape(-1, 2)
+        inside = intersects_xy_in_box(self.drivable_area, self._drivable_bounds, flat[:, 0], flat[:, 1])
         return inside.reshape(pts.shape[:-1])
+
+    @cached_property
+    def _drivable_bounds(self) -> np.ndarray:
+        return shapely.bounds(self.drivable_area)
 
     def distance_to_drivable_area(self, points: np.ndarray) -> np.ndarray:
         """(...,) distance (m) of points (..., 2) outside the drivable area; 0 inside."""

@@ -1,0 +1,161 @@
+"""The scorer's lane tests (bounding-box prefilter before shapely, float32 lane-family product) give
+exactly what the plain definitions give: every point tested against every lane polygon with
+``shapely.intersects_xy``, and the lane family checked lane by lane with boolean logic.
+
+Maps: the real NGSIM intersection USA_Lanker-1_10_T-1 (CommonRoad, ../shared/scenarios/commonroad or
+$LUNA_COMMONROAD_DIR) and the synthetic suite's left-turn junction (hard_starting_left_turn_00).
+Points: random around the ego, every polygon vertex, points on polygon edges, points on and just
+outside each lane's bounding box, and non-finite points.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import shapely
+
+from luna_bridge.scenarios import commonroad_dir, suite_refs
+from luna_bridge.scenarios.registry import load_entry
+from luna_core.lanes import LaneMap, intersects_xy_in_box, lane_map
+from luna_core.planning.scorer import in_common_or_connected_lanes, in_junction, lane_membership
+from luna_core.types import box_corners
+
+CR_DIR = commonroad_dir()
+SCENARIOS = [
+    pytest.param(("commonroad", "USA_Lanker-1_10_T-1"),
+                 marks=pytest.mark.skipif(not (CR_DIR / "USA_Lanker-1_10_T-1.xml").is_file(),
+                                          reason=f"CommonRoad scenarios not found at {CR_DIR} "
+                                                 "(set LUNA_COMMONROAD_DIR)"), id="commonroad-lanker"),
+    pytest.param(("synthetic-hard", "hard_starting_left_turn_00"), id="synthetic-left-turn"),
+]
+
+
+@pytest.fixture(scope="module", params=SCENARIOS)
+def case(request) -> tuple[LaneMap, np.ndarray]:
+    """(lane map, ego rear-axle x, y) of the scenario at t = 0."""
+    suite, name = request.param
+    ref = next(r for r in suite_refs(suite) if r[0] == name)
+    sc = load_entry(ref[1], ref[2])
+    return lane_map(sc.lane_graph), np.array([sc.ego_initial.x, sc.ego_initial.y])
+
+
+def reference_membership(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
+    """(..., L): every point against every lane polygon, no prefilter."""
+    flat = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+    out = np.column_stack([shapely.intersects_xy(lanes.lane_polygons[i], flat[:, 0], flat[:, 1])
+                           for i in lanes.ids])
+    return out.reshape(np.shape(points)[:-1] + (len(lanes.ids),))
+
+
+def reference_family(lanes: LaneMap) -> list[set[int]]:
+    """Per lane, the lane itself and the lanes connected to it end to end (either direction)."""
+    index = {lane_id: j for j, lane_id in enumerate(lanes.ids)}
+    family = [{j} for j in range(len(lanes.ids))]
+    for j, lane_id in enumerate(lanes.ids):
+        lane = lanes.graph.lanes[lane_id]
+        for other in (*lane.successors, *lane.predecessors):
+            if other in index:
+                family[j].add(index[other])
+                family[index[other]].add(j)
+    return family
+
+
+def reference_common(lanes: LaneMap, corners: np.ndarray) -> np.ndarray:
+    """(...,): some lane whose family holds every one of the 4 corners."""
+    member = reference_membership(lanes, corners)  # (..., 4, L)
+    out = np.zeros(member.shape[:-2], dtype=bool)
+    for fam in reference_family(lanes):
+        out |= np.all(member[..., sorted(fam)].any(axis=-1), axis=-1)
+    return out
+
+
+def reference_junction(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
+    junction = [j for j, i in enumerate(lanes.ids) if lanes.graph.lanes[i].in_junction]
+    return reference_membership(lanes, points)[..., junction].any(axis=-1)
+
+
+def probe_points(lanes: LaneMap, centre: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(N, 2): random points within 60 m of ``centre`` and the hard cases of every lane: polygon
+    vertices, points on its edges, its bounding-box corners and edge midpoints, and the next
+    floats just outside the box."""
+    pts = [centre + rng.uniform(-60.0, 60.0, (3000, 2))]
+    for j, lane_id in enumerate(lanes.ids):
+        ring = shapely.get_coordinates(lanes.lane_polygons[lane_id])
+        pts.append(ring)
+        t = rng.uniform(0.0, 1.0, (len(ring) - 1, 1))
+        pts.append(ring[:-1] + t * np.diff(ring, axis=0))  # on the edges, up to rounding
+        pts.append(0.5 * (ring[:-1] + ring[1:]))
+        x0, y0, x1, y1 = lanes.lane_bounds[j]
+        xm, ym = 0.5 * (x0 + x1), 0.5 * (y0 + y1)
+        pts.append(np.array([[x0, y0], [x1, y1], [x0, y1], [x1, y0], [x0, ym], [x1, ym], [xm, y0], [xm, y1],
+                             [np.nextafter(x0, -np.inf), ym], [np.nextafter(x1, np.inf), ym],
+                             [xm, np.nextafter(y0, -np.inf)], [xm, np.nextafter(y1, np.inf)]]))
+    return np.vstack(pts)
+
+
+def test_lane_membership_and_junction_equal_the_plain_shapely_test(case) -> None:
+    lanes, centre = case
+    pts = probe_points(lanes, centre, np.random.default_rng(0))
+    member = lane_membership(lanes, pts)
+    expected = reference_membership(lanes, pts)
+    assert member.dtype == bool and member.shape == expected.shape
+    np.testing.assert_array_equal(member, expected)
+    assert expected.any() and not expected.all()  # the probes hit and miss lanes
+    np.testing.assert_array_equal(in_junction(lanes, pts), reference_junction(lanes, pts))
+    assert reference_junction(lanes, pts).any()  # both maps have junction lanes under the probes
+    # leading shape kept; non-finite points are in no lane, as shapely says
+    grid = pts[:600].reshape(20, 30, 2)
+    np.testing.assert_array_equal(lane_membership(lanes, grid), expected[:600].reshape(20, 30, -1))
+    odd = np.array([[np.nan, centre[1]], [centre[0], np.inf], [-np.inf, np.nan]])
+    np.testing.assert_array_equal(lane_membership(lanes, odd), reference_membership(lanes, odd))
+    assert not lane_membership(lanes, odd).any()
+
+
+def test_in_drivable_area_equals_the_plain_shapely_test(case) -> None:
+    lanes, centre = case
+    pts = probe_points(lanes, centre, np.random.default_rng(1))
+    plain = shapely.intersects_xy(lanes.drivable_area, pts[:, 0], pts[:, 1])
+    np.testing.assert_array_equal(lanes.in_drivable_area(pts), plain)
+    x0, y0, x1, y1 = shapely.bounds(lanes.drivable_area)
+    far = np.array([[x0 - 1.0, y0], [x1, y1 + 1.0]])
+    assert not lanes.in_drivable_area(far).any()
+
+
+def test_in_common_or_connected_lanes_equals_the_lane_family_definition(case) -> None:
+    lanes, centre = case
+    rng = np.random.default_rng(2)
+    # Ego footprints: around the ego with any heading, and on lane centrelines along the lane (the
+    # realistic case: mostly inside one lane or a connected pair, some straddling).
+    n = 4000
+    xy = centre + rng.uniform(-50.0, 50.0, (n, 2))
+    corners = [box_corners(xy[:, 0], xy[:, 1], rng.uniform(-np.pi, np.pi, n), 5.2, 2.0)]
+    for lane_id in lanes.ids:
+        c = lanes.centerlines[lane_id]
+        pose = c.interpolate(rng.uniform(0.0, c.length, 20))
+        lateral = rng.normal(0.0, 1.0, 20)
+        x = pose[:, 0] - lateral * np.sin(pose[:, 2])
+        y = pose[:, 1] + lateral * np.cos(pose[:, 2])
+        corners.append(box_corners(x, y, pose[:, 2] + rng.normal(0.0, 0.1, 20), 5.2, 2.0))
+    # Quadruples of the hard points (polygon vertices, edges, box borders) as "footprints".
+    hard = probe_points(lanes, centre, rng)[3000:]
+    corners.append(hard[rng.integers(0, len(hard), (2000, 4))])
+    corners.append(np.repeat(hard[:, None], 4, axis=1))  # one hard point, four times
+    corners = np.concatenate(corners)
+    got = in_common_or_connected_lanes(lanes, corners)
+    expected = reference_common(lanes, corners)
+    np.testing.assert_array_equal(got, expected)
+    assert 0.05 < expected.mean() < 0.95  # both outcomes are exercised
+    # proposals x steps layout, as the scorer calls it
+    grid = corners[:1200].reshape(30, 40, 4, 2)
+    np.testing.assert_array_equal(in_common_or_connected_lanes(lanes, grid), expected[:1200].reshape(30, 40))
+
+
+def test_intersects_xy_in_box_skips_nothing_on_the_box_border() -> None:
+    square = shapely.box(0.0, 0.0, 1.0, 1.0)
+    x = np.array([0.0, 1.0, 0.5, np.nextafter(1.0, 2.0), -1e-300, 0.5])
+    y = np.array([0.0, 1.0, 1.0, 0.5, 0.5, 0.5])
+    got = intersects_xy_in_box(square, shapely.bounds(square), x, y)
+    np.testing.assert_array_equal(got, [True, True, True, False, False, True])
+    np.testing.assert_array_equal(got, shapely.intersects_xy(square, x, y))
+    empty = shapely.Polygon()
+    assert not intersects_xy_in_box(empty, shapely.bounds(empty), x, y).any()
