@@ -116,6 +116,14 @@ class SceneDecisionSource:
         self.lights: list[tuple[float, TrafficLightPhase]] = []
         self.scene_errors: list[str] = []
 
+    def reset(self) -> None:
+        """A new scenario: forget the records, the recent actions of the prompt and the retrieved items
+        the heuristic system would keep (its retrieval margin), so a run does not depend on the last."""
+        self.decisions.clear()
+        self.lights.clear()
+        self.scene_errors.clear()
+        self.heuristic.reset()
+
     def decide(self, planner_input: PlannerInput) -> DecisionDistribution | None:
         recent = [d.top_action for d in self.decisions[-2:]]
         try:

@@ -14,6 +14,10 @@ eval registry so they land in one Table III layout (ablations in the spirit of L
 ``diffusion-es``       the same search without decisions (J_gen only; no student)
 =====================  ==========================================================================
 
+``make_decision_source`` is the one factory of a variant's decision source: the eval registry attaches
+it to the planner here, and the nuPlan devkit's hydra config (``luna_bridge.nuplan``,
+``config/planner/luna_stack_planner.yaml``) hands it to ``LunaNuPlanPlanner``.
+
 The planner searches under a wall-clock budget on the vehicle; for reproducible batch evaluation
 ``StackSettings.time_budget = 0`` (the default here) runs it in deterministic mode (fixed stage sizes:
 ``population`` members per candidate action, ``iterations`` renoise-denoise rounds), so results do
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -141,6 +144,9 @@ class ArgmaxDecisions:
         self.heuristic = heuristic
         self.bank = heuristic.bank
 
+    def reset(self) -> None:
+        self.heuristic.reset()
+
     def decide(self, scene: Any) -> DecisionDistribution:
         d = self.heuristic.decide(scene)
         top = int(np.argmax(d.probabilities))
@@ -151,30 +157,30 @@ class ArgmaxDecisions:
 
 def _student(settings: StackSettings) -> Any:
     from luna_core.assets import resolve
-    from luna_core.student import DualHeadStudent
+    from luna_core.student import DualHeadStudent, StudentError
 
     key = (settings.student, settings.device)
     with _cache_lock:
         if key not in _students:
             try:
-                folder = resolve(settings.student, "student")
-            except FileNotFoundError as exc:
-                raise StackConfigError(f"{exc} (pass --student)") from None
-            _students[key] = DualHeadStudent.from_pretrained(folder, device=settings.device)
+                _students[key] = DualHeadStudent.from_pretrained(resolve(settings.student, "student"),
+                                                                 device=settings.device)
+            except (FileNotFoundError, StudentError) as exc:  # both name the folder or file
+                raise StackConfigError(f"cannot load the stack's student: {exc}") from exc
         return _students[key]
 
 
 def _bank(settings: StackSettings) -> Any:
     from luna_core.assets import resolve
-    from luna_core.memory.bank import MemoryBank
+    from luna_core.memory.bank import MemoryBank, MemoryBankError
 
     with _cache_lock:
         if settings.memory_bank not in _banks:
             try:
-                folder = resolve(settings.memory_bank, "memory_bank")
-            except FileNotFoundError as exc:
-                raise StackConfigError(f"{exc} (pass --memory-bank)") from None
-            _banks[settings.memory_bank] = MemoryBank.open(Path(folder), writable=False)
+                _banks[settings.memory_bank] = MemoryBank.open(resolve(settings.memory_bank, "memory_bank"),
+                                                               writable=False)
+            except (FileNotFoundError, MemoryBankError) as exc:  # both name the folder or file
+                raise StackConfigError(f"cannot open the stack's memory bank: {exc}") from exc
         return _banks[settings.memory_bank]
 
 
@@ -194,6 +200,19 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
     return ArgmaxDecisions(system) if variant == "luna-onehot" else system
 
 
+def make_decision_source(variant: str = "luna", student: str = "", memory_bank: str = "", k: int = 3,
+                         gamma_p: float = 0.1, device: str = "cpu") -> SceneDecisionSource:
+    """The decision source of stack ``variant`` (one of ``STACK_PLANNERS``): xi_t from each planner
+    input, then the variant's heuristic system. ``student`` / ``memory_bank`` are folders ("" = the
+    bundled models/student, models/memory_bank); ``k`` retrieved items (``luna-k0`` uses 0);
+    ``gamma_p`` is the candidate-set threshold (Eq. 19). Student and bank are loaded once per process.
+    Raises ``StackConfigError`` naming the folder that cannot be loaded, or the bad setting."""
+    from luna_bridge.reflection_round import SceneDecisionSource
+
+    settings = StackSettings(student=student, memory_bank=memory_bank, k=k, gamma_p=gamma_p, device=device)
+    return SceneDecisionSource(heuristic_for(variant, settings))
+
+
 # --------------------------------------------------------------------------------------------------
 # Planners
 # --------------------------------------------------------------------------------------------------
@@ -211,9 +230,7 @@ class StackPlanner:
     def reset(self) -> None:
         self.planner.reset()
         if self.decision_source is not None:
-            self.decision_source.decisions.clear()
-            self.decision_source.lights.clear()
-            self.decision_source.scene_errors.clear()
+            self.decision_source.reset()
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         return self.planner.plan(planner_input)
@@ -236,9 +253,8 @@ def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
 def make_stack_planner(variant: str, scenario: Scenario | None = None,
                        settings: StackSettings | None = None) -> StackPlanner:
     """Registry factory of the stack variants and ``diffusion-es`` (the scenario is never read)."""
-    from luna_bridge.reflection_round import SceneDecisionSource
-
     s = settings or _settings
     if variant == "diffusion-es":
         return StackPlanner(variant, search_planner(False, s), None)
-    return StackPlanner(variant, search_planner(True, s), SceneDecisionSource(heuristic_for(variant, s)))
+    return StackPlanner(variant, search_planner(True, s),
+                        make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device))

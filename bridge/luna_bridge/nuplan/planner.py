@@ -1,7 +1,9 @@
 """``LunaNuPlanPlanner``: a nuPlan devkit ``AbstractPlanner`` that runs a ``luna_core`` planner.
 
 This module imports the devkit (https://github.com/motional/nuplan-devkit) and is only imported by
-the devkit's hydra config (``config/planner/luna_planner.yaml``); the rest of the project never
+the devkit's hydra configs (``config/planner/luna_planner.yaml``: a planner on its own;
+``luna_stack_planner.yaml``: the full stack, with the decision source of
+``luna_bridge.stack_planner.make_decision_source``); the rest of the project never
 imports it, so the project works without the devkit. The conversions live in ``convert``.
 
 Per call: the history buffer's ego states and current ``DetectionsTracks`` plus the traffic lights
@@ -41,9 +43,11 @@ class LunaNuPlanPlanner(AbstractPlanner):
 
     ``planner_options`` go to the planner's config (``luna_core.planning.factory``);
     ``replan_every`` > 1 re-uses the last trajectory between planner calls (the LUNA planner replans
-    every 0.5 s = 5 devkit steps); ``decision_source`` (e.g. the LUNA student) is asked for a
-    decision every ``decision_every`` calls; without one the ``luna`` planner runs its fallback
-    objective (no decision term).
+    every 0.5 s = 5 devkit steps); ``decision_source`` (the LUNA stack's:
+    ``luna_bridge.stack_planner.make_decision_source``) is asked for a decision on the planner
+    calls at devkit steps that are multiples of ``decision_every`` (as ``luna_bridge.sim`` does;
+    5 = T_d = 0.5 s), and its ``reset()``, if it has one, is called at ``initialize``; without a
+    decision source the ``luna`` planner runs its fallback objective (no decision term).
     """
 
     requires_scenario: bool = False  # fair evaluation: no access to the scenario's future
@@ -53,6 +57,9 @@ class LunaNuPlanPlanner(AbstractPlanner):
                  decision_every: int = 5) -> None:
         if replan_every < 1 or decision_every < 1:
             raise ValueError(f"replan_every ({replan_every}) and decision_every ({decision_every}) must be >= 1")
+        if decision_source is not None and decision_every % replan_every:
+            raise ValueError(f"decision_every ({decision_every}) must be a multiple of replan_every ({replan_every}): "
+                             "decisions are made on planner calls")
         self._planner_name = planner
         self._planner = make_planner(planner, dict(planner_options or {}))
         self._replan_every = int(replan_every)
@@ -78,6 +85,9 @@ class LunaNuPlanPlanner(AbstractPlanner):
         extend_lane_graph(self._graph, collect_lane_edges(self._map_api, self._route.road_ids,
                                                           layers=SemanticMapLayer))
         self._planner.reset()
+        reset = getattr(self._decision_source, "reset", None)
+        if callable(reset):  # per-scenario records and retrieval state of the LUNA stack's source
+            reset()
         self._last = None
         self._decision = None
 
@@ -96,7 +106,7 @@ class LunaNuPlanPlanner(AbstractPlanner):
         vehicle_params = current.car_footprint.vehicle_parameters
         pin = planner_input_from_nuplan(ego_states, observation, current_input.traffic_light_data, self._graph,
                                         self._route, vehicle_from_nuplan(vehicle_params))
-        if self._decision_source is not None and (step // self._replan_every) % self._decision_every == 0:
+        if self._decision_source is not None and step % self._decision_every == 0:
             self._decision = self._decision_source.decide(pin)
         pin.decision = self._decision
         trajectory: Trajectory = self._planner.plan(pin)

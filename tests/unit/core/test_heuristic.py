@@ -109,3 +109,17 @@ def test_retrieval_keeps_the_previous_items_within_the_margin(system):
     system.student.predict(system.prompts.decision_query(slow), items)
     _, prompt = system.student.predict(held.query, items)
     assert prompt.cached_prefix_tokens > 0.5 * prompt.prompt_tokens
+
+
+def test_reset_forgets_the_previous_items(system):
+    slow, fast = samples.scene(), samples.scene()
+    slow.ego_speed, fast.ego_speed = 4.0, 10.0
+    sticky = HeuristicSystem(system.student, system.prompts, system.bank, HeuristicConfig(k=2, retrieval_margin=1.0))
+
+    def ids(scene: T.SceneDescriptor) -> list[str]:  # retrieval only: no student forward pass
+        return [item.id for item in sticky.retrieve(scene, system.prompts.decision_query(scene))]
+
+    first = ids(slow)
+    assert ids(fast) == first  # kept within the margin
+    sticky.reset()  # a new episode: the exact top K again
+    assert ids(fast) == [item.id for item, _ in system.bank.retrieve(system.prompts.decision_query(fast), 2)] != first

@@ -111,6 +111,11 @@ class HeuristicSystem:
             self._previous_ids = [item.id for item, _ in best]
             return [item for item, _ in best]
 
+    def reset(self) -> None:
+        """A new episode: the next decision retrieves the exact top K (no previous items to keep)."""
+        with self._bank_lock:
+            self._previous_ids = []
+
     # -- decisions ---------------------------------------------------------------------------------
 
     def decide(self, scene: SceneDescriptor) -> DecisionDistribution:
