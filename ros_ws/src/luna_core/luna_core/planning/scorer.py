@@ -143,11 +143,16 @@ def in_common_or_connected_lanes(lanes: LaneMap, corners: np.ndarray) -> np.ndar
     member = lane_membership(lanes, corners)  # (..., 4, L)
     if member.shape[-1] == 0:
         return np.zeros(member.shape[:-2], dtype=bool)
-    c = _connection_matrix(lanes).astype(np.float32)
+    flat = member.reshape(-1, member.shape[-1])
+    # Only lanes holding some corner can put a corner in a family, and only their families can hold
+    # all four: on a junction map that is a few of the L lanes.
+    used = np.flatnonzero(flat.any(axis=0))
+    c = _connection_matrix(lanes)[used]  # (U, L)
+    families = np.flatnonzero(c.any(axis=0))
     # Corner in lane l's family: a count of 0/1 products (at most L, exact in float32), as one 2-D
     # float32 product because NumPy multiplies integer matrices without BLAS (10x slower here).
-    flat = member.reshape(-1, member.shape[-1]).astype(np.float32)
-    in_family = (flat @ c).reshape(member.shape) > 0
+    count = flat[:, used].astype(np.float32) @ c[:, families].astype(np.float32)
+    in_family = count.reshape(member.shape[:-1] + (len(families),)) > 0
     return np.any(np.all(in_family, axis=-2), axis=-1)
 
 
