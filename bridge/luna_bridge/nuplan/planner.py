@@ -48,19 +48,20 @@ class LunaNuPlanPlanner(AbstractPlanner):
     calls at devkit steps that are multiples of ``decision_every`` (as ``luna_bridge.sim`` does;
     5 = T_d = 0.5 s), and its ``reset()``, if it has one, is called at ``initialize``; without a
     decision source the ``luna`` planner runs its fallback objective (no decision term).
+    ``planner_name`` labels the runs in the devkit's results (default ``luna_<planner>``).
     """
 
     requires_scenario: bool = False  # fair evaluation: no access to the scenario's future
 
     def __init__(self, planner: str = "luna", planner_options: dict[str, Any] | None = None,
                  replan_every: int = 1, map_radius: float = 60.0, decision_source: DecisionSource | None = None,
-                 decision_every: int = 5) -> None:
+                 decision_every: int = 5, planner_name: str = "") -> None:
         if replan_every < 1 or decision_every < 1:
             raise ValueError(f"replan_every ({replan_every}) and decision_every ({decision_every}) must be >= 1")
         if decision_source is not None and decision_every % replan_every:
             raise ValueError(f"decision_every ({decision_every}) must be a multiple of replan_every ({replan_every}): "
                              "decisions are made on planner calls")
-        self._planner_name = planner
+        self._planner_name = planner_name or f"luna_{planner}"
         self._planner = make_planner(planner, dict(planner_options or {}))
         self._replan_every = int(replan_every)
         self._map_radius = float(map_radius)
@@ -73,7 +74,7 @@ class LunaNuPlanPlanner(AbstractPlanner):
         self._decision = None
 
     def name(self) -> str:
-        return f"luna_{self._planner_name}"
+        return self._planner_name
 
     def observation_type(self) -> Type[Observation]:
         return DetectionsTracks  # type: ignore[return-value]

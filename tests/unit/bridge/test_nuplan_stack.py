@@ -107,24 +107,58 @@ def test_the_stack_config_plans_as_the_eval_stack() -> None:
     ours = make_planner(cfg["planner"], {**options, "gamma_p": cfg["decision_source"]["gamma_p"]})
     assert ours.config == search_planner(True, defaults).config
     assert cfg["decision_every"] == cfg["replan_every"] == defaults.decision_every == 5
+    assert cfg["planner_name"] == "stack_${.decision_source.variant}"  # runs of each variant named apart
     assert cfg["_target_"] == "luna_bridge.nuplan.planner.LunaNuPlanPlanner"  # imports the devkit: see below
     plain = yaml.safe_load((CONFIG / "luna_planner.yaml").read_text(encoding="utf-8"))["luna_planner"]
     assert plain["decision_source"] is None and set(plain) == set(cfg)
+
+
+def require_devkit() -> None:
+    try:
+        import hydra  # noqa: F401
+        import nuplan  # noqa: F401
+    except ImportError as exc:
+        reason = (f"nuPlan devkit or hydra not importable here ({exc}); the devkit is not on PyPI: see "
+                  "docs/nuplan.md for running this test with a local devkit")
+        print(f"SKIPPED: {reason}")
+        pytest.skip(reason)
+
+
+def test_devkit_simulation_config_composes_with_the_stack_on_test14(tmp_path: Path) -> None:
+    """The overrides of the documented ``run_simulation.py`` command compose with the devkit's own
+    ``default_simulation`` config: our planner (variant selectable) and the Test14 scenario filter."""
+    require_devkit()
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from luna_bridge.nuplan.scenario_filter import main as write_filter
+
+    shared = Path(__file__).resolve().parents[3].parent / "shared" / "nuplan"
+    tokens = shared / "test14_hard_tokens.txt"
+    if not tokens.exists():
+        pytest.skip(f"no Test14-Hard token list at {tokens}")
+    assert write_filter([str(tokens), str(tmp_path / "scenario_filter" / "test14_hard.yaml")]) == 0
+    with initialize_config_module("nuplan.planning.script.config.simulation", version_base=None):
+        cfg = compose("default_simulation", overrides=[
+            "+simulation=closed_loop_nonreactive_agents", "planner=luna_stack_planner",
+            "scenario_builder=nuplan_challenge", "scenario_filter=test14_hard", "worker=sequential",
+            "planner.luna_stack_planner.decision_source.variant=luna-k0",
+            f"hydra.searchpath=[pkg://luna_bridge.nuplan.config, file://{tmp_path}, "
+            "pkg://nuplan.planning.script.config.common, pkg://nuplan.planning.script.experiments]"])
+    assert list(cfg.planner) == ["luna_stack_planner"]  # replaces the experiment's simple_planner
+    planner = cfg.planner.luna_stack_planner
+    assert planner.planner_name == "stack_luna-k0" and planner.planner_options.gamma_p == 0.1
+    builder = OmegaConf.to_container(cfg.scenario_builder, resolve=False)  # $NUPLAN_DATA_ROOT may be unset
+    assert len(cfg.scenario_filter.scenario_tokens) == 272 and builder["data_root"].endswith("/nuplan-v1.1/test/")
 
 
 def test_devkit_stack_planner_decides_every_half_second_on_real_devkit_objects() -> None:
     """``luna_stack_planner.yaml`` instantiated by hydra as the devkit's ``build_planners`` does, run for
     six devkit steps on real devkit objects: decisions and planner calls at steps 0 and 5 only, the
     planner in decision mode with the fresh decision, and ``initialize`` resetting the source."""
-    try:
-        import nuplan  # noqa: F401
-        from hydra.utils import instantiate
-        from omegaconf import OmegaConf
-    except ImportError as exc:
-        reason = (f"nuPlan devkit or hydra not importable here ({exc}); the devkit is not on PyPI: see "
-                  "docs/nuplan.md for running this test with a local devkit")
-        print(f"SKIPPED: {reason}")
-        pytest.skip(reason)
+    require_devkit()
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
     from nuplan.common.actor_state.agent import Agent
     from nuplan.common.actor_state.ego_state import EgoState
     from nuplan.common.actor_state.oriented_box import OrientedBox
@@ -150,7 +184,7 @@ def test_devkit_stack_planner_decides_every_half_second_on_real_devkit_objects()
     assert locate(planner_cfg._target_) is LunaNuPlanPlanner and LunaNuPlanPlanner.requires_scenario is False
     planner = instantiate(planner_cfg)
     made = planner._decision_source  # the source hydra built from the YAML
-    assert planner.name() == "luna_luna" and made.heuristic.config.k == 1 and made.heuristic.config.gamma_p == 0.1
+    assert planner.name() == "stack_luna" and made.heuristic.config.k == 1 and made.heuristic.config.gamma_p == 0.1
     assert planner._planner.config.objective.gamma_p == 0.1 and planner._planner.config.deterministic
 
     params = get_pacifica_parameters()
