@@ -16,7 +16,7 @@ from luna_core.lanes import Polyline, lane_map, make_lane
 from luna_core.planning.forecast import CLASS_CAPS, constant_velocity_forecast, select_objects
 from luna_core.planning.fallback import stop_along
 from luna_core.planning.pdm_closed import PDMClosedPlanner, emergency_brake_trajectory
-from luna_core.planning.proposals import IDMPlanner, idm_proposals, planning_setup
+from luna_core.planning.proposals import IDMPlanner, corridor_leaders, idm_proposals, planning_setup
 from luna_core.planning.reference_paths import OffMapError
 from luna_core.planning.scorer import ObjectBoxes
 from luna_core.types import (EgoState, LaneGraph, ObjectClass, PlannerInput, Route, TrackedObject, TrackedObjects,
@@ -61,6 +61,25 @@ def test_forecast_moves_objects_at_constant_velocity_along_their_heading() -> No
     assert f.ids == ["a"]
     assert f.pose[0, 40, :2] == pytest.approx([20.0 + 5.0 * 4.0, 0.0])
     assert f.speed.tolist() == [5.0] and f.static.tolist() == [False]
+
+
+def test_forecast_moves_a_reversing_object_backwards_keeping_its_heading() -> None:
+    backing = TrackedObject("b", ObjectClass.VEHICLE, 20.0, 0.0, 0.0, -2.0, 0.0, 4.5, 2.0)  # faces +x, moves -x
+    f = constant_velocity_forecast(planner_input([backing]), lane_map(G), ["right"], 41)
+    assert f.pose[0, 40] == pytest.approx([20.0 - 2.0 * 4.0, 0.0, 0.0])
+    assert f.speed.tolist() == [2.0]
+
+
+def test_a_leader_reversing_towards_the_ego_closes_in_along_the_path() -> None:
+    lm = lane_map(G)
+    backing = TrackedObject("b", ObjectClass.VEHICLE, 20.0, 0.0, 0.0, -2.0, 0.0, 4.5, 2.0)
+    f = constant_velocity_forecast(planner_input([backing, vehicle("a", 30.0, y=4.0, vx=3.0)]), lm,
+                                   ["right"], 11)
+    _, blocks, v_along, _ = corridor_leaders(lm.centerlines["right"], f, VP)
+    order = f.ids.index("b"), f.ids.index("a")
+    assert v_along[order[0]] == pytest.approx(np.full(11, -2.0))
+    assert v_along[order[1]] == pytest.approx(np.full(11, 3.0))
+    assert blocks[order[0]].all() and not blocks[order[1]].any()
 
 
 def test_forecast_keeps_nearest_objects_within_50_m_and_caps_per_class() -> None:

@@ -1,7 +1,9 @@
 """Constant-velocity forecast of the tracked objects, plus red lights as obstacles (PDM-Closed).
 
-Objects within 50 m of the ego are moved at their current speed along their heading every ``dt``
-(PDM-Closed forecasts at 0.2 s; the scorer here works at 0.1 s, so the forecast does too). The
+Objects within 50 m of the ego are moved at their current speed along their heading every ``dt``,
+or against it when their velocity points backwards (a car reversing out of a bay: PDM-Closed's object
+manager flips the heading when the velocity is more than 90 deg off it). PDM-Closed forecasts at
+0.2 s; the scorer here works at 0.1 s, so the forecast does too. The
 nearest objects are kept up to PDM-Closed's caps per class (50 vehicles, 25 pedestrians,
 10 bicycles, 50 static objects). A red (or yellow, treated the same: the ego should not enter)
 light controlling a lane of the ego's route lane sequence becomes a static obstacle filling the
@@ -73,9 +75,12 @@ def constant_velocity_forecast(planner_input: PlannerInput, lanes: LaneMap, rout
     static = np.array([o.object_class is ObjectClass.STATIC for o in objs] + [True] * len(lights))
     speed = np.array([o.speed for o in objs] + [0.0] * len(lights))
     speed = np.where(static, 0.0, speed)
+    backwards = np.array([o.vx * math.cos(o.heading) + o.vy * math.sin(o.heading) < 0.0 for o in objs]
+                         + [False] * len(lights))
+    travel = np.where(backwards, h + math.pi, h)  # direction of motion; the box keeps its heading
     pose = np.empty((n, steps, 3))
-    pose[..., 0] = x0[:, None] + speed[:, None] * np.cos(h)[:, None] * t[None]
-    pose[..., 1] = y0[:, None] + speed[:, None] * np.sin(h)[:, None] * t[None]
+    pose[..., 0] = x0[:, None] + speed[:, None] * np.cos(travel)[:, None] * t[None]
+    pose[..., 1] = y0[:, None] + speed[:, None] * np.sin(travel)[:, None] * t[None]
     pose[..., 2] = h[:, None]
     size = np.array([[o.length, o.width] for o in objs] + [[b[4], b[5]] for b in lights]).reshape(n, 2)
     red = np.array([False] * len(objs) + [True] * len(lights))

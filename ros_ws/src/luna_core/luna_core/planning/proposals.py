@@ -55,7 +55,10 @@ def corridor_leaders(path: Polyline, objects: ObjectBoxes, vehicle: VehicleParam
     half_along = 0.5 * (np.abs(np.cos(rel)) * length + np.abs(np.sin(rel)) * width)
     half_across = 0.5 * (np.abs(np.sin(rel)) * length + np.abs(np.cos(rel)) * width)
     blocks = np.abs(proj.lateral) < half_across + vehicle.width / 2
-    v_along = objects.speed[:, None] * np.cos(rel)
+    # A reversing object's forecast moves against its heading: its speed along the path is negative.
+    travel = pose[:, -1, :2] - pose[:, 0, :2]
+    backwards = travel[:, 0] * np.cos(pose[:, 0, 2]) + travel[:, 1] * np.sin(pose[:, 0, 2]) < 0.0
+    v_along = np.where(backwards, -1.0, 1.0)[:, None] * objects.speed[:, None] * np.cos(rel)
     return proj.s - half_along, blocks, v_along, half_along
 
 
