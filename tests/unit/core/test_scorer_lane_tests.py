@@ -1,6 +1,6 @@
-"""The scorer's lane tests (bounding-box prefilter before shapely, float32 lane-family product) give
-exactly what the plain definitions give: every point tested against every lane polygon with
-``shapely.intersects_xy``, and the lane family checked lane by lane with boolean logic.
+"""The scorer's lane tests (bounding-box prefilter before shapely, lane families built only from the
+lanes holding some corner) give exactly what the plain definitions give: every point tested against
+every lane polygon with ``shapely.intersects_xy``, and every lane's family checked in turn.
 
 Maps: the real NGSIM intersection USA_Lanker-1_10_T-1 (CommonRoad, ../shared/scenarios/commonroad or
 $LUNA_COMMONROAD_DIR) and the synthetic suite's left-turn junction (hard_starting_left_turn_00).

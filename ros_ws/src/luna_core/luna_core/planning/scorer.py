@@ -143,17 +143,23 @@ def in_common_or_connected_lanes(lanes: LaneMap, corners: np.ndarray) -> np.ndar
     member = lane_membership(lanes, corners)  # (..., 4, L)
     if member.shape[-1] == 0:
         return np.zeros(member.shape[:-2], dtype=bool)
-    flat = member.reshape(-1, member.shape[-1])
-    # Only lanes holding some corner can put a corner in a family, and only their families can hold
-    # all four: on a junction map that is a few of the L lanes.
+    flat = member.reshape(-1, member.shape[-1])  # (corners, L)
+    c = _connection_matrix(lanes)
+    # Boolean rows, lane by lane, not a (corners x L) @ (L x L) product: only the lanes holding some
+    # corner (a few of a junction map's L) put corners in families, each in its few connected lanes'.
+    # A product costs L x L per corner, and NumPy runs it without BLAS for integers, or with
+    # OpenBLAS threads for floats, which stall on the shared cores (15x slower than one thread).
     used = np.flatnonzero(flat.any(axis=0))
-    c = _connection_matrix(lanes)[used]  # (U, L)
-    families = np.flatnonzero(c.any(axis=0))
-    # Corner in lane l's family: a count of 0/1 products (at most L, exact in float32), as one 2-D
-    # float32 product because NumPy multiplies integer matrices without BLAS (10x slower here).
-    count = flat[:, used].astype(np.float32) @ c[:, families].astype(np.float32)
-    in_family = count.reshape(member.shape[:-1] + (len(families),)) > 0
-    return np.any(np.all(in_family, axis=-2), axis=-1)
+    families = np.flatnonzero(c[used].any(axis=0))
+    row = np.zeros(len(c), dtype=int)
+    row[families] = np.arange(len(families))
+    in_family = np.zeros((len(families), len(flat)), dtype=bool)  # corner in lane families[f]'s family
+    for lane, hits in zip(used, np.ascontiguousarray(flat[:, used].T)):
+        for f in np.flatnonzero(c[lane]):
+            in_family[row[f]] |= hits
+    footprints = member.shape[:-2]
+    per_footprint = in_family.reshape((len(families), int(np.prod(footprints)), member.shape[-2]))
+    return np.any(np.all(per_footprint, axis=-1), axis=0).reshape(footprints)
 
 
 def oncoming_mask(lanes: LaneMap, points: np.ndarray, heading: np.ndarray) -> np.ndarray:
