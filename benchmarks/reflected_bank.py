@@ -1,0 +1,67 @@
+"""Build the memory bank of the full-stack closed-loop runs: the default bank plus reflection items.
+
+The ``luna-no-reflection`` ablation (docs/benchmarks.md, "Full stack in closed loop") only differs from
+``luna`` when the bank holds reflection items. The items used there came from one reflection round
+(docs/reflection.md, "Measured: one reflection round": 4 reflections on hard_stationary_in_traffic_05
+appended to ``models/memory_bank``); they are kept as journal records in
+``benchmarks/data/reflection_items_round_hard.jsonl`` so that the bank can be rebuilt exactly without
+re-running the round (20 min of CPU)::
+
+    .venv/bin/python benchmarks/reflected_bank.py --out out/eval/reflected-bank
+
+The base bank's journal is copied and the records appended after validation (framing, checksum,
+``source == "reflection"``, sequence numbers continuing the base bank's); the result is opened as a
+bank to check it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from luna_core.memory.bank import JOURNAL, MANIFEST, VERSION_FILE, MemoryBank, stored_version
+from luna_core.memory.journal import Journal, scan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build(base: Path, items: Path, out: Path) -> MemoryBank:
+    """Copy ``base`` to ``out`` and append the reflection records of ``items``; returns the bank."""
+    found = scan(items)
+    if found.skipped or found.torn_tail:
+        raise SystemExit(f"{items}: {found.skipped} corrupt record(s), {found.torn_tail} torn byte(s)")
+    version = stored_version(base)
+    for n, record in enumerate(found.records):
+        if record.get("source") != "reflection" or record.get("seq") != version + 1 + n:
+            raise SystemExit(f"{items}: record #{n} is not reflection item seq {version + 1 + n} "
+                             f"(source {record.get('source')!r}, seq {record.get('seq')!r})")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in (MANIFEST, JOURNAL, VERSION_FILE):
+        shutil.copy2(base / name, out / name)
+    journal = Journal(out / JOURNAL)
+    try:
+        journal.append_many(found.records)
+    finally:
+        journal.close()
+    (out / VERSION_FILE).write_text(f"{version + len(found.records)}\n")
+    return MemoryBank.open(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, default=REPO / "models" / "memory_bank")
+    parser.add_argument("--items", type=Path, default=REPO / "benchmarks" / "data" / "reflection_items_round_hard.jsonl")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    bank = build(args.base, args.items, args.out)
+    reflections = sum(item.source == "reflection" for item in bank.items)
+    print(f"{args.out}: {len(bank)} items ({reflections} reflection items), version {bank.version}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
