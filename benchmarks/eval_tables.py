@@ -1,0 +1,155 @@
+"""One Table III from several ``luna-bridge eval`` output folders, per-type means and a PNG.
+
+``luna-bridge eval`` writes one JSON per run (``<out>/scenarios/<planner>/<mode>/<scenario>.json``) and
+a summary of the planners of *that* command. Rows measured by different commands (the stack at 2 Hz
+with ``--population 64``, the baselines at nuPlan's 10 Hz, ablations in non-reactive mode only) are
+put side by side here, on the scenarios every row has in that mode (the rest are listed, never
+silently dropped)::
+
+    .venv/bin/python benchmarks/eval_tables.py --title synthetic-hard \
+        out/eval/stack-hard out/eval/stack-hard-baselines --plot docs/figures/stack_hard.png
+
+CLS = 100 x mean scenario score, SR = % of scenarios with a non-zero score (``luna_bridge.metrics``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from luna_bridge.baselines import EXPERT
+from luna_bridge.metrics import aggregate
+
+MODES = (("non_reactive", "NR"), ("reactive", "R"))
+
+
+def load_runs(folders: list[Path]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+    """(planner, mode) -> scenario -> run record; a later folder's run of the same key is refused."""
+    runs: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for folder in folders:
+        files = sorted((folder / "scenarios").glob("*/*/*.json"))
+        if not files:
+            raise SystemExit(f"{folder}: no run files under scenarios/<planner>/<mode>/")
+        for f in files:
+            record = json.loads(f.read_text(encoding="utf-8"))
+            key = (record["planner"], record["mode"])
+            if record["scenario"] in runs[key]:
+                if key[0] == EXPERT:
+                    continue  # every eval folder has its own (identical) expert replay
+                raise SystemExit(f"{f}: {key[0]} / {key[1]} / {record['scenario']} is in two folders")
+            runs[key][record["scenario"]] = record
+    return runs
+
+
+def table(runs: dict[tuple[str, str], dict[str, dict[str, Any]]], planners: list[str]
+          ) -> tuple[list[dict[str, Any]], dict[str, list[str]], dict[str, list[str]]]:
+    """Rows of Table III over the common scenarios of each mode; also those scenarios and the dropped ones."""
+    common: dict[str, list[str]] = {}
+    dropped: dict[str, list[str]] = {}
+    for mode, _ in MODES:
+        sets = [set(runs[(p, mode)]) for p in planners if runs.get((p, mode))]
+        if not sets:
+            continue
+        common[mode] = sorted(set.intersection(*sets))
+        dropped[mode] = sorted(set.union(*sets) - set(common[mode]))
+    rows = []
+    for p in planners:
+        row: dict[str, Any] = {"planner": p}
+        for mode, short in MODES:
+            if mode in common and runs.get((p, mode)):
+                agg = aggregate([runs[(p, mode)][s]["score"] for s in common[mode]])
+                row[f"{short}-CLS"], row[f"{short}-SR"] = agg.cls, agg.success_rate
+        rows.append(row)
+    return rows, common, dropped
+
+
+def per_type(runs: dict[tuple[str, str], dict[str, dict[str, Any]]], planners: list[str],
+             common: dict[str, list[str]]) -> tuple[list[str], list[tuple[str, str]], dict]:
+    """Mean CLS per scenario type and (planner, mode) column."""
+    cols = [(p, mode) for mode, _ in MODES if mode in common for p in planners if runs.get((p, mode))]
+    types: dict[str, dict[tuple[str, str], list[float]]] = defaultdict(lambda: defaultdict(list))
+    for p, mode in cols:
+        for s in common[mode]:
+            r = runs[(p, mode)][s]
+            types[r.get("scenario_type") or s][(p, mode)].append(r["score"])
+    return sorted(types), cols, types
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def markdown(title: str, rows: list[dict[str, Any]], common: dict[str, list[str]],
+             dropped: dict[str, list[str]], runs: dict, planners: list[str]) -> str:
+    cols = ["NR-CLS", "NR-SR", "R-CLS", "R-SR"]
+    n = ", ".join(f"{short} {len(common[mode])}" for mode, short in MODES if mode in common)
+    out = [f"**{title}** (scenarios: {n})", "", "| planner | " + " | ".join(cols) + " |",
+           "|---|" + "---:|" * len(cols)]
+    out += [f"| {r['planner']} | " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    for mode, names in dropped.items():
+        if names:
+            out += ["", f"Not in every {mode} row (left out of it): {', '.join(names)}."]
+    types, tcols, means = per_type(runs, planners, common)
+    short = dict(MODES)
+    out += ["", f"<details><summary>{title}: mean CLS per scenario type</summary>", "",
+            "| type | n | " + " | ".join(f"{p} {short[m]}" for p, m in tcols) + " |",
+            "|---|---:|" + "---:|" * len(tcols)]
+    for t in types:
+        n_t = max(len(v) for v in means[t].values())
+        out.append(f"| {t} | {n_t} | " + " | ".join(
+            f"{100 * sum(means[t][c]) / len(means[t][c]):.0f}" if means[t].get(c) else "-" for c in tcols) + " |")
+    out += ["", "</details>"]
+    return "\n".join(out) + "\n"
+
+
+def plot(path: Path, title: str, rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.38
+    for k, (col, colour) in enumerate((("NR-CLS", "#4c72b0"), ("R-CLS", "#dd8452"))):
+        xs = [i + (k - 0.5) * width for i in range(len(rows))]
+        vals = [r.get(col) for r in rows]
+        ax.bar([x for x, v in zip(xs, vals) if v is not None], [v for v in vals if v is not None], width,
+               label=col, color=colour)
+    ax.set_xticks(range(len(rows)), [r["planner"] for r in rows], rotation=20, ha="right")
+    ax.set_ylabel("CLS")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="+", type=Path, help="luna-bridge eval output folders")
+    ap.add_argument("--title", required=True)
+    ap.add_argument("--planner", action="append", dest="planners",
+                    help="row order (repeatable; default: the expert, then as found)")
+    ap.add_argument("--plot", type=Path, help="PNG bar chart of NR-CLS and R-CLS")
+    args = ap.parse_args(argv)
+    runs = load_runs(args.folders)
+    found = sorted({p for p, _ in runs})
+    planners = args.planners or [EXPERT] + [p for p in found if p != EXPERT]
+    missing = [p for p in planners if p not in found]
+    if missing:
+        raise SystemExit(f"no runs of {', '.join(missing)} in {', '.join(map(str, args.folders))}")
+    rows, common, dropped = table(runs, planners)
+    sys.stdout.write(markdown(args.title, rows, common, dropped, runs, planners))
+    if args.plot:
+        plot(args.plot, args.title, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""benchmarks/eval_tables.py: rows from several eval folders on the scenarios every row has."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("eval_tables", REPO / "benchmarks" / "eval_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(folder: Path, planner: str, mode: str, scenario: str, score: float) -> None:
+    path = folder / "scenarios" / planner / mode / f"{scenario}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"planner": planner, "mode": mode, "scenario": scenario, "score": score,
+                                "scenario_type": scenario.rstrip("0123456789_")}))
+
+
+def test_rows_from_two_folders_use_the_common_scenarios(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    stack, base = tmp_path / "stack", tmp_path / "base"
+    for folder in (stack, base):
+        for s in ("a_0", "b_0"):
+            _run(folder, "log-replay", "non_reactive", s, 1.0)
+    _run(stack, "luna", "non_reactive", "a_0", 0.5)
+    _run(stack, "luna", "non_reactive", "b_0", 0.0)
+    _run(stack, "luna", "reactive", "a_0", 1.0)
+    for s, score in (("a_0", 1.0), ("b_0", 0.25), ("c_0", 1.0)):
+        _run(base, "pdm", "non_reactive", s, score)
+    assert _script().main([str(stack), str(base), "--title", "t", "--plot", str(tmp_path / "t.png")]) == 0
+    out = capsys.readouterr().out
+    assert "(scenarios: NR 2, R 1)" in out
+    assert "| luna | 25.00 | 50.00 | 100.00 | 100.00 |" in out
+    assert "| pdm | 62.50 | 100.00 | - | - |" in out  # c_0 has no luna run: left out, and said so
+    assert "Not in every non_reactive row (left out of it): c_0." in out
+    assert "| type | n | log-replay NR | luna NR | pdm NR | luna R |" in out
+    assert "| b | 1 | 100 | 0 | 25 | - |" in out  # b_0 has no reactive run
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_same_run_in_two_folders_is_refused(tmp_path: Path) -> None:
+    for folder in (tmp_path / "x", tmp_path / "y"):
+        _run(folder, "pdm", "reactive", "a_0", 1.0)
+    with pytest.raises(SystemExit, match="pdm / reactive / a_0 is in two folders"):
+        _script().main([str(tmp_path / "x"), str(tmp_path / "y"), "--title", "t"])
