@@ -27,6 +27,7 @@ from luna_bridge.nuplan.convert import (MapLayer, NuPlanConversionError, collect
                                         tracked_objects_from_nuplan, traffic_lights_from_nuplan,
                                         vehicle_from_nuplan)
 from luna_bridge.nuplan.scenario_filter import TokenListError, main as filter_main, read_tokens, scenario_filter_yaml
+from tests.devkit import require_devkit
 
 X0, Y0 = 664_000.0, 3_997_000.0  # a nuPlan-like (UTM) origin: conversions must keep full precision
 T0_US = 1_630_000_000_000_000  # microseconds, like nuPlan's time points
@@ -296,13 +297,7 @@ def test_devkit_planner_runs_on_real_devkit_objects() -> None:
     """``LunaNuPlanPlanner`` inside the devkit's own types: initialise with a ``PlannerInitialization``,
     plan from a ``PlannerInput`` (``SimulationHistoryBuffer`` of ``EgoState``s and ``DetectionsTracks``,
     ``TrafficLightStatusData``), check the ``InterpolatedTrajectory`` it returns and its replan reuse."""
-    try:
-        import nuplan  # noqa: F401
-    except ImportError as exc:
-        reason = (f"nuPlan devkit not importable here ({exc}); it is not on PyPI: see docs/nuplan.md for "
-                  "running this test with a local devkit")
-        print(f"SKIPPED: {reason}")
-        pytest.skip(reason)
+    require_devkit()
     from nuplan.common.actor_state.agent import Agent
     from nuplan.common.actor_state.ego_state import EgoState
     from nuplan.common.actor_state.oriented_box import OrientedBox

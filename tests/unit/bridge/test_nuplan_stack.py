@@ -26,6 +26,7 @@ from luna_core.planning.factory import make_planner
 
 from luna_bridge.stack_planner import (StackConfigError, StackSettings, make_decision_source, search_planner)
 from tests.unit.bridge.test_nuplan_adapter import T0_US, X0, Y0, FakeMap
+from tests.devkit import require_devkit
 
 import luna_bridge.nuplan
 
@@ -113,21 +114,10 @@ def test_the_stack_config_plans_as_the_eval_stack() -> None:
     assert plain["decision_source"] is None and set(plain) == set(cfg)
 
 
-def require_devkit() -> None:
-    try:
-        import hydra  # noqa: F401
-        import nuplan  # noqa: F401
-    except ImportError as exc:
-        reason = (f"nuPlan devkit or hydra not importable here ({exc}); the devkit is not on PyPI: see "
-                  "docs/nuplan.md for running this test with a local devkit")
-        print(f"SKIPPED: {reason}")
-        pytest.skip(reason)
-
-
 def test_devkit_simulation_config_composes_with_the_stack_on_test14(tmp_path: Path) -> None:
     """The overrides of the documented ``run_simulation.py`` command compose with the devkit's own
     ``default_simulation`` config: our planner (variant selectable) and the Test14 scenario filter."""
-    require_devkit()
+    require_devkit("hydra")
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
@@ -156,7 +146,7 @@ def test_devkit_stack_planner_decides_every_half_second_on_real_devkit_objects()
     """``luna_stack_planner.yaml`` instantiated by hydra as the devkit's ``build_planners`` does, run for
     six devkit steps on real devkit objects: decisions and planner calls at steps 0 and 5 only, the
     planner in decision mode with the fresh decision, and ``initialize`` resetting the source."""
-    require_devkit()
+    require_devkit("hydra")
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from nuplan.common.actor_state.agent import Agent
