@@ -4,10 +4,11 @@
 a summary of the planners of *that* command. Rows measured by different commands (the stack at 2 Hz
 with ``--population 64``, the baselines at nuPlan's 10 Hz, ablations in non-reactive mode only) are
 put side by side here, on the scenarios every row has in that mode (the rest are listed, never
-silently dropped)::
+silently dropped). The expert row comes from the first folder that has one (list the folder whose
+protocol it should follow first; the output says where the others differ)::
 
     .venv/bin/python benchmarks/eval_tables.py --title synthetic-hard \
-        out/eval/stack-hard out/eval/stack-hard-baselines --plot docs/figures/stack_hard.png
+        out/eval/stack-hard-baselines out/eval/stack-hard --plot docs/figures/stack_hard.png
 
 CLS = 100 x mean scenario score, SR = % of scenarios with a non-zero score (``luna_bridge.metrics``).
 """
@@ -27,9 +28,16 @@ from luna_bridge.metrics import aggregate
 MODES = (("non_reactive", "NR"), ("reactive", "R"))
 
 
-def load_runs(folders: list[Path]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
-    """(planner, mode) -> scenario -> run record; a later folder's run of the same key is refused."""
+def load_runs(folders: list[Path]) -> tuple[dict[tuple[str, str], dict[str, dict[str, Any]]], list[str]]:
+    """(planner, mode) -> scenario -> run record, and notes on the expert rows.
+
+    A planner's run found in two folders is refused. Every eval folder has its own expert log replay;
+    the first folder's is used, and where a later folder's differs (e.g. it was run with another
+    ``--replan-every``) the notes say on how many runs.
+    """
     runs: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    expert_from: str | None = None
+    differs: dict[str, int] = defaultdict(int)
     for folder in folders:
         files = sorted((folder / "scenarios").glob("*/*/*.json"))
         if not files:
@@ -37,12 +45,20 @@ def load_runs(folders: list[Path]) -> dict[tuple[str, str], dict[str, dict[str, 
         for f in files:
             record = json.loads(f.read_text(encoding="utf-8"))
             key = (record["planner"], record["mode"])
-            if record["scenario"] in runs[key]:
-                if key[0] == EXPERT:
-                    continue  # every eval folder has its own (identical) expert replay
-                raise SystemExit(f"{f}: {key[0]} / {key[1]} / {record['scenario']} is in two folders")
+            kept = runs[key].get(record["scenario"])
+            if kept is not None:
+                if key[0] != EXPERT:
+                    raise SystemExit(f"{f}: {key[0]} / {key[1]} / {record['scenario']} is in two folders")
+                if kept["score"] != record["score"]:
+                    differs[str(folder)] += 1
+                continue
+            if key[0] == EXPERT:
+                expert_from = expert_from or str(folder)
             runs[key][record["scenario"]] = record
-    return runs
+    notes = [f"{EXPERT} runs from {expert_from}" + "".join(
+        f"; {folder}'s {EXPERT} scores differ on {n} run(s)" for folder, n in differs.items())] \
+        if expert_from else []
+    return runs, notes
 
 
 def table(runs: dict[tuple[str, str], dict[str, dict[str, Any]]], planners: list[str]
@@ -84,7 +100,7 @@ def _fmt(v: Any) -> str:
 
 
 def markdown(title: str, rows: list[dict[str, Any]], common: dict[str, list[str]],
-             dropped: dict[str, list[str]], runs: dict, planners: list[str]) -> str:
+             dropped: dict[str, list[str]], runs: dict, planners: list[str], notes: list[str]) -> str:
     cols = ["NR-CLS", "NR-SR", "R-CLS", "R-SR"]
     n = ", ".join(f"{short} {len(common[mode])}" for mode, short in MODES if mode in common)
     out = [f"**{title}** (scenarios: {n})", "", "| planner | " + " | ".join(cols) + " |",
@@ -93,6 +109,7 @@ def markdown(title: str, rows: list[dict[str, Any]], common: dict[str, list[str]
     for mode, names in dropped.items():
         if names:
             out += ["", f"Not in every {mode} row (left out of it): {', '.join(names)}."]
+    out += [f"\n{note}." for note in notes if EXPERT in planners]
     types, tcols, means = per_type(runs, planners, common)
     short = dict(MODES)
     out += ["", f"<details><summary>{title}: mean CLS per scenario type</summary>", "",
@@ -138,14 +155,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="row order (repeatable; default: the expert, then as found)")
     ap.add_argument("--plot", type=Path, help="PNG bar chart of NR-CLS and R-CLS")
     args = ap.parse_args(argv)
-    runs = load_runs(args.folders)
+    runs, notes = load_runs(args.folders)
     found = sorted({p for p, _ in runs})
     planners = args.planners or [EXPERT] + [p for p in found if p != EXPERT]
     missing = [p for p in planners if p not in found]
     if missing:
         raise SystemExit(f"no runs of {', '.join(missing)} in {', '.join(map(str, args.folders))}")
     rows, common, dropped = table(runs, planners)
-    sys.stdout.write(markdown(args.title, rows, common, dropped, runs, planners))
+    sys.stdout.write(markdown(args.title, rows, common, dropped, runs, planners, notes))
     if args.plot:
         plot(args.plot, args.title, rows)
     return 0

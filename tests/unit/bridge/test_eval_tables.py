@@ -46,6 +46,19 @@ def test_rows_from_two_folders_use_the_common_scenarios(tmp_path: Path, capsys: 
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_expert_row_comes_from_the_first_folder_and_differences_are_said(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    ten_hz, two_hz = tmp_path / "ten_hz", tmp_path / "two_hz"
+    _run(ten_hz, "log-replay", "reactive", "a_0", 1.0)
+    _run(ten_hz, "pdm", "reactive", "a_0", 0.5)
+    _run(two_hz, "log-replay", "reactive", "a_0", 0.75)
+    _run(two_hz, "luna", "reactive", "a_0", 1.0)
+    _script().main([str(ten_hz), str(two_hz), "--title", "t"])
+    out = capsys.readouterr().out
+    assert "| log-replay | - | - | 100.00 | 100.00 |" in out
+    assert f"log-replay runs from {ten_hz}; {two_hz}'s log-replay scores differ on 1 run(s)." in out
+
+
 def test_the_same_run_in_two_folders_is_refused(tmp_path: Path) -> None:
     for folder in (tmp_path / "x", tmp_path / "y"):
         _run(folder, "pdm", "reactive", "a_0", 1.0)
