@@ -11,7 +11,9 @@ default, or a baseline. This node only gathers inputs, applies the degraded mode
 
 Under ``use_sim_time`` the cycle at sim time t waits (briefly, ``input_sync_timeout`` of wall time)
 for the inputs stamped t (odometry, acceleration, objects, lights; each one once it has been heard),
-so a lock-step bridge gets the same result as an in-process run.
+so a lock-step bridge gets the same result as an in-process run. Before the first odometry it waits
+longer (``FIRST_ODOMETRY_WAIT``): a lock-step bridge holds the clock until it gets a trajectory, so a
+first cycle that gave up early would leave the node idle until the bridge times out.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerI
 from luna_nodes import convert, markers, qos
 from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
+
+FIRST_ODOMETRY_WAIT = 30.0  # s of wall time a sim-time cycle waits for the very first odometry
 
 INTERFACE = NodeInterface(
     name="planner",
@@ -246,6 +250,9 @@ class PlannerNode(LunaLifecycleNode):
             # Lock step: the odometry, acceleration, objects, lights (and, at a decision instant, the
             # decision) of this very instant.
             self.wait_until(lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
+            if not self.history:  # nothing could be published: worth waiting for (a loaded start-up)
+                self.wait_until(lambda: bool(self.history), FIRST_ODOMETRY_WAIT)
+                self.wait_until(lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
         pin = self.planner_input(now)
         if pin is None:
             return
