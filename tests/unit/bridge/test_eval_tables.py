@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.benchmark_scripts import load_benchmark
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("eval_tables", REPO / "benchmarks" / "eval_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("eval_tables")
 
 
 def _run(folder: Path, planner: str, mode: str, scenario: str, score: float) -> None:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.benchmark_scripts import REPO, load_benchmark
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("reflected_bank", REPO / "benchmarks" / "reflected_bank.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("reflected_bank")
 
 
 def test_the_kept_reflection_records_extend_the_default_bank(tmp_path: Path) -> None:
