@@ -95,6 +95,18 @@ def per_type(runs: dict[tuple[str, str], dict[str, dict[str, Any]]], planners: l
     return sorted(types), cols, types
 
 
+def run_facts(runs: dict, planner: str, common: dict[str, list[str]]) -> list[str]:
+    """One line per planner: runs over the speed limit and, for the stack, its decisions by top action."""
+    sel = [runs[(planner, mode)][s] for mode in common for s in common[mode] if s in runs.get((planner, mode), {})]
+    over = sum(1 for r in sel if r.get("metrics", {}).get("speed_limit_compliance", {}).get("score", 1.0) < 1.0)
+    top: dict[str, int] = defaultdict(int)
+    for r in sel:
+        for action, n in (r.get("decisions") or {}).get("top_actions", {}).items():
+            top[action] += n
+    decided = f"; decisions by top action: {dict(sorted(top.items()))}" if top else ""
+    return [f"- {planner}: {over} of {len(sel)} runs with speed-limit compliance below 1{decided}"]
+
+
 def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
 
@@ -110,6 +122,7 @@ def markdown(title: str, rows: list[dict[str, Any]], common: dict[str, list[str]
         if names:
             out += ["", f"Not in every {mode} row (left out of it): {', '.join(names)}."]
     out += [f"\n{note}." for note in notes if EXPERT in planners]
+    out += [""] + [line for p in planners for line in run_facts(runs, p, common)]
     types, tcols, means = per_type(runs, planners, common)
     short = dict(MODES)
     out += ["", f"<details><summary>{title}: mean CLS per scenario type</summary>", "",

@@ -37,6 +37,7 @@ def test_rows_from_two_folders_use_the_common_scenarios(tmp_path: Path, capsys: 
     assert "| luna | 25.00 | 50.00 | 100.00 | 100.00 |" in out
     assert "| pdm | 62.50 | 100.00 | - | - |" in out  # c_0 has no luna run: left out, and said so
     assert "Not in every non_reactive row (left out of it): c_0." in out
+    assert "- luna: 0 of 3 runs with speed-limit compliance below 1" in out
     assert "| type | n | log-replay NR | luna NR | pdm NR | luna R |" in out
     assert "| b | 1 | 100 | 0 | 25 | - |" in out  # b_0 has no reactive run
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
