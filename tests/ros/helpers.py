@@ -19,8 +19,10 @@ FASTDDS_PROFILE = REPO / "ros_ws/src/luna_bringup/config/fastdds_fast_discovery.
 
 
 def domain_id() -> int:
-    # 1..100: away from 0 (the default domain people run by hand); one per test process.
-    return 1 + os.getpid() % 100
+    # $LUNA_TEST_ROS_DOMAIN pins it (several checkouts testing side by side on one machine); else
+    # 1..100: away from 0 (the default domain people run by hand), one per test process.
+    pinned = os.environ.get("LUNA_TEST_ROS_DOMAIN")
+    return int(pinned) if pinned else 1 + os.getpid() % 100
 
 
 def ros_env(extra: dict[str, str] | None = None) -> dict[str, str]:
