@@ -133,9 +133,14 @@ class SceneDecisionSource:
             self.scene_errors.append(f"t={planner_input.time:.1f}s: {exc}")
             return None
         self.lights.append((scene.stamp, scene.traffic_light))
-        decision = self.heuristic.decide(scene)
-        self.decisions.append(decision)
+        decision = self.decision_for(scene, planner_input)
+        if decision is not None:
+            self.decisions.append(decision)
         return decision
+
+    def decision_for(self, scene: Any, planner_input: PlannerInput) -> DecisionDistribution | None:
+        """The decision for ``scene`` (the student's; the oracle source also reads the planner input)."""
+        return self.heuristic.decide(scene)
 
 
 def detect_failures(sim_log: SimulationLog, decisions: Sequence[DecisionDistribution],
