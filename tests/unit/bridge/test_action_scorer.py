@@ -119,7 +119,7 @@ def test_teacher_collects_frames_from_a_scenario_file_through_the_factory(tmp_pa
     assert top[1] == "L"  # the teacher moves out of the blocked lane
     assert first.distribution[ACTION_INDEX["CK"]] < first.distribution[ACTION_INDEX[top]]
     assert first.answer.startswith(f"Recommended decisions: {top}")  # the brief template answer
-    assert "Car v3 " in first.answer
+    assert "Vehicle v3 " in first.answer
     # A frame whose context names no scenario file fails with the scorer's reason recorded.
     result = teacher.run(frames[0].scene, {"frame": "x", "time": 0.0})
     assert not result.ok and result.failures[0].stage == "scorer"

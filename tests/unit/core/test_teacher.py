@@ -137,7 +137,7 @@ def test_fake_model_invalid_summary_falls_back_to_a_faithful_template(summary, p
     assert [(f.stage, f.problem) for f in r.failures] == [("summary", problem)]
     # The template names the decisive object (the red light and the lead) for the first code only.
     assert r.answer == ("Recommended decisions: DK,CK\nExplanations:\n"
-                        "- DK: Red light; car lead 10 m ahead (same lane) at 4 m/s.\n- CK: Cruise x Lane Keep.")
+                        "- DK: Red light; vehicle lead 10 m ahead (same lane) at 4 m/s.\n- CK: Cruise x Lane Keep.")
 
 
 def test_brief_rationale_names_the_decisive_object_and_outcome():
@@ -149,7 +149,7 @@ def test_brief_rationale_names_the_decisive_object_and_outcome():
     assert [o.id for o in key_objects(s, "CR")] == ["lead", "right-ahead", "right-behind"]
     hit = ActionOutcome(0.0, collision=True, progress=12.0, reason="collides with lead after 2.1 s",
                         issue="hits lead in 2.1 s")
-    assert brief_rationale(s, "AK", hit) == "Red light; car lead 10 m ahead (same lane) at 4 m/s; hits lead in 2.1 s."
+    assert brief_rationale(s, "AK", hit) == "Red light; vehicle lead 10 m ahead (same lane) at 4 m/s; hits lead in 2.1 s."
     clear = ActionOutcome(0.7, progress=41.2, reason="makes 41 m of progress in 6 s, ending at 9.0 m/s")
     assert brief_rationale(s, "DK", clear, decisive_object=False) == "Clear, 41 m progress."
     assert brief_rationale(near_junction_scene([]), "SK") == "Red light; road clear."
@@ -203,7 +203,7 @@ def test_fake_scorer_simulation_grounded_voters():
     assert p[ACTION_INDEX["DK"]] > p[ACTION_INDEX["CK"]] > p[ACTION_INDEX["AK"]]
     assert all(b.confidence == scorer.outcomes[b.action].score for b in r.voting.ballots)
     assert r.rationale_source == "template" and r.answer.startswith("Recommended decisions: DK")
-    assert "- DK: Red light; car lead 10 m ahead (same lane) at 4 m/s; clear, 22 m progress." in r.answer
+    assert "- DK: Red light; vehicle lead 10 m ahead (same lane) at 4 m/s; clear, 22 m progress." in r.answer
     again = Teacher(ScoredVoterPool(scorer, cfg), config=cfg).run(scene(), {}, seed=3)
     assert np.array_equal(again.distribution, r.distribution)  # seeded
     broken = Teacher(ScoredVoterPool(FakeScorer(RuntimeError("simulator crashed")), cfg), config=cfg).run(scene())

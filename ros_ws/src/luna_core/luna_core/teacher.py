@@ -368,7 +368,7 @@ def key_objects(scene: SceneDescriptor, code: str) -> list[ObjectDescription]:
 
 
 def _brief_object(o: ObjectDescription) -> str:
-    kind = {ObjectClass.VEHICLE: "car", ObjectClass.PEDESTRIAN: "pedestrian", ObjectClass.BICYCLE: "cyclist",
+    kind = {ObjectClass.VEHICLE: "vehicle", ObjectClass.PEDESTRIAN: "pedestrian", ObjectClass.BICYCLE: "cyclist",
             ObjectClass.STATIC: "obstacle"}[o.object_class]
     where = "ahead" if math.cos(o.bearing) >= 0.0 else "behind"
     relation = "cutting in" if o.cutting_in else o.lane_relation
