@@ -15,7 +15,8 @@ scored like the student (top-action accuracy, KL(pi || pi_hat) of Eq. 17):
   its next-token probabilities of each action code after the answer prefix), on at most
   ``--zero-shot-limit`` held-out items (one forward pass each).
 
-Writes ``baselines.json`` and ``baselines.md`` under ``--out``.
+Also the labels of the whole bank (top-action counts and shares, mean pi, mean entropy of pi), the
+class balance the bank's card quotes. Writes ``baselines.json`` and ``baselines.md`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from luna_core.types import NUM_ACTIONS, MemoryItem, validate_distribution
+from luna_core.types import ACTION_CODES, NUM_ACTIONS, MemoryItem, validate_distribution
 from luna_offline.distill import split_group, split_items, subset
 from luna_offline.evaluate import kl_divergence, majority_baseline
 
@@ -56,6 +57,18 @@ def score(name: str, held: Sequence[MemoryItem], predicted: np.ndarray, seconds:
     acc = float(np.mean([int(np.argmax(q)) == int(np.argmax(it.distribution)) for it, q in zip(held, p)]))
     kl = float(np.mean([kl_divergence(it.distribution, q) for it, q in zip(held, p)]))
     return BaselineResult(name, len(held), acc, kl, seconds, note)
+
+
+def label_stats(items: Sequence[MemoryItem]) -> dict:
+    """Class balance of teacher items: per action the top-action count and share and the mean pi; the mean
+    entropy of pi (nats)."""
+    pis = np.stack([validate_distribution(it.distribution) for it in items])
+    tops = np.bincount(pis.argmax(axis=1), minlength=NUM_ACTIONS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        entropy = -np.nansum(np.where(pis > 0, pis * np.log(pis), 0.0), axis=1)
+    return {"items": len(items), "mean_entropy": float(entropy.mean()),
+            "actions": {code: {"top": int(tops[a]), "share": float(tops[a] / len(items)),
+                               "mean_pi": float(pis[:, a].mean())} for a, code in enumerate(ACTION_CODES)}}
 
 
 def _vectors(items: Sequence[MemoryItem], where: str) -> np.ndarray:
@@ -144,7 +157,8 @@ def run_baselines(bank_path: str, heldout_fraction: float = 0.1, knn_k: int = 10
         results.append(score("zero-shot", some, p, s, f"{base_model}, no adapters, {len(some)} items"))
     groups_train = {split_group(it.id) for it in train}
     groups_held = {split_group(it.id) for it in held}
-    return {"bank": str(bank_path), "heldout_fraction": heldout_fraction, "train_items": len(train),
+    return {"bank": str(bank_path), "heldout_fraction": heldout_fraction, "labels": label_stats([*train, *held]),
+            "train_items": len(train),
             "heldout_items": len(held), "train_scenarios": len(groups_train), "heldout_scenarios": len(groups_held),
             "shared_scenarios": sorted(groups_train & groups_held),
             "results": [asdict(r) for r in results]}
@@ -157,6 +171,11 @@ def markdown(report: dict) -> str:
     for r in report["results"]:
         lines.append(f"| {r['name']} | {r['n']} | {100 * r['accuracy']:.1f} | {r['kl']:.4f} | {r['seconds']:.1f} | "
                      f"{r['note']} |")
+    labels = report["labels"]
+    lines += ["", f"Labels of all {labels['items']} teacher items (mean entropy of pi: {labels['mean_entropy']:.2f} nats):",
+              "", "| action | top-action count | share (%) | mean pi |", "|---|---|---|---|"]
+    for code, a in labels["actions"].items():
+        lines.append(f"| {code} | {a['top']} | {100 * a['share']:.1f} | {a['mean_pi']:.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -43,6 +43,10 @@ def test_baselines_command_writes_the_table_with_no_scenario_on_both_sides(tmp_p
     # the top action is a function of the speed in the scene vector: trees learn it, the majority cannot
     assert by_name["gbt"]["accuracy"] > by_name["majority"]["accuracy"]
     assert "| gbt |" in (tmp_path / "out" / "baselines.md").read_text()
+    labels = report["labels"]
+    assert labels["items"] == 120 and sum(a["top"] for a in labels["actions"].values()) == 120
+    assert labels["actions"]["AK"]["top"] == 30 and labels["actions"]["AL"]["top"] == 0  # 4 tops, 30 each
+    assert 0.0 < labels["mean_entropy"] < np.log(10)
 
 
 def test_soft_labels_and_knn_never_use_the_items_own_scenario():
