@@ -11,7 +11,7 @@ import torch
 
 from luna_core.student import DualHeadStudent
 from luna_core.student.head import DecisionHead
-from luna_offline.distill import DistillSettings
+from luna_offline.distill import DistillSettings, distill
 from luna_offline.distill_head import (FEATURES, HeadSettings, feature_plan, load_features, run_head_stage,
                                        train_head)
 from tests.unit.core.test_student_support import PROMPTS, memory_item
@@ -89,3 +89,10 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
     with pytest.raises(ValueError, match="other head settings"):
         run_head_stage(settings, HeadSettings(head_epochs=6, head_batch=4, eval_k=1, head_lr=0.5), PROMPTS,
                        progress=False)
+    # Stage 2 (--stage joint --init) continues from the stage-1 student.
+    joint = DistillSettings(bank=bank, out=str(tmp_path / "joint"), init=str(final), max_steps=1, batch_size=1,
+                            grad_accum=1, k_min=0, k_max=1, heldout_fraction=0.3, max_context_tokens=1024,
+                            device="cpu")
+    second = distill(joint, prompts=PROMPTS, progress=False)
+    assert [h["step"] for h in json.loads((tmp_path / "joint" / "history.json").read_text())] == [1]
+    assert DualHeadStudent.from_pretrained(second, PROMPTS, device="cpu").config.base_model == "smollm2-135m-instruct"
