@@ -172,8 +172,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['name']} | {r['n']} | {100 * r['accuracy']:.1f} | {r['kl']:.4f} | {r['seconds']:.1f} | "
                      f"{r['note']} |")
     labels = report["labels"]
-    lines += ["", f"Labels of all {labels['items']} teacher items (mean entropy of pi: {labels['mean_entropy']:.2f} nats):",
-              "", "| action | top-action count | share (%) | mean pi |", "|---|---|---|---|"]
+    lines += ["", f"Labels of all {labels['items']} teacher items (mean entropy of pi: "
+                  f"{labels['mean_entropy']:.2f} nats):", "", "| action | top-action count | share (%) | mean pi |", "|---|---|---|---|"]
     for code, a in labels["actions"].items():
         lines.append(f"| {code} | {a['top']} | {100 * a['share']:.1f} | {a['mean_pi']:.3f} |")
     return "\n".join(lines) + "\n"
