@@ -173,6 +173,7 @@ class PlanResult:
 
 
 PROGRESS_FLOOR_ACCELERATION = 1.0  # m/s^2 of the ideal start the progress floor is half of
+PREVIOUS_PLAN_TOLERANCE = 1.0  # m: the last plan is kept as a warm start only if the ego is this close to it
 
 
 def progress_floor(speed: float, speed_limit: float, horizon: float) -> float:
@@ -507,6 +508,8 @@ class DecisionGuidedPlanner:
         h_end = float(traj.heading[-1])
         x[beyond] = traj.x[-1] + (s_at[beyond] - s[-1]) * math.cos(h_end)
         y[beyond] = traj.y[-1] + (s_at[beyond] - s[-1]) * math.sin(h_end)
+        if math.hypot(x[0] - ego.x, y[0] - ego.y) > PREVIOUS_PLAN_TOLERANCE:
+            return None  # the ego is not where the last plan put it (a jump, a reset): nothing to keep
         h = np.interp(t, traj.t, np.unwrap(traj.heading))
         return np.column_stack([x, y, h])[None]
 
