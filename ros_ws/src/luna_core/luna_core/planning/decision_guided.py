@@ -2,8 +2,8 @@
 
 Each call (``plan`` / ``plan_detailed``):
 
-1. sanitise the input: the ego state is the latest finite one of the history; objects with
-   non-finite fields are dropped (and counted in the reasons);
+1. sanitise the input: the ego state is the latest finite one of the history; objects follow
+   ``usable_objects`` (unknown size: default footprint; unknown position: left out; in the reasons);
 2. reference paths per lateral decision (``reference_paths``); off the map -> comfortable stop;
 3. the candidate set C_t = {a : pi(a) >= gamma_p} (Eq. 19) of a fresh, valid decision; actions
    without a lane on their side are dropped. No decision, a stale one (older than
@@ -54,7 +54,7 @@ from luna_core.planning.reference_paths import OffMapError, ReferencePath, refer
 from luna_core.planning.scorer import (PROGRESS_EPSILON, ObjectBoxes, ScorerWeights, ScoringContext,
                                        score_proposals)
 from luna_core.types import (ACTION_INDEX, EgoState, LaneGraph, PlannerInput, TrackedObjects, Trajectory,
-                             VehicleParameters, validate_distribution, wrap_angle)
+                             VehicleParameters, usable_objects, validate_distribution, wrap_angle)
 
 
 class PlannerInputError(ValueError):
@@ -314,9 +314,9 @@ class DecisionGuidedPlanner:
         self.calls += 1
         reasons: list[str] = []
         ego = self._ego(planner_input, reasons)
-        n_bad = sum(not o.is_finite() for o in planner_input.objects.objects)
-        if n_bad:
-            reasons.append(f"dropped {n_bad} object(s) with non-finite state")
+        usable = usable_objects(planner_input.objects.objects)
+        if usable.problems():
+            reasons.append(usable.problems())
         steps_out = int(round(c.output_horizon / c.objective.dt))
 
         try:
@@ -333,7 +333,7 @@ class DecisionGuidedPlanner:
 
         groups, probs, mode, stamp = self._candidates(planner_input, paths, reasons)
         clean_input = replace(planner_input, ego_history=[ego], objects=TrackedObjects(
-            planner_input.objects.stamp, [o for o in planner_input.objects.objects if o.is_finite()]))
+            planner_input.objects.stamp, usable.objects))
         lm = self._local_lanes(planner_input.lane_graph, ego)
         keep = paths["K"]
         full_forecast = constant_velocity_forecast(clean_input, lm, list(keep.lane_ids), steps_out + 1,
