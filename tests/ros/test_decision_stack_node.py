@@ -178,8 +178,13 @@ def test_bad_model_files_keep_node_up_and_diagnosed(artifacts, tmp_path, ros_con
     probe = Probe(ros_context)
     try:
         diags = probe.diagnostics("decision_inference")
+        explainer = probe.diagnostics("explainer")
         probe.wait(lambda: any(d.level == b"\x02" and "cannot load" in d.message and named in d.message
                                for d in diags), 60.0, f"an ERROR diagnostic naming {named!r}")
+        # Issue 17: the explainer said OK although it had no model to explain with.
+        probe.wait(lambda: any(d.level == b"\x02" and "failures cannot be explained" in d.message
+                               and named in d.message for d in explainer), 60.0,
+                   f"the explainer's ERROR diagnostic naming {named!r}")
         assert proc.poll() is None, "the node must stay up in its degraded mode"
     finally:
         probe.close()
