@@ -55,7 +55,7 @@ def test_monitor_rejection_warning_clears_when_odometry_recovers_and_parameters_
         assert applied.successful, applied.reason
         assert get_parameters(probe, "progress_monitor", ["stall_speed_threshold", "stall_window_cycles",
                                                           "decision_period", "failure_cooldown"]) == {
-            "stall_speed_threshold": 0.5, "stall_window_cycles": 10, "decision_period": 0.2, "failure_cooldown": 1.5}
+            "stall_speed_threshold": 0.5, "stall_window_cycles": 3, "decision_period": 0.2, "failure_cooldown": 1.5}
     finally:
         probe.close()
         out = stop_process(proc)

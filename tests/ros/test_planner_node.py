@@ -183,9 +183,11 @@ def test_stopped_car_of_unknown_size_ahead_slows_the_ego(stack):
     plans, message = drive(stack, 1.5, objects=[car], decision=keep_lane)
     check_valid(plans, 20.0)
     assert "objects: 1 object(s) kept with assumed fields (unsized): size 5.5 x 2.3 m" in message, message
-    for p in plans:
-        assert p.velocity[-1] < p.velocity[0] - 2.0, f"the ego does not slow down: {p.velocity[0]:.1f} -> " \
-                                                     f"{p.velocity[-1]:.1f} m/s"
+    # The first cycles of a case can still warm-start from the previous case's plan (drive() puts the ego
+    # back at x = 20 m, a 15 m jump): judge the last ones. The ego drives at 8 m/s; without the car the
+    # planner speeds up to ~10 m/s.
+    for p in plans[-MIN_PLANS:]:
+        assert p.velocity[-1] < 1.0, f"the ego does not stop behind the car: {p.velocity[-1]:.1f} m/s at 8 s"
         assert np.max(p.x) + T.VehicleParameters().length - T.VehicleParameters().rear_axle_to_center \
             < 60.0 - 5.5 / 2, "the ego's front enters the car's default footprint"
 
