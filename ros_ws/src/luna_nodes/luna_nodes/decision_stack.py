@@ -119,7 +119,9 @@ class DecisionInference(LunaLifecycleNode):
         self.scene_lock = threading.Lock()
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self.memory_worker = ThreadPoolExecutor(1, thread_name_prefix="memory")
-        self.busy = threading.Event()
+        self.cycle_lock = threading.Lock()
+        self.busy = False  # a decision is running (under cycle_lock)
+        self.deferred: float | None = None  # sim time: the latest instant that came due while busy
         self.closing = threading.Event()
         self.publisher = None
         self.cycle_timers = []
@@ -174,11 +176,19 @@ class DecisionInference(LunaLifecycleNode):
         if self.heuristic is None or self.publisher is None:
             return
         now = self.now_s()
-        if self.busy.is_set():
-            self.diagnostics.increment("skipped_cycles_busy")
-            self.diagnostics.set_condition("latency", WARN, "the previous decision is still running: cycle skipped")
-            return
-        self.busy.set()
+        with self.cycle_lock:
+            if self.busy and self.sim_time():
+                # Simulated time is only worth its instants: the latest one waiting is decided next (its
+                # own scene, its own stamp), so a lock-step replay or simulator misses none.
+                self.deferred = now
+                self.diagnostics.increment("deferred_cycles")
+                return
+            if self.busy:
+                self.diagnostics.increment("skipped_cycles_busy")
+                self.diagnostics.set_condition("latency", WARN, "the previous decision is still running: cycle "
+                                                                "skipped")
+                return
+            self.busy = True
         self.worker.submit(self._decide, now)
 
     def _decide(self, now: float) -> None:
@@ -215,7 +225,11 @@ class DecisionInference(LunaLifecycleNode):
             if decision.latency <= self.params["decision_period"]:
                 self.diagnostics.clear("latency")
         finally:
-            self.busy.clear()
+            with self.cycle_lock:
+                following, self.deferred = self.deferred, None
+                self.busy = following is not None and not self.closing.is_set()
+            if self.busy:
+                self.worker.submit(self._decide, following)
 
     def scene_for(self, now: float):
         """The scene to decide on at ``now``: the latest; under sim time the latest one not after ``now``
