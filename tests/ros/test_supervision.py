@@ -4,8 +4,9 @@ the planner never stops publishing while another process is down.
 
 One stack (every process of config/topology.yaml, T_d = 2 s, the bundled models, a lane graph from a
 map file, odometry and objects from this test) serves the whole module; each case kills one process.
-Under load the decision process needs most of its back-off budget to import torch, transformers and
-peft and load the student: it gets its own bound, measured in docs/benchmarks.md.
+A process must be back within 2 T_d, or about as fast as its own cold start where that alone takes
+longer (the decision process imports torch, transformers and peft and loads the student: ~30 s on the
+loaded 2-core machine); the measured times are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ pytestmark = pytest.mark.slow
 
 T_D = 2.0  # s, the decision period of this stack
 LUNA = str(Path(sys.executable).parent / "luna")
-#: How soon (s) a killed process must be back: 2 T_d, except the decision process (model load).
-BACK_WITHIN = {"decision": 45.0}
 #: The longest the planner may go without publishing while another process is down (s): one T_d.
 PLANNER_GAP = T_D
 
@@ -49,19 +48,32 @@ PLANNER_GAP = T_D
 class Stack:
     up: subprocess.Popen
     log: list[str]
+    started: float  # monotonic time luna up was started
     trajectories: list[float] = field(default_factory=list)  # monotonic arrival times
     diagnostics: dict[str, list[float]] = field(default_factory=dict)  # node -> monotonic arrival times
+    cold_start: dict[str, float] = field(default_factory=dict)  # process -> s from luna up to heard from
+
+    def heard_after(self, process: str, since: float) -> float | None:
+        """When every node of ``process`` was first heard from after ``since`` (the planner: also a
+        trajectory, i.e. active again); None if not yet."""
+        spec = next(p for p in load_topology().processes if p.name == process)
+        heard = [min((t for t in self.diagnostics.get(n, []) if t > since), default=None) for n in spec.nodes]
+        if process == "planner":
+            heard.append(min((t for t in self.trajectories if t > since), default=None))
+        return None if None in heard else max(heard)
 
     def pids(self) -> dict[str, int]:
         """Process name -> pid of the live stack processes (by their executable)."""
         executables = {p.executable: p.name for p in load_topology().processes}
         out = {}
         for child in psutil.Process(self.up.pid).children():
-            try:
-                exe = Path(child.cmdline()[0]).name
-            except (psutil.NoSuchProcess, IndexError):
+            try:  # a console script runs as "python <bin>/planner --ros-args ..."
+                names = [Path(arg).name for arg in child.cmdline()[:2]]
+                alive = child.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
                 continue
-            if exe in executables and child.status() != psutil.STATUS_ZOMBIE:
+            exe = next((n for n in names if n in executables), None)
+            if exe is not None and alive:
                 out[executables[exe]] = child.pid
         return out
 
@@ -74,10 +86,11 @@ def _params(tmp: Path) -> Path:
             (params / f.name).write_text(f.read_text())
     map_file = tmp / "map.json"
     save_lane_graph(samples.lane_graph(), map_file)
+    # Light settings (no retrieval, a small search): the 2 shared cores also run the restarts.
     overrides = {"map_server": {"map_file": str(map_file)},
-                 "decision_inference": {"decision_period": T_D},
-                 "planner": {"decision_period": T_D, "decision_timeout": 2 * T_D, "population": 32,
-                             "time_budget": 0.2},
+                 "decision_inference": {"decision_period": T_D, "k": 0},
+                 "planner": {"decision_period": T_D, "decision_timeout": 2 * T_D, "population": 16,
+                             "time_budget": 0.1},
                  "progress_monitor": {"decision_period": T_D}}
     for node, values in overrides.items():
         path = params / f"{node}.yaml"
@@ -96,10 +109,11 @@ def stack(tmp_path_factory):
     apply_ros_env()
     context = rclpy.Context()
     rclpy.init(context=context)
+    started = time.monotonic()
     up = subprocess.Popen([LUNA, "up", "--params-dir", str(_params(tmp))],
                           env=ros_env({"LUNA_DATA": str(tmp / "data")}), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    s = Stack(up, [])
+    s = Stack(up, [], started)
     threading.Thread(target=lambda: s.log.extend(up.stdout), daemon=True).start()
     node = Node("supervision_probe", context=context)
     node.create_subscription(lm.Trajectory, "planning/trajectory", lambda _: s.trajectories.append(time.monotonic()),
@@ -130,9 +144,11 @@ def stack(tmp_path_factory):
     spinner = threading.Thread(target=spin, daemon=True)
     spinner.start()
     try:
-        nodes = [n for p in load_topology().processes for n in p.nodes]
-        _wait(lambda: s.trajectories and all(s.diagnostics.get(n) for n in nodes), 300.0,
+        names = [p.name for p in load_topology().processes]
+        _wait(lambda: all(s.heard_after(n, started) for n in names), 300.0,
               lambda: f"every node up and the planner publishing; diagnostics from {sorted(s.diagnostics)}")
+        s.cold_start = {n: s.heard_after(n, started) - started for n in names}
+        print(f"\ncold start (all processes at once): {', '.join(f'{n} {t:.1f} s' for n, t in s.cold_start.items())}")
         yield s
     finally:
         done.set()
@@ -160,24 +176,20 @@ def _wait(predicate, timeout: float, what) -> None:
 
 @pytest.mark.parametrize("name", [p.name for p in load_topology().processes])
 def test_kill_9_of_a_process_restarts_it_and_the_others_keep_running(stack, name):
-    spec = next(p for p in load_topology().processes if p.name == name)
     before = stack.pids()
     assert set(before) == {p.name for p in load_topology().processes}, f"processes before the kill: {before}"
     killed = time.monotonic()
     os.kill(before[name], signal.SIGKILL)
 
-    def back() -> float | None:
-        """When every node of the process was heard from again (None: not yet)."""
-        heard = [min((t for t in stack.diagnostics.get(n, []) if t > killed + 0.05), default=None) for n in spec.nodes]
-        if name == "planner":
-            heard.append(min((t for t in stack.trajectories if t > killed + 0.05), default=None))
-        return None if None in heard else max(heard)
-
-    limit = BACK_WITHIN.get(name, 2 * T_D)
-    _wait(lambda: back() is not None, limit + 60.0, f"{name} to come back")
-    took = back() - killed
+    # Back within 2 T_d, or, for a process whose start alone takes longer (imports of torch, transformers
+    # and peft, the model), about as fast as its cold start (x 1.5: the machine's load varies between the
+    # two): the back-off adds no more than its 0.2 s.
+    limit = max(2 * T_D, 1.5 * stack.cold_start[name])
+    _wait(lambda: stack.heard_after(name, killed + 0.05) is not None, limit + 60.0, f"{name} to come back")
+    took = stack.heard_after(name, killed + 0.05) - killed
     after = stack.pids()
-    print(f"\n{name}: back {took:.1f} s after kill -9 (pid {before[name]} -> {after.get(name)})")
+    print(f"\n{name}: back {took:.1f} s after kill -9 (pid {before[name]} -> {after.get(name)}; cold start "
+          f"{stack.cold_start[name]:.1f} s; load {os.getloadavg()[0]:.1f})")
     assert stack.up.poll() is None, "luna up ended: " + "\n".join(stack.log[-30:])
     assert after[name] != before[name], "the killed process was not restarted"
     assert {n: p for n, p in after.items() if n != name} == {n: p for n, p in before.items() if n != name}, \

@@ -61,6 +61,12 @@ class Diagnostics:
         self._announced: set[str] = set()  # conditions whose latest raise was logged (their clearing is too)
         self._pub = node.create_publisher(DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
         self._timer = node.create_timer(period, self.publish)
+        # Once at once when the node starts spinning: a (re)started node is seen without waiting a period.
+        self._first = node.create_timer(0.01, self._publish_first)
+
+    def _publish_first(self) -> None:
+        self._first.cancel()
+        self.publish()
 
     def set_condition(self, name: str, level: int, message: str) -> None:
         """Raise (or, with OK, clear) a named condition, e.g. ("decision", WARN, "stale: fallback").
