@@ -109,3 +109,14 @@ def test_restart_policy_and_criticality_are_read_from_the_topology(tmp_path):
     bad.write_text("processes: [{name: a, executable: a, critical: maybe}]\n")
     with pytest.raises(TopologyError, match="critical must be true or false"):
         load_topology(bad)
+
+
+def test_a_process_with_invalid_parameters_is_not_restarted_and_an_empty_stack_ends():
+    # Exit code 2 is a node's "invalid parameter" (luna_nodes.base.run): a restart would fail the same way.
+    sup = supervisor({"map_server": "import sys; sys.exit(2)"}, {}, RestartPolicy(delay=0.05, limit=5))
+    code = run_until_stopped(sup, lambda: False, poll=0.05)
+    assert code == 1
+    assert sup.processes[0].restarts == [] and sup.processes[0].given_up
+    log = sup.out.getvalue()
+    assert "process map_server exited with code 2 (invalid parameters): not restarted" in log
+    assert "every process is left down: nothing left to supervise" in log

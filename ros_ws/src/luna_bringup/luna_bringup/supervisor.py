@@ -5,7 +5,8 @@ The pip-only counterpart of ``ros2 launch``: each process runs in its own sessio
 a stop reaches its children too; stopping sends SIGINT (rclpy shuts down cleanly), then SIGTERM and
 SIGKILL to stragglers. A process that dies on its own is reported and started again after the
 topology's back-off (``RestartPolicy``) while the others keep running; a non-critical one is left down
-after the restart limit. Only an explicit stop ends the stack. A managed node comes back active: it
+after the restart limit, and any one that exits for invalid parameters at once (a restart would fail
+the same way). Only an explicit stop ends the stack (or nothing being left to run). A managed node comes back active: it
 configures and activates itself on start (``autostart``).
 """
 
@@ -119,6 +120,11 @@ class Supervisor:
                 self._kill_group(p)  # children of the dead process (model workers) go with it
                 recent = [t for t in p.restarts if now - t < policy.window]
                 code = p.popen.returncode
+                if code in policy.permanent_exit_codes:
+                    p.given_up = True
+                    self._event(f"process {p.spec.name} exited with code {code} (invalid parameters): not restarted, "
+                                f"it would fail the same way; the others keep running")
+                    continue
                 if not p.spec.critical and len(recent) >= policy.limit:
                     p.given_up = True
                     self._event(f"process {p.spec.name} exited with code {code}; {len(recent)} restarts within "
@@ -183,11 +189,15 @@ class Supervisor:
 
 
 def run_until_stopped(supervisor: Supervisor, should_stop: Callable[[], bool], poll: float = 0.2) -> int:
-    """Supervise until ``should_stop()`` (the explicit stop: Ctrl-C, SIGTERM); the exit code for ``luna up``:
-    0 after a clean stop, 1 if a process was left down or did not stop cleanly."""
+    """Supervise until ``should_stop()`` (the explicit stop: Ctrl-C, SIGTERM), or until every process is
+    left down (nothing is left to supervise); the exit code for ``luna up``: 0 after a clean stop, 1 if a
+    process was left down or did not stop cleanly."""
     supervisor.start()
     try:
         while not should_stop():
+            if supervisor.processes and all(p.given_up for p in supervisor.processes):
+                supervisor.log("every process is left down: nothing left to supervise")
+                break
             time.sleep(poll)
     finally:
         codes = supervisor.stop()

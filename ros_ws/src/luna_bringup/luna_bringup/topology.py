@@ -46,13 +46,16 @@ class RestartPolicy:
     The n-th restart within ``window`` s waits ``delay * 2**(n-1)`` s (at most ``max_delay``). A
     critical process is restarted for as long as the stack runs (the vehicle needs it); a non-critical
     one is left down, and reported, after ``limit`` restarts within ``window`` (a crash loop of e.g. the
-    reflection client must not cost the planner its CPU).
+    reflection client must not cost the planner its CPU). A process that exits with one of
+    ``permanent_exit_codes`` is left down at once, critical or not.
     """
 
     delay: float = 0.2  # s
     max_delay: float = 8.0  # s
     limit: int = 5
     window: float = 60.0  # s
+    #: Exit codes that say restarting cannot help: a node's invalid parameters (luna_nodes.base.run: 2).
+    permanent_exit_codes: tuple[int, ...] = (2,)
 
     def backoff(self, restarts_in_window: int) -> float:
         """Delay before the next restart, given the restarts already made inside the window."""

@@ -308,9 +308,13 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
         with (stack(report_dir / "stack.log") if stack else nullcontext()) as running:
             started = time.monotonic()
             not_ready = readiness.wait(ready_timeout, stop)
+            # Lock step needs a decision node: one this replay started and is ready, or (no stack of
+            # ours) one already running.
+            started_nodes = getattr(stack, "nodes", None)
+            deciding = started_nodes is None or ("decision_inference" in started_nodes and not any(
+                n.startswith("decision_inference ") for n in not_ready))
             if lockstep:
-                found = decision_parameters(node) if "decision_inference" not in {n.split(" ")[0] for n in not_ready} \
-                    else None
+                found = decision_parameters(node) if deciding else None
                 if found is None:
                     lock_notes.append("played in real time, not in lock step: no decision_inference node answered")
                 else:
