@@ -1,6 +1,6 @@
 """Node health over real DDS (issue 17): warnings clear when the input recovers, a condition that keeps
-changing is not logged at every cycle, run-time parameters are checked by the start-up specs, and an
-object of unknown size is described and diagnosed instead of dropped."""
+changing is not logged at every cycle, run-time parameters are checked by the start-up specs, an
+object of unknown size is described and diagnosed instead of dropped, an oversized list is capped."""
 
 from __future__ import annotations
 
@@ -86,6 +86,16 @@ def test_scene_keeps_an_object_of_unknown_size_and_logs_a_stale_odometry_once(tm
         assert (described.id, described.length, described.width) == ("unsized", 5.5, 2.3)
         probe.wait(lambda: diags and "objects: 1 object(s) kept with assumed fields (unsized)" in diags[-1].message,
                    10.0, "the assumed footprint in diagnostics")
+
+        # An oversized list is capped by distance from the ego, with the count in diagnostics.
+        (applied,) = set_parameters(probe, "scene_descriptor", max_tracked_objects=5)
+        assert applied.successful, applied.reason
+        crowd = [T.TrackedObject(f"c{i}", T.ObjectClass.VEHICLE, 22.0 + 10.0 * i, 3.5, 0.0, 0.0, 0.0, 4.5, 1.9)
+                 for i in range(8)]
+        objects.publish(C.objects_to_msg(T.TrackedObjects(_now(probe), crowd)))
+        odom.publish(C.ego_to_odometry(_ego(_now(probe))))
+        probe.wait(lambda: diags and "8 objects in one message: kept the 5 nearest, left out the 3 farthest"
+                   in diags[-1].message, 10.0, "the cap's count in diagnostics")
 
         # Odometry goes stale: at 20 Hz the WARN's age changes 20 times a second; it is logged once.
         (applied,) = set_parameters(probe, "scene_descriptor", max_input_age=0.2)
