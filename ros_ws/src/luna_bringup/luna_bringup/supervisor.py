@@ -140,10 +140,6 @@ class Supervisor:
                 p.restart_at = None
                 p.restarts.append(now)
 
-    def dead(self) -> list[RunningProcess]:
-        """Processes that are down although nobody asked them to stop (dead, awaiting restart, given up)."""
-        return [p for p in self.processes if p.popen.poll() is not None and not p.expected_exit]
-
     def _kill_group(self, p: RunningProcess) -> None:
         try:
             os.killpg(p.popen.pid, signal.SIGKILL)
