@@ -3,7 +3,9 @@
 Built from the same config/topology.yaml that ``luna up`` runs, so both start the same processes with
 the same parameter files and remappings, and both restart a process that dies on its own. launch's
 respawn waits a fixed ``respawn_delay`` (the topology's first back-off step) and counts retries over
-the whole run: a critical process is respawned without limit, a non-critical one ``limit`` times.
+the whole run: a critical process is respawned without limit, a non-critical one ``limit`` times. It
+cannot tell exit codes apart, so unlike ``luna up`` it also respawns a process whose parameters are
+invalid (exit code 2): check a new parameter file with ``luna up`` first.
 """
 
 from launch import LaunchDescription
