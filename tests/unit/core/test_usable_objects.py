@@ -72,3 +72,6 @@ def test_cap_keeps_the_nearest_in_input_order_and_names_the_count():
     assert out.beyond_cap == 3 and out.cap == 3
     assert "6 objects in one message: kept the 3 nearest, left out the 3 farthest" in out.problems()
     assert usable_objects(objs, origin=(0.0, 0.0), max_count=6).beyond_cap == 0
+    without_origin = usable_objects(objs, max_count=2)
+    assert [o.id for o in without_origin.objects] == ["o0", "o1"] and without_origin.beyond_cap == 4
+    assert "kept the first 2 (no ego position yet), left out 4" in without_origin.problems()

@@ -262,6 +262,7 @@ class UsableObjects:
     dropped: dict[str, str] = field(default_factory=dict)  # object id -> why it was left out
     beyond_cap: int = 0  # objects left out by the distance cap (the farthest)
     cap: int | None = None  # the cap that applied
+    capped_by_distance: bool = True  # False: no origin was given, the first ``cap`` were kept
     total: int = 0  # objects in the input
 
     def problems(self) -> str:
@@ -275,8 +276,12 @@ class UsableObjects:
             parts.append(f"{len(self.dropped)} object(s) without a usable position left out "
                          f"({', '.join(sorted(self.dropped)[:5])})")
         if self.beyond_cap:
-            parts.append(f"{self.total} objects in one message: kept the {self.cap} nearest, left out the "
-                         f"{self.beyond_cap} farthest")
+            if self.capped_by_distance:
+                parts.append(f"{self.total} objects in one message: kept the {self.cap} nearest, left out the "
+                             f"{self.beyond_cap} farthest")
+            else:
+                parts.append(f"{self.total} objects in one message: kept the first {self.cap} (no ego position "
+                             f"yet), left out {self.beyond_cap}")
         return "; ".join(parts)
 
 
@@ -290,8 +295,8 @@ def usable_objects(objects: Iterable[TrackedObject], origin: tuple[float, float]
     * unknown heading: heading 0 and a square as wide as the box's diagonal (covers every heading);
     * unknown velocity: standing still at its position.
 
-    With ``origin`` (x, y) and ``max_count``, only the ``max_count`` objects nearest ``origin`` are kept
-    (the rest counted in ``beyond_cap``): a flood of objects must not starve the stack.
+    With ``max_count``, only the ``max_count`` objects nearest ``origin`` (x, y) are kept, the first ones
+    without an origin (the rest counted in ``beyond_cap``): a flood of objects must not starve the stack.
     """
     out = UsableObjects([])
     for obj in objects:
@@ -320,11 +325,14 @@ def usable_objects(objects: Iterable[TrackedObject], origin: tuple[float, float]
             assumed.append("standing still")
         out.assumed[obj.id] = ", ".join(assumed)
         out.objects.append(TrackedObject(obj.id, obj.object_class, obj.x, obj.y, heading, vx, vy, length, width))
-    if origin is not None and max_count is not None and len(out.objects) > max_count:
-        d = np.hypot([o.x - origin[0] for o in out.objects], [o.y - origin[1] for o in out.objects])
-        keep = np.sort(np.argsort(d, kind="stable")[:max_count])  # the nearest, in input order
-        out.beyond_cap, out.cap = len(out.objects) - max_count, max_count
-        out.objects = [out.objects[k] for k in keep]
+    if max_count is not None and len(out.objects) > max_count:
+        out.beyond_cap, out.cap, out.capped_by_distance = len(out.objects) - max_count, max_count, origin is not None
+        if origin is None:  # no ego position yet: the first ones, a flood must not wait for odometry
+            out.objects = out.objects[:max_count]
+        else:
+            d = np.hypot([o.x - origin[0] for o in out.objects], [o.y - origin[1] for o in out.objects])
+            keep = np.sort(np.argsort(d, kind="stable")[:max_count])  # the nearest, in input order
+            out.objects = [out.objects[k] for k in keep]
     return out
 
 
