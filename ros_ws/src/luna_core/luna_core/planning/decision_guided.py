@@ -2,8 +2,8 @@
 
 Each call (``plan`` / ``plan_detailed``):
 
-1. sanitise the input: the ego state is the latest finite one of the history; objects with
-   non-finite fields are dropped (and counted in the reasons);
+1. sanitise the input: the ego state is the latest finite one of the history; objects follow
+   ``usable_objects`` (unknown size: default footprint; unknown position: left out; in the reasons);
 2. reference paths per lateral decision (``reference_paths``); off the map -> comfortable stop;
 3. the decision in force (``luna_core.decision``): validated once, with the candidate set C_t as
    published (Eq. 19) and the speed intervals V^k latched from the ego speed at the decision's stamp;
@@ -65,7 +65,7 @@ from luna_core.planning.reference_paths import OffMapError, ReferencePath, refer
 from luna_core.planning.scorer import (CLS_WEIGHTS, PROGRESS_EPSILON, ObjectBoxes, ProposalScores, ScorerWeights,
                                        ScoringContext, score_proposals)
 from luna_core.types import (EgoState, LaneGraph, PlannerInput, TrackedObjects, Trajectory, VehicleParameters,
-                             wrap_angle)
+                             usable_objects, wrap_angle)
 
 
 class PlannerInputError(ValueError):
@@ -386,9 +386,9 @@ class DecisionGuidedPlanner:
         self.calls += 1
         reasons: list[str] = []
         ego = self._ego(planner_input, reasons)
-        n_bad = sum(not o.is_finite() for o in planner_input.objects.objects)
-        if n_bad:
-            reasons.append(f"dropped {n_bad} object(s) with non-finite state")
+        usable = usable_objects(planner_input.objects.objects)
+        if usable.problems():
+            reasons.append(usable.problems())
         steps_out = int(round(c.output_horizon / c.objective.dt))
 
         try:
@@ -402,7 +402,7 @@ class DecisionGuidedPlanner:
 
         groups, probs, mode, decision = self._candidates(planner_input, paths, reasons)
         clean_input = replace(planner_input, ego_history=[ego], objects=TrackedObjects(
-            planner_input.objects.stamp, [o for o in planner_input.objects.objects if o.is_finite()]))
+            planner_input.objects.stamp, usable.objects))
         lm = self._local_lanes(planner_input.lane_graph, ego)
         keep = paths["K"]
         # Objects as far as the 8 s trajectories reach (the warm starts' IDM and the published tail
