@@ -192,3 +192,18 @@ def test_published_tail_stops_behind_a_car_beyond_the_scored_horizon(prior) -> N
     traj = res.trajectory
     assert (traj.x + VehicleParameters().front_length).max() < car.x - car.length / 2
     assert traj.x[40] < car.x - 15.0  # the scored part never came close: the tail did the stopping
+
+
+def test_a_jump_of_the_ego_drops_the_last_plan_as_a_warm_start(prior) -> None:
+    # The planner-node tests found it: after the ego jumped back 15 m, the last plan's waypoints (now far
+    # ahead) densified into a 120 m/s reference. Far from the last plan, it is not a warm start.
+    pl = DecisionGuidedPlanner(DecisionGuidedConfig(search=SEARCH, time_budget=60.0, use_decisions=False),
+                               prior=prior)
+    hist = accelerating_history(10.0, 10.0)
+    pl.plan_detailed(PlannerInput(10.0, hist, TrackedObjects(10.0, []), TrafficLights(10.0), road(),
+                                  Route(0.0, ["A"])))
+    back = [EgoState(s.stamp + 0.5, s.x - 15.0, 0.0, 0.0, 10.0) for s in hist]
+    res = pl.plan_detailed(PlannerInput(10.5, back, TrackedObjects(10.5, []), TrafficLights(10.5), road(),
+                                        Route(0.0, ["A"])))
+    assert pl._previous_plan(back[-1], 5, 80) is None
+    assert res.trajectory.velocity.max() < 16.0
