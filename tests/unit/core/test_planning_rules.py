@@ -202,8 +202,10 @@ def test_a_jump_of_the_ego_drops_the_last_plan_as_a_warm_start(prior) -> None:
     hist = accelerating_history(10.0, 10.0)
     pl.plan_detailed(PlannerInput(10.0, hist, TrackedObjects(10.0, []), TrafficLights(10.0), road(),
                                   Route(0.0, ["A"])))
+    on_track = EgoState(10.5, hist[-1].x + 5.0, 0.0, 0.0, 10.0)
+    assert pl._previous_plan(on_track, 5, 80) is not None  # where the plan said: kept
     back = [EgoState(s.stamp + 0.5, s.x - 15.0, 0.0, 0.0, 10.0) for s in hist]
+    assert pl._previous_plan(back[-1], 5, 80) is None
     res = pl.plan_detailed(PlannerInput(10.5, back, TrackedObjects(10.5, []), TrafficLights(10.5), road(),
                                         Route(0.0, ["A"])))
-    assert pl._previous_plan(back[-1], 5, 80) is None
     assert res.trajectory.velocity.max() < 16.0
