@@ -125,9 +125,10 @@ def test_warm_starts_never_exceed_the_speed_limit(prior) -> None:
     dec = latch(pin.decision, hist)
     forecast = ObjectBoxes.empty(81)
     ctx = ScoringContext(lane_map(g), paths["K"].centerline, ObjectBoxes.empty(41), 13.0)
-    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, ["AK", "AL"], paths, CFG,
+    group_paths = [paths["K"], paths["L"]]
+    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, ["AK", "AL"], group_paths, CFG,
                            _scores([50.0], [1.0]), dec)
-    warm = pl._warm_starts(["AK", "AL"], ego, paths, forecast, 80, pin.vehicle, obj)
+    warm = pl._warm_starts(["AK", "AL"], group_paths, ego, forecast, 80, pin.vehicle, obj)
     for w in warm:
         speed = np.hypot(*np.diff(w[..., :2], axis=1).transpose(2, 0, 1)) / 0.5  # between waypoints
         assert speed.max() <= 13.0 + 0.05
@@ -149,13 +150,14 @@ def test_progress_is_normalised_by_pdm_closeds_best_feasible_proposal() -> None:
     paths = reference_paths(g, Route(0.0, ["A"]), ego, ahead=200.0)
     ctx = ScoringContext(lane_map(g), paths["K"].centerline, ObjectBoxes.empty(41), 15.0)
     # PDM-Closed's proposals made 20, 40 and (infeasible) 60 m: the reference is 40 m, fixed for the call.
-    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], paths, CFG,
+    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], [paths["K"]], CFG,
                            _scores([20.0, 40.0, 60.0], [1.0, 1.0, 0.0]))
     assert obj.progress_reference == 40.0
     # A member making 30 m scores (5 * 0.75 + 5 + 2 + 4) / 16; one making 55 m gains nothing over 40 m.
     np.testing.assert_allclose(obj.weighted(_scores([30.0, 55.0], [1.0, 1.0])), [(5 * 0.75 + 11) / 16, 1.0])
     # Nothing feasible moves: the floor (half of a gentle 1 m/s^2 start to the limit over 4 s).
-    still = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], paths, CFG, _scores([0.0], [1.0]))
+    still = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], [paths["K"]], CFG,
+                             _scores([0.0], [1.0]))
     assert still.progress_reference == pytest.approx(0.5 * (10 * 4 + 0.5 * 16))
 
 
@@ -209,3 +211,21 @@ def test_a_jump_of_the_ego_drops_the_last_plan_as_a_warm_start(prior) -> None:
     res = pl.plan_detailed(PlannerInput(10.5, back, TrackedObjects(10.5, []), TrafficLights(10.5), road(),
                                         Route(0.0, ["A"])))
     assert res.trajectory.velocity.max() < 16.0
+
+
+def test_a_lane_change_keeps_its_target_lane_after_the_ego_crossed_into_it(prior) -> None:
+    # CL decided in the right lane A1; 1.5 s later the ego is in the left lane A0. The decision still
+    # means "into A0": the planner follows A0 (there is no lane left of it any more), not a fallback.
+    pl = DecisionGuidedPlanner(DecisionGuidedConfig(search=SEARCH, time_budget=60.0), prior=prior)
+    d = decision({"CL": 1.0}, stamp=10.0)
+    hist = accelerating_history(10.0, 10.0)
+    first = pl.plan_detailed(PlannerInput(10.0, hist, TrackedObjects(10.0, []), TrafficLights(10.0), road(),
+                                          Route(0.0, ["A"]), d))
+    assert first.mode == MODE_DECISION and first.action == "CL"
+    crossed = [EgoState(s.stamp + 1.5, s.x + 15.0, 3.3, 0.0, 10.0) for s in hist]
+    later = pl.plan_detailed(PlannerInput(11.5, crossed, TrackedObjects(11.5, []), TrafficLights(11.5), road(),
+                                          Route(0.0, ["A"]), d))
+    assert later.mode == MODE_DECISION and later.action == "CL", later.reasons
+    assert abs(later.trajectory.y[-1] - 3.5) < 0.5  # stays in A0
+    assert pl._in_force.target_lane("L", {"K": ("A0",), "R": ("A1",)}) == "K"
+    assert pl._in_force.target_lane("K", {"K": ("A0",), "R": ("A1",)}) == "R"

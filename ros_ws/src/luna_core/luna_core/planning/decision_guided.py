@@ -209,7 +209,7 @@ class PlannerObjective:
     """
 
     def __init__(self, ego: EgoState, seed: np.ndarray, waypoint_dt: float, ctx: ScoringContext,
-                 weights: ScorerWeights, groups: list[str], paths: dict[str, ReferencePath],
+                 weights: ScorerWeights, groups: list[str], paths: list[ReferencePath],
                  config: ObjectiveConfig, reference_scores: ProposalScores,
                  decision: DecisionInForce | None = None) -> None:
         self.ego = ego
@@ -219,7 +219,7 @@ class PlannerObjective:
         self.ctx = ctx
         self.weights = weights
         self.groups = groups  # action codes; "" = J_gen only
-        self.paths = paths
+        self.paths = paths  # each group's reference path
         self.config = config
         self.state0 = state_from_ego(ego)
         # V^k from the speed at the decision's stamp, as far into Stop's ramp as the decision's age.
@@ -268,7 +268,7 @@ class PlannerObjective:
         j_gen = evaluation.j_gen[rows]
         if not action:
             return {"score": action_objective(None, j_gen, self.config), "j_gen": j_gen}
-        path = self.paths[_lateral(action)]
+        path = self.paths[group]
         states = evaluation.states[rows, 1:]
         j_dec = decision_following(action, path.lateral_offset(states[..., :2]), states[..., StateIndex.VELOCITY],
                                    self.reference_speed, self.config, path.speed_limit, self.elapsed)
@@ -400,7 +400,7 @@ class DecisionGuidedPlanner:
             stop = stop_along(ego, None, c.comfortable_deceleration, c.output_horizon, c.objective.dt)
             return self._finish(stop, None, MODE_STOP, reasons, [], start, budget, None)
 
-        groups, probs, mode, decision = self._candidates(planner_input, paths, reasons)
+        groups, probs, group_paths, mode, decision = self._candidates(planner_input, paths, reasons)
         clean_input = replace(planner_input, ego_history=[ego], objects=TrackedObjects(
             planner_input.objects.stamp, usable.objects))
         lm = self._local_lanes(planner_input.lane_graph, ego)
@@ -422,14 +422,14 @@ class DecisionGuidedPlanner:
                                   vehicle=planner_input.vehicle)
         proposal_scores = score_proposals(proposals.states, ctx, c.scorer_weights)
         objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, ctx, c.scorer_weights, groups,
-                                     paths, c.objective, proposal_scores, decision)
-        warm = self._warm_starts(groups, ego, paths, full_forecast, steps_out, planner_input.vehicle, objective)
+                                     group_paths, c.objective, proposal_scores, decision)
+        warm = self._warm_starts(groups, group_paths, ego, full_forecast, steps_out, planner_input.vehicle, objective)
         gen = torch.Generator().manual_seed(c.search.seed * 1_000_003 + self.calls)
         search = diffusion_es(self.prior, hist, seed, warm, objective, c.search, deadline, gen, self.clock, self.timer)
         if search.budget_cut:
             reasons.append(f"time budget {budget * 1e3:.0f} ms: {search.budget_cut}")
-        return self._select(search, groups, probs, mode, reasons, objective, ego, paths, full_forecast, start,
-                            budget, decision, planner_input, (proposals, proposal_scores))
+        return self._select(search, groups, probs, group_paths, mode, reasons, objective, ego, paths, full_forecast,
+                            start, budget, decision, planner_input, (proposals, proposal_scores))
 
     def _local_lanes(self, graph: LaneGraph, ego: EgoState) -> LaneMap:
         """The lane map of the lanes within reach of this cycle's trajectories.
@@ -455,39 +455,46 @@ class DecisionGuidedPlanner:
         return finite[-1]
 
     def _candidates(self, planner_input: PlannerInput, paths: dict[str, ReferencePath], reasons: list[str]
-                    ) -> tuple[list[str], list[float], str, DecisionInForce | None]:
-        """(groups, probabilities, mode, decision in force); groups [""] = the J_gen-only search."""
+                    ) -> tuple[list[str], list[float], list[ReferencePath], str, DecisionInForce | None]:
+        """(groups, probabilities, each group's reference path, mode, decision in force); groups [""] =
+        the J_gen-only search along the current lane."""
         c = self.config
+        fallback = [""], [1.0], [paths["K"]]
         if not c.use_decisions:
-            return [""], [1.0], MODE_NO_DECISION, None
+            return (*fallback, MODE_NO_DECISION, None)
         d = planner_input.decision
         if d is None:
             reasons.append("no decision received: J_gen-only fallback")
-            return [""], [1.0], MODE_FALLBACK, None
+            return (*fallback, MODE_FALLBACK, None)
+        lanes = {code: path.lane_ids for code, path in paths.items()}
         if self._in_force is None or self._in_force.stamp != d.stamp:
             try:
-                self._in_force = latch(d, planner_input.ego_history, c.objective.gamma_p)
+                self._in_force = latch(d, planner_input.ego_history, c.objective.gamma_p).with_lanes(lanes)
             except InvalidDecision as exc:
                 self._in_force = None
                 reasons.append(f"invalid decision: {exc}: J_gen-only fallback")
-                return [""], [1.0], MODE_FALLBACK, None
+                return (*fallback, MODE_FALLBACK, None)
             if self._in_force.reference_note:
                 reasons.append(f"decision's reference speed: {self._in_force.reference_note}")
         decision = self._in_force
         age = decision.age(planner_input.time)
         if age > c.decision_timeout:
             reasons.append(f"decision is stale ({age:.2f} s old > {c.decision_timeout:.2f} s): J_gen-only fallback")
-            return [""], [1.0], MODE_FALLBACK, None
-        chosen = []
+            return (*fallback, MODE_FALLBACK, None)
+        chosen, group_paths = [], []
         for code in decision.candidate_set:
-            if _lateral(code) not in paths:
+            # The lanes the action named when decided, wherever the ego is now (halfway through a lane
+            # change, "left" at the decision is the ego's own lane).
+            key = decision.target_lane(_lateral(code), lanes)
+            if key is None:
                 reasons.append(f"candidate {code} dropped: no lane on that side")
             else:
                 chosen.append(code)
+                group_paths.append(paths[key])
         if not chosen:
             reasons.append("no candidate action is possible here: J_gen-only fallback")
-            return [""], [1.0], MODE_FALLBACK, None
-        return chosen, [decision.probability(a) for a in chosen], MODE_DECISION, decision
+            return (*fallback, MODE_FALLBACK, None)
+        return chosen, [decision.probability(a) for a in chosen], group_paths, MODE_DECISION, decision
 
     def _previous_plan(self, ego: EgoState, every: int, steps: int) -> np.ndarray | None:
         """The last published trajectory from now on, as map-frame poses every dt (1, steps+1, 3),
@@ -513,7 +520,7 @@ class DecisionGuidedPlanner:
         h = np.interp(t, traj.t, np.unwrap(traj.heading))
         return np.column_stack([x, y, h])[None]
 
-    def _warm_starts(self, groups: list[str], ego: EgoState, paths: dict[str, ReferencePath],
+    def _warm_starts(self, groups: list[str], group_paths: list[ReferencePath], ego: EgoState,
                      forecast: ObjectBoxes, steps: int, vehicle: VehicleParameters,
                      objective: PlannerObjective) -> list[np.ndarray]:
         """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals),
@@ -529,36 +536,33 @@ class DecisionGuidedPlanner:
         steps = max(steps, every * self.prior.config.num_waypoints)
         origin = (ego.x, ego.y, ego.heading)
         previous = self._previous_plan(ego, every, steps)
-        plans: dict[str, tuple[str, np.ndarray, list[tuple[float, float]]]] = {}
-        for action in groups:
+        plans: dict[int, tuple[np.ndarray, list[tuple[float, float]]]] = {}  # group -> speeds, (offset, blend)
+        for g, (action, path) in enumerate(zip(groups, group_paths)):
             if action and action[0] == "S":
                 continue
-            lateral = _lateral(action) if action else "K"
-            path = paths[lateral]
             if action:
                 lo, hi = speed_interval(action, objective.reference_speed, c.objective, path.speed_limit)
                 lo_v, hi_v = float(lo[0]), float(hi[0])
                 if not math.isfinite(hi_v):  # accelerate without a known limit: up to 3 m/s above the floor
                     hi_v = lo_v + 3.0
                 speeds = np.linspace(lo_v, max(hi_v * 0.98, lo_v), c.warm_speeds)
-                blends = c.keep_blend_times if lateral == "K" else c.change_blend_times
-                targets = [(0.0, tb) for tb in blends]
+                blends = c.keep_blend_times if path.lateral == "K" else c.change_blend_times
+                plans[g] = (speeds, [(0.0, tb) for tb in blends])
             else:
                 speeds = np.array(c.fallback_speed_fractions) * path.speed_limit
-                targets = [(off, c.keep_blend_times[len(c.keep_blend_times) // 2]) for off in c.fallback_offsets]
-            plans[action] = (lateral, speeds, targets)
-        rollouts: dict[str, tuple[np.ndarray, np.ndarray, dict[str, slice]]] = {}
-        for lateral in {plan[0] for plan in plans.values()}:
-            members = [a for a, plan in plans.items() if plan[0] == lateral]
-            speeds = np.concatenate([plans[a][1] for a in members])
-            props = idm_proposals(ego, paths[lateral].centerline, forecast, offsets=(0.0,),
+                plans[g] = (speeds, [(off, c.keep_blend_times[len(c.keep_blend_times) // 2])
+                                     for off in c.fallback_offsets])
+        rollouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for lateral in {group_paths[g].lateral for g in plans}:
+            members = [g for g in plans if group_paths[g].lateral == lateral]
+            speeds = np.concatenate([plans[g][0] for g in members])
+            props = idm_proposals(ego, group_paths[members[0]].centerline, forecast, offsets=(0.0,),
                                   target_speeds=tuple(speeds), steps=steps, simulate_steps=0, dt=dt, vehicle=vehicle)
-            bounds = np.cumsum([0] + [len(plans[a][1]) for a in members])
-            rollouts[lateral] = (props.poses, props.velocity,
-                                 {a: slice(bounds[k], bounds[k + 1]) for k, a in enumerate(members)})
+            bounds = np.cumsum([0] + [len(plans[g][0]) for g in members])
+            for k, g in enumerate(members):
+                rollouts[g] = (props.poses[bounds[k]:bounds[k + 1]], props.velocity[bounds[k]:bounds[k + 1]])
         out = []
-        for action in groups:
-            path = paths[_lateral(action)] if action else paths["K"]
+        for g, (action, path) in enumerate(zip(groups, group_paths)):
             d0 = float(path.lateral_offset(np.array([ego.x, ego.y])))
             parts = [] if previous is None else [previous]
             if action and action[0] == "S":
@@ -568,16 +572,16 @@ class DecisionGuidedPlanner:
                     for tb in c.keep_blend_times:
                         parts.append(blended_poses(poses, stop.velocity[None], d0, 0.0, tb, dt))
             else:
-                lateral, _, targets = plans[action]
-                poses, velocity, rows = rollouts[lateral]
-                for off, tb in targets:
-                    parts.append(blended_poses(poses[rows[action]], velocity[rows[action]], d0, off, tb, dt))
+                poses, velocity = rollouts[g]
+                for off, tb in plans[g][1]:
+                    parts.append(blended_poses(poses, velocity, d0, off, tb, dt))
             out.append(_to_waypoints(np.concatenate(parts), origin, every)[:, : self.prior.config.num_waypoints])
         return out
 
     # ---- selection and the published trajectory ----------------------------------------------------
 
-    def _select(self, search: ESResult, groups: list[str], probs: list[float], mode: str, reasons: list[str],
+    def _select(self, search: ESResult, groups: list[str], probs: list[float], group_paths: list[ReferencePath],
+                mode: str, reasons: list[str],
                 objective: PlannerObjective, ego: EgoState, paths: dict[str, ReferencePath],
                 forecast: ObjectBoxes, start: float, budget: float, decision: DecisionInForce | None,
                 planner_input: PlannerInput, pdm: tuple[ProposalSet, ProposalScores]) -> PlanResult:
@@ -591,8 +595,7 @@ class DecisionGuidedPlanner:
                 candidates.append(CandidateResult(action, probs[g], None, math.nan, 0.0, 0.0, 0.0, "none"))
                 continue
             poses = objective.map_poses(best.poses[None], steps_out)[0]
-            path = paths[_lateral(action)] if action else paths["K"]
-            traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), path, forecast,
+            traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), group_paths[g], forecast,
                                    planner_input.vehicle)
             candidates.append(CandidateResult(action, probs[g], traj, best.terms.get("j_dec", math.nan),
                                               best.terms["j_gen"], best.score, 0.0, best.origin))
