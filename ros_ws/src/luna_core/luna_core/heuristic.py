@@ -135,18 +135,19 @@ class HeuristicSystem:
                                     examples_dropped=len(retrieved) - len(used),
                                     objects_dropped=prompt.objects_dropped)
 
-    def explain(self, decision: DecisionDistribution, failure: FailureEvent,
-                stop: threading.Event | None = None) -> DecisionExplanation:
+    def explain(self, decision: DecisionDistribution, failure: FailureEvent, stop: threading.Event | None = None,
+                max_tokens: int | None = None, max_time: float | None = None) -> DecisionExplanation:
         """Explain ``decision`` (the one executed when ``failure`` happened) with the same retrieved
-        context it was made with (items that vanished from the bank are skipped)."""
+        context it was made with (items that vanished from the bank are skipped). ``max_tokens`` and
+        ``max_time`` (s) override the config's (the explainer's parameters, on a shared system)."""
         retrieved = []
         if self.bank is not None:
             with self._bank_lock:
                 retrieved = [self.bank.get(i) for i in decision.retrieved_ids if i in self.bank]
         ranked = decision.candidate_set or candidate_set(decision.probabilities, self.config.gamma_p)
         result = self.student.explain(decision.query, retrieved, ranked,
-                                      max_new_tokens=self.config.explanation_max_tokens, stop=stop,
-                                      max_time=self.config.explanation_max_time)
+                                      max_new_tokens=max_tokens or self.config.explanation_max_tokens, stop=stop,
+                                      max_time=max_time or self.config.explanation_max_time)
         return DecisionExplanation(stamp=failure.stamp, decision_stamp=decision.stamp,
                                    failure_stamp=failure.stamp, query=decision.query, candidate_set=list(ranked),
                                    text=result.text, latency=result.latency)

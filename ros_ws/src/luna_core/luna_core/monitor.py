@@ -18,8 +18,8 @@ Pure Python for the ``progress_monitor`` node: feed it with ``update_ego``, ``up
 ``update_light`` and ``on_decision`` as messages arrive (any order; late stamps are inserted in order),
 then call ``check(now)`` every T_d on the node clock. ``diagnostics`` describes the last check
 (latency included). Invalid input raises :class:`MonitorInputError` naming what was wrong, except
-non-finite objects inside a frame, which are dropped and counted so that one bad track does not blind
-the monitor.
+objects with unknown fields inside a frame, which follow the shared rule ``usable_objects`` (kept with a
+default footprint while their position is known) and are counted, so one bad track blinds nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 
 from luna_core.geometry import TOUCH_TOLERANCE, colliding_objects
 from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, TrackedObjects,
-                             TrafficLightPhase, VehicleParameters, box_corners)
+                             TrafficLightPhase, VehicleParameters, box_corners, usable_objects)
 
 #: Light phases under which forward progress is permitted (Eq. 23).
 PERMISSIVE_PHASES = frozenset({TrafficLightPhase.GREEN, TrafficLightPhase.NONE})
@@ -91,7 +91,8 @@ class MonitorDiagnostics:
     stall_window_full: bool = False  # ego samples for all H instants of Eq. 23
     mean_speed: float = math.nan  # m/s over the stall window (NaN unless full)
     lights_permissive: bool = False
-    dropped_objects: int = 0  # non-finite objects dropped from frames since start
+    dropped_objects: int = 0  # objects without a usable position left out of frames since start
+    assumed_objects: int = 0  # objects kept with assumed fields (default footprint...) since start
     failure: bool = False
 
 
@@ -164,11 +165,13 @@ class ProgressMonitor:
         self._ego.insert(state.stamp, state)
 
     def update_objects(self, frame: TrackedObjects) -> None:
-        """Add a perception frame; objects with non-finite fields are dropped (and counted)."""
+        """Add a perception frame, its objects as ``usable_objects`` makes them (an unknown size gets the
+        class's default footprint; objects without a usable position are left out); both are counted."""
         _check_stamp(frame.stamp, "objects frame")
-        kept = [o for o in frame.objects if o.is_finite() and o.length >= 0.0 and o.width >= 0.0]
-        self.diagnostics.dropped_objects += len(frame.objects) - len(kept)
-        self._objects.insert(frame.stamp, kept)
+        usable = usable_objects(frame.objects)
+        self.diagnostics.dropped_objects += len(usable.dropped)
+        self.diagnostics.assumed_objects += len(usable.assumed)
+        self._objects.insert(frame.stamp, usable.objects)
 
     def update_light(self, stamp: float, phase: TrafficLightPhase) -> None:
         """Record the phase of the light governing the ego's path (the scene descriptor's lambda_t).

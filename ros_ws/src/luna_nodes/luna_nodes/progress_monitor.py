@@ -9,7 +9,7 @@ from luna_core.failure_gate import FailureGate
 from luna_core.geometry import TOUCH_TOLERANCE
 from luna_core.monitor import MonitorParameters, ProgressMonitor
 from luna_nodes import convert, qos
-from luna_nodes.base import WARN, LunaNode, run
+from luna_nodes.base import MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 
 INTERFACE = NodeInterface(
@@ -26,15 +26,17 @@ INTERFACE = NodeInterface(
     params=[
         ParamSpec("decision_period", float, 2.0, "T_d: check period and collision window.", "s",
                   min=0.05, max=10.0),
-        ParamSpec("stall_window_cycles", int, 3, "H: decision cycles in the stall window.", min=1, max=1000),
+        ParamSpec("stall_window_cycles", int, 3, "H: decision cycles in the stall window.", min=1, max=1000,
+                  runtime=True),
         ParamSpec("stall_speed_threshold", float, 0.5, "v_th: mean speed below which the ego stalls.", "m/s",
-                  min=0.0),
+                  min=0.0, runtime=True),
         ParamSpec("max_sample_gap", float, 0.3, "How far a sample may be from the instant it stands for.", "s",
-                  min=0.01),
+                  min=0.01, runtime=True),
         ParamSpec("collision_tolerance", float, TOUCH_TOLERANCE, "Boxes this close count as touching.", "m",
-                  min=0.0),
+                  min=0.0, runtime=True),
         ParamSpec("failure_cooldown", float, 5.0, "A lasting stall, or a collision with the same object, is "
-                  "reported again only after this long.", "s", min=0.0),
+                  "reported again only after this long.", "s", min=0.0, runtime=True),
+        MAX_TRACKED_OBJECTS,
     ],
 )
 
@@ -42,21 +44,27 @@ INTERFACE = NodeInterface(
 class ProgressMonitorNode(LunaNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
-        p = self.params
-        self.monitor = ProgressMonitor(MonitorParameters(
-            decision_period=p["decision_period"], stall_window_cycles=p["stall_window_cycles"],
-            stall_speed_threshold=p["stall_speed_threshold"], max_sample_gap=p["max_sample_gap"],
-            collision_tolerance=p["collision_tolerance"]))
-        self.gate = FailureGate(p["failure_cooldown"])
+        self.monitor = ProgressMonitor(monitor_parameters(self.params))
+        self.gate = FailureGate(self.params["failure_cooldown"])
+        self.ego_xy: tuple[float, float] | None = None  # the latest odometry's position (the objects cap)
         self.publisher = self.luna_publisher(lm.FailureEvent, "luna/failure", qos.RELIABLE)
-        self.luna_subscription(Odometry, "localization/kinematic_state",
-                               lambda m: self.monitor.update_ego(convert.odometry_to_ego(m)), qos.SENSOR)
+        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR)
         self.luna_subscription(lm.TrackedObjects, "perception/objects",
-                               lambda m: self.monitor.update_objects(convert.msg_to_objects(m)), qos.SENSOR)
+                               lambda m: self.monitor.update_objects(self.usable_objects_of(m, self.ego_xy)),
+                               qos.SENSOR)
         self.luna_subscription(lm.SceneDescriptor, "luna/scene", self.on_scene, qos.RELIABLE)
         self.luna_subscription(lm.DecisionDistribution, "luna/decision",
                                lambda m: self.monitor.on_decision(convert.msg_to_decision(m)), qos.RELIABLE)
-        self.timer = self.create_periodic(p["decision_period"], self.tick)
+        self.timer = self.create_periodic(self.params["decision_period"], self.tick)
+
+    def apply_parameters(self, params: dict) -> None:
+        self.monitor.params = monitor_parameters(params)  # ValueError (refused) if MonitorParameters refuses
+        self.gate.cooldown = params["failure_cooldown"]
+
+    def on_odometry(self, msg: Odometry) -> None:
+        ego = convert.odometry_to_ego(msg)
+        self.monitor.update_ego(ego)
+        self.ego_xy = (ego.x, ego.y)
 
     def on_scene(self, msg: lm.SceneDescriptor) -> None:
         scene = convert.msg_to_scene(msg)
@@ -68,7 +76,8 @@ class ProgressMonitorNode(LunaNode):
             return
         event = self.monitor.check(now)
         d = self.monitor.diagnostics
-        for key in ("latency", "frames_checked", "objects_checked", "mean_speed", "dropped_objects"):
+        for key in ("latency", "frames_checked", "objects_checked", "mean_speed", "dropped_objects",
+                    "assumed_objects"):
             self.diagnostics.set_value(f"check_{key}" if key == "latency" else key, getattr(d, key))
         if event is None:
             self.diagnostics.clear("failure")
@@ -81,6 +90,14 @@ class ProgressMonitorNode(LunaNode):
         what = ", ".join(filter(None, [f"collision with {admitted.colliding_ids}" if admitted.colliding_ids else "",
                                        "stall" if admitted.stall else ""]))
         self.diagnostics.set_condition("failure", WARN, f"{what} under decision '{admitted.issued_decision}'")
+
+
+def monitor_parameters(params: dict) -> MonitorParameters:
+    return MonitorParameters(decision_period=params["decision_period"],
+                             stall_window_cycles=params["stall_window_cycles"],
+                             stall_speed_threshold=params["stall_speed_threshold"],
+                             max_sample_gap=params["max_sample_gap"],
+                             collision_tolerance=params["collision_tolerance"])
 
 
 def main(args=None) -> int:
