@@ -158,13 +158,19 @@ def test_progress_is_normalised_by_the_best_feasible_proposal_as_pdm_closed_does
     assert obj.reference == 40.0 and obj.min_progress == -math.inf
     # A member making 30 m scores (5 * 0.75 + 5 + 2 + 4) / 16; one making 55 m gains nothing over 40 m.
     np.testing.assert_allclose(obj.j_gen(_scores([30.0, 55.0], [1.0, 1.0])), [(5 * 0.75 + 11) / 16, 1.0])
-    # No proposal feasible: PDM-Closed normalises by the best of all (50 m), and a member must make 20 % of
-    # it: one crawling 5 m is not a way through; 12 m is.
+    # No proposal feasible, none colliding (all leave the drivable area): the best of them (50 m) is the
+    # reference and a member must make 20 % of it: one crawling 5 m is no way through; 12 m is.
     obj = objective()
     obj._set_reference(_scores([30.0, 50.0], [0.0, 0.0]))
     assert obj.reference == 50.0 and obj.min_progress == pytest.approx(10.0)
     j = obj.j_gen(_scores([5.0, 12.0], [1.0, 1.0]))
     assert j[0] == 0.0 and j[1] == pytest.approx((5 * 12 / 50 + 11) / 16)
+    # Every proposal collides (a lead braking hard): no threshold, a member stopping short is welcome.
+    obj = objective()
+    colliding = _scores([30.0, 50.0], [0.0, 0.0])
+    colliding.no_at_fault_collision[:] = 0.0
+    obj._set_reference(colliding)
+    assert obj.min_progress == -math.inf and obj.reference == pytest.approx(obj.progress_floor)
     # Nothing moves: the floor (half of a gentle 1 m/s^2 start to the limit over 4 s), no threshold.
     obj = objective()
     obj._set_reference(_scores([0.0], [1.0]))

@@ -206,10 +206,11 @@ class PlannerObjective:
     PDM-Closed's own proposals in the J_gen-only search, and the last plan). The reference is fixed
     then, so members scored in later Diffusion-ES batches stay comparable, and a member making more
     progress than the best proposal gains nothing by it (a sampled trajectory closing in on a braking
-    lead is not rewarded over keeping the IDM gap). When no proposal is feasible, a member must also
-    make 20 % of the best proposal's progress to count as feasible (nuPlan's ego_is_making_progress
-    threshold): crawling until the 4 s horizon no longer reaches the unavoidable problem is not a way
-    through it. Every scored batch is kept for the least-bad fallback.
+    lead is not rewarded over keeping the IDM gap). When no proposal is feasible but some collide with
+    nothing (they all leave the drivable area or drive against traffic within the horizon), the
+    reference is the best of those, and a member must also make 20 % of it to count as feasible
+    (nuPlan's ego_is_making_progress threshold): crawling until the 4 s horizon no longer reaches an
+    unavoidable problem is not a way through it. Every scored batch is kept for the least-bad fallback.
     """
 
     def __init__(self, ego: EgoState, seed: np.ndarray, waypoint_dt: float, ctx: ScoringContext,
@@ -261,12 +262,15 @@ class PlannerObjective:
 
     def _set_reference(self, proposals: ProposalScores) -> None:
         feasible = proposals.multiplicative > 0
-        progress = proposals.raw_progress[feasible] if feasible.any() else proposals.raw_progress
-        best = float(progress.max())
+        # No proposal feasible although some run into nothing: they all leave the drivable area (or
+        # drive against the traffic) within the horizon, which a slower member only postpones.
+        unavoidable = not feasible.any() and bool((proposals.no_at_fault_collision >= 1.0).any())
+        pool = feasible if feasible.any() else proposals.no_at_fault_collision >= 1.0
+        best = float(proposals.raw_progress[pool].max()) if pool.any() else 0.0
         # Nothing that moves: a reference of ~0 would give every member full progress, and a creeping or
         # reversing trajectory would score like one that drives on; the floor is used then.
         self.progress_reference = best if best > PROGRESS_EPSILON else self.progress_floor
-        if not feasible.any() and best > PROGRESS_EPSILON:
+        if unavoidable and best > PROGRESS_EPSILON:
             self.min_progress = MAKING_PROGRESS_RATIO * best
 
     def j_gen(self, s: ProposalScores) -> np.ndarray:
