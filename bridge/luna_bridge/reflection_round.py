@@ -48,7 +48,7 @@ from luna_core.monitor import MonitorParameters, ProgressMonitor
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
 from luna_core.scene import SceneInputError, build_scene
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, PlannerInput, ReflectionResult,
-                             TrafficLightPhase)
+                             SceneDescriptor)
 
 from luna_bridge.metrics import aggregate, score_log
 from luna_bridge.scenario import SIM_DT, Scenario, SimulationLog
@@ -107,20 +107,20 @@ class RoundConfig:
 
 class SceneDecisionSource:
     """The simulator's decision source: xi_t from the planner input (as ``scene_descriptor`` builds it),
-    then ``HeuristicSystem.decide``. Records every decision and the light phase of every scene, which
-    the progress monitor needs afterwards."""
+    then ``HeuristicSystem.decide``. Records every decision and every scene, which the progress
+    monitor needs afterwards (the scene says what held the ego)."""
 
     def __init__(self, heuristic: Any) -> None:
         self.heuristic = heuristic
         self.decisions: list[DecisionDistribution] = []
-        self.lights: list[tuple[float, TrafficLightPhase]] = []
+        self.scenes: list[SceneDescriptor] = []
         self.scene_errors: list[str] = []
 
     def reset(self) -> None:
         """A new scenario: forget the records, the recent actions of the prompt and the retrieved items
         the heuristic system would keep (its retrieval margin), so a run does not depend on the last."""
         self.decisions.clear()
-        self.lights.clear()
+        self.scenes.clear()
         self.scene_errors.clear()
         self.heuristic.reset()
 
@@ -132,7 +132,7 @@ class SceneDecisionSource:
         except SceneInputError as exc:  # no decision this cycle: the planner runs its fallback objective
             self.scene_errors.append(f"t={planner_input.time:.1f}s: {exc}")
             return None
-        self.lights.append((scene.stamp, scene.traffic_light))
+        self.scenes.append(scene)
         decision = self.decision_for(scene, planner_input)
         if decision is not None:
             self.decisions.append(decision)
@@ -144,14 +144,14 @@ class SceneDecisionSource:
 
 
 def detect_failures(sim_log: SimulationLog, decisions: Sequence[DecisionDistribution],
-                    lights: Sequence[tuple[float, TrafficLightPhase]], params: MonitorParameters,
+                    scenes: Sequence[SceneDescriptor], params: MonitorParameters,
                     cooldown: float) -> list[FailureEvent]:
     """The failures the ``progress_monitor`` node would publish for this run: every input fed by stamp,
     ``check`` every T_d from the first full period on, debounced by the failure gate."""
     monitor = ProgressMonitor(params)
     gate = FailureGate(cooldown)
-    for stamp, phase in lights:
-        monitor.update_light(stamp, phase)
+    for scene in scenes:
+        monitor.update_scene(scene)
     for d in decisions:
         monitor.on_decision(d)
     every = max(1, int(round(params.decision_period / SIM_DT)))
@@ -212,7 +212,7 @@ def run_stack(scenario: Scenario, planner: Any, heuristic: Any, config: RoundCon
                        config=SimulationConfig(replan_every=config.replan_every,
                                                decision_every=config.decision_every))
     score = score_log(sim_log)
-    failures = detect_failures(sim_log, source.decisions, source.lights, config.monitor_parameters(),
+    failures = detect_failures(sim_log, source.decisions, source.scenes, config.monitor_parameters(),
                                config.failure_cooldown)
     record = RunRecord(scenario.name, scenario.scenario_type, score.score, score.error, failures,
                        len(source.decisions), len(source.scene_errors), sim_log.planner_failures, 0.0,

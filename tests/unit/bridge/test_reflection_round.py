@@ -18,6 +18,7 @@ from luna_core.monitor import MonitorParameters
 from luna_core.planning.factory import make_planner
 from luna_core.prompts import PromptManager
 from luna_core.reflection import Outbox, ReflectionRequest, ReflectionSystem
+from luna_core.scene import build_scene
 from luna_core.types import ACTION_CODES, DecisionDistribution, MemoryItem, TrafficLightPhase
 from tests import samples
 from tests.scenario_samples import blocked_lane_scenario, rear_end_scenario
@@ -29,8 +30,14 @@ def _decisions(duration: float, code: str = "CK") -> list[DecisionDistribution]:
     return [DecisionDistribution(float(t), p) for t in np.arange(0.0, duration, 0.5)]
 
 
-def _lights(duration: float, phase: TrafficLightPhase) -> list[tuple[float, TrafficLightPhase]]:
-    return [(float(t), phase) for t in np.arange(0.0, duration, 0.5)]
+def _scenes(log, phase: TrafficLightPhase, every: int = 5) -> list:
+    """The scene descriptor every T_d of a run, as the decision source builds it, under light ``phase``."""
+    scenes = []
+    for ego, objects in list(zip(log.ego, log.objects))[::every]:
+        scene = build_scene(ego, objects, None, log.scenario.route, log.scenario.lane_graph)
+        scene.traffic_light = phase
+        scenes.append(scene)
+    return scenes
 
 
 @pytest.fixture(scope="module")
@@ -47,35 +54,39 @@ def blocked_log():
 
 def test_collision_is_reported_once_per_cooldown_with_the_decision_in_force(rear_end_log):
     decisions = _decisions(3.0)
-    failures = detect_failures(rear_end_log, decisions, _lights(3.0, TrafficLightPhase.GREEN), MonitorParameters(),
-                               cooldown=5.0)
+    failures = detect_failures(rear_end_log, decisions, _scenes(rear_end_log, TrafficLightPhase.GREEN),
+                               MonitorParameters(), cooldown=5.0)
     assert len(failures) == 1
     f = failures[0]
     assert f.colliding_ids == ["rear"] and not f.stall
+    assert f.collision_kinds == {"rear": "ACTIVE_REAR"}  # the metrics do not count it at fault either
     assert f.issued_decision == "CK"
     # The decision issued about T_d before the check is the one explained.
     assert executed_decision(decisions, f).stamp == pytest.approx(f.decision_stamp)
     assert f.stamp - f.decision_stamp == pytest.approx(0.5)
     # Without the gate's cooldown the overlap is reported at every check while it lasts.
-    repeated = detect_failures(rear_end_log, decisions, _lights(3.0, TrafficLightPhase.GREEN), MonitorParameters(),
-                               cooldown=0.0)
+    repeated = detect_failures(rear_end_log, decisions, _scenes(rear_end_log, TrafficLightPhase.GREEN),
+                               MonitorParameters(), cooldown=0.0)
     assert len(repeated) > 1 and all(r.colliding_ids == ["rear"] for r in repeated)
 
 
-def test_stall_behind_a_parked_car_is_a_failure_only_under_a_permissive_light(blocked_log):
+def test_standing_behind_a_parked_car_is_blocked_not_a_stall_and_nothing_under_a_red_light(blocked_log):
     speeds = np.array([e.velocity for e in blocked_log.ego])
     assert speeds[-30:].max() < 0.5, "the IDM ego should stand behind the parked car"
-    green = detect_failures(blocked_log, _decisions(12.0, "SK"), _lights(12.0, TrafficLightPhase.GREEN),
+    green = detect_failures(blocked_log, _decisions(12.0, "SK"), _scenes(blocked_log, TrafficLightPhase.GREEN),
                             MonitorParameters(), cooldown=5.0)
-    assert green and all(f.stall and not f.colliding_ids for f in green)
+    assert green and all(f.blocked_by == "parked" and not f.stall and not f.colliding_ids for f in green)
     assert green[0].issued_decision == "SK"
-    red = detect_failures(blocked_log, _decisions(12.0, "SK"), _lights(12.0, TrafficLightPhase.RED),
+    red = detect_failures(blocked_log, _decisions(12.0, "SK"), _scenes(blocked_log, TrafficLightPhase.RED),
                           MonitorParameters(), cooldown=5.0)
     assert red == []
+    # Without the scene descriptor (no decision source) nothing is known to hold the ego: a stall.
+    blind = detect_failures(blocked_log, _decisions(12.0, "SK"), [], MonitorParameters(), cooldown=5.0)
+    assert blind and all(f.stall for f in blind)
 
 
 def test_failure_before_any_decision_has_nothing_to_explain(rear_end_log):
-    failures = detect_failures(rear_end_log, [], _lights(3.0, TrafficLightPhase.NONE), MonitorParameters(), 5.0)
+    failures = detect_failures(rear_end_log, [], _scenes(rear_end_log, TrafficLightPhase.NONE), MonitorParameters(), 5.0)
     assert failures and failures[0].issued_decision == ""
     assert executed_decision([], failures[0]) is None
 

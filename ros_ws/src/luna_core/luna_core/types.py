@@ -413,17 +413,30 @@ def validate_distribution(probabilities: Iterable[float], tolerance: float = 1e-
 
 @dataclass
 class FailureEvent:
-    """zeta_t = <a~, I_coll, Theta> of Eq. 24."""
+    """zeta_t = <a~, I_coll, Theta> of Eq. 24, with the kind of each collision and a third failure kind.
+
+    ``stall`` is Theta of Eq. 23 (low progress while nothing holds the ego); ``blocked_by`` names the
+    stopped leader the ego stood behind for the whole stall window (low progress that a stopped car
+    explains: no stall, but a failure to make progress that reflection may solve by going around).
+    ``collision_kinds`` gives nuPlan's collision type at first contact for each colliding id
+    (``luna_core.collision_kinds``), so that a collision the metrics do not count as at fault says so.
+    """
 
     stamp: float
     issued_decision: str  # action code of the decision executed since t - T_d ("" if none)
     decision_stamp: float = 0.0  # stamp of that decision
     colliding_ids: list[str] = field(default_factory=list)
     stall: bool = False
+    blocked_by: str = ""  # id of the stopped leader that held the ego over the stall window ("" if none)
+    collision_kinds: dict[str, str] = field(default_factory=dict)  # colliding id -> CollisionType value
 
     @property
     def collision(self) -> bool:
         return bool(self.colliding_ids)
+
+    @property
+    def blocked(self) -> bool:
+        return bool(self.blocked_by)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Sequence
 from luna_core.prompts import knowledge as K
 from luna_core.prompts.compact import compact_query
 from luna_core.prompts.parsers import MalformedModelOutput
-from luna_core.scene import render_traffic_state
+from luna_core.scene import render_traffic_state, safe_id
 from luna_core.types import ACTION_CODES, FailureEvent, MemoryItem, SceneDescriptor
 
 Message = dict[str, str]
@@ -130,10 +130,13 @@ class PromptManager:
         issued = failure.issued_decision or "no decision"
         outcome = []
         if failure.collision:
-            outcome.append(f"the ego vehicle collided with object(s) {', '.join(failure.colliding_ids)}")
+            outcome.append(f"the ego vehicle collided with object(s) {', '.join(map(safe_id, failure.colliding_ids))}")
         if failure.stall:
             outcome.append("the ego vehicle nearly stopped although no red light or obstacle required it, "
                            "so it made no progress")
+        if failure.blocked:
+            outcome.append(f"the ego vehicle stood behind the stopped object {safe_id(failure.blocked_by)} in its lane "
+                           "and made no progress while it did not move")
         if not outcome:
             outcome.append("no collision and no stall occurred")
         return f"Executed decision: {issued}. Outcome: {'; '.join(outcome)}."
