@@ -449,7 +449,10 @@ class DecisionExplanation:
     query: str  # Q_md (without retrieval context)
     candidate_set: list[str]
     text: str  # the full explanation, starting with the ranked action codes
-    latency: float = 0.0
+    latency: float = 0.0  # s, generation time
+    # How generation went (kept where the explanation is made; luna_msgs carries text and latency only):
+    stop_reason: str = ""  # "eos" | "max_tokens" | "max_time" | "stop_requested"
+    names_repaired: int = 0  # actions the student named wrongly, renamed from their codes
 
 
 @dataclass
