@@ -33,7 +33,6 @@ the monitor.
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ import numpy as np
 from luna_core.collision_kinds import CollisionType, collision_type
 from luna_core.geometry import TOUCH_TOLERANCE, boxes_overlap, colliding_objects
 from luna_core.holds import LEADER, LIGHT, Hold, HoldParameters, hold_of
+from luna_core.stamped import StampedBuffer
 from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, SceneDescriptor, TrackedObject,
                              TrackedObjects, VehicleParameters, box_corners)
 
@@ -106,64 +106,15 @@ class MonitorDiagnostics:
     failure: bool = False
 
 
-@dataclass
-class _Stamped:
-    stamp: float
-    value: object
-
-    def __lt__(self, other: "_Stamped") -> bool:
-        return self.stamp < other.stamp
-
-
-class _Buffer:
-    """Samples sorted by stamp; a repeated stamp replaces the earlier sample (a re-sent message).
-
-    Pruned by :meth:`ProgressMonitor.check`; capped at ``MAX_SAMPLES`` (oldest dropped) so that a
-    node whose checks stop does not grow without bound.
-    """
-
-    MAX_SAMPLES = 10_000
-
-    def __init__(self) -> None:
-        self.items: list[_Stamped] = []
-
-    def insert(self, stamp: float, value: object) -> None:
-        i = bisect.bisect_left(self.items, _Stamped(stamp, None))
-        if i < len(self.items) and self.items[i].stamp == stamp:
-            self.items[i] = _Stamped(stamp, value)
-        else:
-            self.items.insert(i, _Stamped(stamp, value))
-            if len(self.items) > self.MAX_SAMPLES:
-                del self.items[0]
-
-    def prune(self, oldest: float) -> None:
-        i = bisect.bisect_left(self.items, _Stamped(oldest, None))
-        del self.items[:i]
-
-    def at_or_before(self, stamp: float) -> _Stamped | None:
-        i = bisect.bisect_right(self.items, _Stamped(stamp, None))
-        return self.items[i - 1] if i > 0 else None
-
-    def after(self, stamp: float) -> _Stamped | None:
-        i = bisect.bisect_right(self.items, _Stamped(stamp, None))
-        return self.items[i] if i < len(self.items) else None
-
-    def between(self, start: float, end: float) -> list[_Stamped]:
-        """Samples with start < stamp <= end."""
-        lo = bisect.bisect_right(self.items, _Stamped(start, None))
-        hi = bisect.bisect_right(self.items, _Stamped(end, None))
-        return self.items[lo:hi]
-
-
 class ProgressMonitor:
     """Buffers ego, objects, lights and decisions; ``check(now)`` returns zeta_t (Eq. 24) or None."""
 
     def __init__(self, params: MonitorParameters | None = None) -> None:
         self.params = params or MonitorParameters()
-        self._ego = _Buffer()
-        self._objects = _Buffer()
-        self._scenes = _Buffer()
-        self._decisions = _Buffer()
+        self._ego = StampedBuffer()
+        self._objects = StampedBuffer()
+        self._scenes = StampedBuffer()
+        self._decisions = StampedBuffer()
         self._contacts: dict[str, CollisionType] = {}  # objects overlapping in the last check: type at first contact
         self.diagnostics = MonitorDiagnostics()
 
@@ -275,7 +226,7 @@ class ProgressMonitor:
         obj = next(o for o in frames[k] if o.id == object_id)
         cx, cy, heading = ego_boxes[k][:3]
         rear_axle = np.array(self.params.vehicle.rear_axle_from_center(cx, cy, heading))
-        ego = self._nearest(self._ego, stamps[k])  # within a sample gap: the frame had an ego pose
+        ego = self._ego.nearest(stamps[k], self.params.max_sample_gap)  # exists: the frame had an ego pose
         return collision_type(ego_corners[k], rear_axle, heading, abs(ego.value.velocity), corners[k],
                               np.array([obj.x, obj.y]), obj.speed)
 
@@ -285,7 +236,7 @@ class ProgressMonitor:
         instants = [now - h * self.params.decision_period for h in range(self.params.stall_window_cycles)]
         speeds = []
         for tau in instants:
-            sample = self._nearest(self._ego, tau)
+            sample = self._ego.nearest(tau, self.params.max_sample_gap)
             if sample is None:
                 self.diagnostics.stall_window_full = False
                 self.diagnostics.mean_speed = math.nan
@@ -344,19 +295,12 @@ class ProgressMonitor:
         cx, cy = vehicle.center_from_rear_axle(x, y, heading)
         return cx, cy, heading, vehicle.length, vehicle.width
 
-    def _nearest(self, buffer: _Buffer, tau: float) -> _Stamped | None:
-        candidates = [s for s in (buffer.at_or_before(tau), buffer.after(tau)) if s is not None]
-        if not candidates:
-            return None
-        best = min(candidates, key=lambda s: abs(s.stamp - tau))
-        return best if abs(best.stamp - tau) <= self.params.max_sample_gap else None
-
     def _hold_at(self, tau: float) -> Hold | None:
         """What held the ego at ``tau``: the latest scene up to a decision period (plus a sample gap)
         old, else the nearest within a sample gap; nothing without a scene."""
         sample = self._scenes.at_or_before(tau)
         if sample is None or tau - sample.stamp > self.params.decision_period + self.params.max_sample_gap:
-            sample = self._nearest(self._scenes, tau)
+            sample = self._scenes.nearest(tau, self.params.max_sample_gap)
         if sample is None:
             return None
         return hold_of(sample.value, self.params.stall_speed_threshold, self.params.holds)
