@@ -8,8 +8,9 @@ hindsight check), all actions in one batch:
 
 1. path: the action's reference lane (``planning.reference_paths``: K follows the route, also
    through junctions; L / R the neighbour lane continued along the route); a lane change blends the
-   ego's lateral offset from its current lane onto the target lane over ``lane_change_time``
-   (smoothstep), Stop follows K;
+   ego's lateral offset from its current lane onto the target lane over ``lane_change_time`` and at
+   least ``lane_change_distance`` of travel (smoothstep; a slow ego cannot move sideways faster than
+   it moves on), Stop follows K;
 2. speed: IDM along that path behind the nearest object in its corridor, its desired speed moving
    from the current speed v_t towards the action's target at a comfortable rate:
    A ``max(lambda v_t, v_bar)`` capped at the speed limit (the lower end of CALMM-Drive's accelerate
@@ -54,6 +55,11 @@ from luna_core.types import (ACTION_INDEX, EgoState, LaneGraph, PlannerInput, Ro
                              VehicleParameters)
 
 FAR_AWAY = 1.0e6  # m: where an object that is not (yet) there is parked, so it meets nothing
+#: Below this J_dec, or with its final speed outside the action's band (by more than the tolerance),
+#: the traffic did not let the rollout execute the action as asked (e.g. "accelerate" that IDM had to
+#: brake to a stop behind a stopped car): the reason says so, and hindsight does not propose it.
+EXECUTABLE_J_DEC = 0.9
+END_SPEED_TOLERANCE = 0.25  # m/s
 ROLLOUT_DT = 0.1  # s: the rollouts' time step (nuPlan's simulation step)
 
 
@@ -66,6 +72,7 @@ class ActionScorerConfig:
     horizon: float = 6.0  # s of rollout
     dt: float = ROLLOUT_DT
     lane_change_time: float = 4.0  # s to move onto the target lane
+    lane_change_distance: float = 12.0  # m travelled at least while moving onto it (matters below 3 m/s)
     lane_change_cost: float = 0.1  # fraction of the score a lane change gives up
     agent_radius: float = 80.0  # m: agents that come closer than this during the horizon are simulated
     lon_rate: float = 1.5  # m/s^2: how fast the desired speed of A / D moves to its target
@@ -133,6 +140,7 @@ class Rollouts:
     velocity: np.ndarray  # (P, T+1) IDM speed
     leader: list[list[str | None]]  # per action and step: the agent IDM followed (None: free road)
     states: np.ndarray  # (P, T+1, 8) tracked by LQR + bicycle
+    on_target_lane: np.ndarray  # (P, T+1) bool: the lane change (if any) is complete
 
 
 def desired_speed(action: str, v0: float, speed_limit: float, steps: int, dt: float,
@@ -152,18 +160,21 @@ def desired_speed(action: str, v0: float, speed_limit: float, steps: int, dt: fl
     return np.maximum(v0 - obj.stop_deceleration * t, 0.0)
 
 
-def _blend_lane_change(path: Polyline, s: np.ndarray, offset0: float, duration: float, dt: float) -> np.ndarray:
+def _blend_lane_change(path: Polyline, s: np.ndarray, offset0: float, duration: float, distance: float,
+                       dt: float) -> tuple[np.ndarray, np.ndarray]:
     """Poses (T+1, 3) along ``path`` at arc lengths ``s`` with the lateral offset fading from
-    ``offset0`` to 0 over ``duration`` (smoothstep); headings from the resulting positions."""
+    ``offset0`` to 0 over ``duration`` and at least ``distance`` of travel (smoothstep; from
+    standstill a time-only blend would move the ego sideways on the spot), headings from the
+    resulting positions; and the blend's progress (T+1,) in [0, 1]."""
     base = path.interpolate(s)
-    x = np.clip(np.arange(len(s)) * dt / duration, 0.0, 1.0)
+    x = np.clip(np.minimum(np.arange(len(s)) * dt / duration, (s - s[0]) / distance), 0.0, 1.0)
     d = offset0 * (1.0 - x * x * (3.0 - 2.0 * x))
     xy = base[:, :2] + d[:, None] * np.column_stack([-np.sin(base[:, 2]), np.cos(base[:, 2])])
     step = np.diff(xy, axis=0)
     moving = np.hypot(step[:, 0], step[:, 1]) > 1e-3
     h = np.where(moving, np.arctan2(step[:, 1], step[:, 0]), base[:-1, 2])
     heading = np.concatenate([h, h[-1:]])
-    return np.column_stack([xy, heading])
+    return np.column_stack([xy, heading]), x
 
 
 def rollout(ego: EgoState, actions: Sequence[str], paths: Mapping[str, ReferencePath], objects: ObjectBoxes,
@@ -205,16 +216,19 @@ def rollout(ego: EgoState, actions: Sequence[str], paths: Mapping[str, Reference
         v[:, k + 1] = np.maximum(v[:, k] + acc * dt, 0.0)
         s[:, k + 1] = np.maximum(s[:, k + 1], s[:, k])
     poses = np.empty((p, steps + 1, 3))
+    on_target = np.ones((p, steps + 1), dtype=bool)
     for r, code in enumerate(lateral):
         line = polylines[which[r]]
         if code == "K":
             poses[r] = line.interpolate(s[r])
         else:
             offset0 = float(line.project(np.array([ego.x, ego.y])).lateral)
-            poses[r] = _blend_lane_change(line, s[r], offset0, config.lane_change_time, dt)
+            poses[r], blend = _blend_lane_change(line, s[r], offset0, config.lane_change_time,
+                                                 config.lane_change_distance, dt)
+            on_target[r] = blend >= 1.0
     poses[:, 0] = (ego.x, ego.y, ego.heading)
     states = simulate_proposals(state_from_ego(ego), poses, scenario_vehicle)
-    return Rollouts(list(actions), poses, v, leader, states)
+    return Rollouts(list(actions), poses, v, leader, states, on_target)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -234,7 +248,7 @@ def _first_collision(states: np.ndarray, objects: ObjectBoxes, vehicle: VehicleP
     return "a red light" if oid.startswith("red_light:") else safe_id(oid)
 
 
-def outcome_reason(action: str, r: int, roll: Rollouts, scores: ProposalScores, j_dec: float,
+def outcome_reason(action: str, r: int, roll: Rollouts, scores: ProposalScores, executable: bool,
                    objects: ObjectBoxes, vehicle: VehicleParameters, config: ActionScorerConfig) -> str:
     """One sentence naming what decided the score of rollout ``r``."""
     horizon = f"{config.horizon:.0f} s"
@@ -249,11 +263,16 @@ def outcome_reason(action: str, r: int, roll: Rollouts, scores: ProposalScores, 
     v = roll.states[r, :, StateIndex.VELOCITY]
     parts = [f"makes {max(float(scores.raw_progress[r]), 0.0):.0f} m of progress in {horizon}, "
              f"ending at {float(v[-1]):.1f} m/s"]
-    if j_dec < 0.9:
+    if not executable:
         k = int(np.argmin(roll.velocity[r, :-1]))
-        who = roll.leader[r][k]
-        behind = f" behind {safe_id(who)}" if who else ""
-        parts.append(f"cannot hold the {action} speed band (slows to {float(roll.velocity[r, k]):.1f} m/s{behind})"
+        lowest, who = float(roll.velocity[r, k]), roll.leader[r][k]
+        if lowest < float(roll.velocity[r, 0]) - 0.5:
+            detail = f"slows to {lowest:.1f} m/s" + (f" behind {safe_id(who)}" if who else "")
+        elif who:  # held from the start, e.g. standing behind a stopped car
+            detail = f"stays at {lowest:.1f} m/s behind {safe_id(who)}"
+        else:  # never slower than at the start: it just does not reach the band (e.g. the speed limit)
+            detail = f"reaches {float(v[-1]):.1f} m/s"
+        parts.append(f"cannot hold the {action} speed band ({detail})"
                      if action[0] in "AC" else f"cannot keep to the {action} lane and speed targets")
     if scores.ttc[r] < 1.0:
         parts.append("its time to collision drops below 1 s")
@@ -301,18 +320,23 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
     ctx = ScoringContext(lane_map(lane_graph), paths["K"].centerline, objects, paths["K"].speed_limit, vehicle, cfg.dt)
     scores = score_proposals(roll.states, ctx, cfg.weights)
     obj_cfg = replace(cfg.objective, horizon_steps=steps, dt=cfg.dt)
-    lane_changed = np.arange(1, steps + 1) * cfg.dt >= cfg.lane_change_time
     for r, a in enumerate(feasible):
         lateral = a[1] if a[0] != "S" else "K"
         # J_dec (CALMM-Drive Eq. 4); for a lane change J_lane counts only the steps after the
         # blend onto the target lane (before, the ego is meant to be between the lanes).
         offsets = paths[lateral].lateral_offset(roll.states[r, 1:, :2])
-        kept = offsets if lateral == "K" or not lane_changed.any() else offsets[lane_changed]
+        changed = roll.on_target_lane[r, 1:]
+        kept = offsets if lateral == "K" or not changed.any() else offsets[changed]
         lo, hi = speed_interval(a, ego.velocity, obj_cfg)
-        j_dec = float(lane_following(kept[None], obj_cfg)[0]
-                      * speed_following(roll.states[r, 1:, StateIndex.VELOCITY][None], lo, hi, obj_cfg)[0])
+        speed = roll.states[r, 1:, StateIndex.VELOCITY]
+        j_dec = float(lane_following(kept[None], obj_cfg)[0] * speed_following(speed[None], lo, hi, obj_cfg)[0])
+        # Executed as asked: J_dec high and the speed ends inside the action's band (an "accelerate"
+        # that IDM brakes to a crawl behind a stopped car by the end of the horizon is no acceleration).
+        executable = bool(j_dec >= EXECUTABLE_J_DEC
+                          and lo[-1] - END_SPEED_TOLERANCE <= speed[-1] <= hi[-1] + END_SPEED_TOLERANCE)
         total = float(scores.total[r]) * j_dec ** cfg.dec_exponent * (1.0 - cfg.lane_change_cost if lateral != "K" else 1.0)
         outcomes[a] = ActionOutcome(float(np.clip(total, 0.0, 1.0)), bool(scores.no_at_fault_collision[r] < 1.0),
                                     float(scores.raw_progress[r]),
-                                    outcome_reason(a, r, roll, scores, j_dec, objects, vehicle, cfg))
+                                    outcome_reason(a, r, roll, scores, executable, objects, vehicle, cfg), j_dec,
+                                    executable)
     return outcomes

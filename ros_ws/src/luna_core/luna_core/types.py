@@ -464,6 +464,7 @@ class ReflectionResult:
     memory_item_id: str = ""
     memory_version: int = 0
     error: str = ""  # non-empty when the reflection failed validation
+    hindsight: str = ""  # the hindsight check's verdict in one line (kept locally; not in luna_msgs)
 
 
 @dataclass

@@ -141,9 +141,16 @@ class PromptManager:
             outcome.append("no collision and no stall occurred")
         return f"Executed decision: {issued}. Outcome: {'; '.join(outcome)}."
 
-    def refl_messages(self, query_md: str, answer_md: str, failure: FailureEvent) -> list[Message]:
-        """Q_refl from the original Q_md (without retrieved context), A_md and zeta_t."""
+    def refl_messages(self, query_md: str, answer_md: str, failure: FailureEvent, hindsight: str = "",
+                      best: str = "") -> list[Message]:
+        """Q_refl from the original Q_md (without retrieved context), A_md and zeta_t; ``hindsight`` lists
+        what each decision would have led to (``luna_core.hindsight``) and ``best`` the decision it
+        names, which the corrected answer must rank first."""
         body = (f"Question:\n{query_md}\n\nAnswer given:\n{answer_md.strip()}\n\n"
-                f"{self.failure_text(failure)}\n\n"
-                f"Reply '{K.NORMAL_ANSWER}' or a corrected answer in the same format.")
+                f"{self.failure_text(failure)}\n\n")
+        if hindsight:
+            body += (f"{K.HINDSIGHT_TAG}\n{hindsight.strip()}\n"
+                     + (f"The best decision that neither collides nor stalls is {best}: rank it first.\n\n"
+                        if best else "\n"))
+        body += f"Reply '{K.NORMAL_ANSWER}' or a corrected answer in the same format."
         return [_msg("system", self.knowledge.reflection), _msg("user", body)]
