@@ -59,7 +59,7 @@ class StackSettings:
     memory_bank: str = ""  # memory bank folder; "" = the bundled default (models/memory_bank)
     k: int = 3  # retrieved items per decision (the K = 0 variant overrides it)
     gamma_p: float = 0.1
-    decision_every: int = 5  # simulation steps (0.1 s) between decisions: T_d = 0.5 s
+    decision_every: int = 20  # simulation steps (0.1 s) between decisions: T_d = 2.0 s (CALMM-Drive C_d)
     population: int = 128  # Diffusion-ES members per candidate action
     iterations: int = 2  # renoise-denoise rounds
     time_budget: float = 0.0  # s of wall time per planning call; 0 = deterministic mode (no budget)
@@ -197,7 +197,8 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
     from luna_core.prompts import PromptManager
 
     if variant not in STUDENT_PLANNERS:
-        raise StackConfigError(f"unknown student variant {variant!r}; one of {', '.join(STUDENT_PLANNERS)}")
+        raise StackConfigError(f"unknown stack variant {variant!r}; one of {', '.join(STUDENT_PLANNERS)} "
+                               f"(the oracles {', '.join(ORACLE_PLANNERS)} need a scenario: make_stack_planner)")
     k = 0 if variant == "luna-k0" else settings.k
     bank = _bank(settings) if k > 0 else None
     if variant == "luna-no-reflection":
@@ -244,6 +245,9 @@ class StackPlanner:
 
     def debug_candidates(self) -> list:
         return self.planner.debug_candidates()
+
+    def cycle_info(self) -> dict[str, object]:
+        return self.planner.cycle_info()
 
 
 def search_planner(use_decisions: bool, settings: StackSettings) -> Any:

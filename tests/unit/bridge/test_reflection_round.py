@@ -17,11 +17,16 @@ from luna_core.memory.embedders import MiniLMEmbedder
 from luna_core.monitor import MonitorParameters
 from luna_core.planning.factory import make_planner
 from luna_core.prompts import PromptManager
-from luna_core.reflection import Outbox, ReflectionRequest, ReflectionSystem
+from luna_core.reflection import Outbox, ReflectionSystem
 from luna_core.scene import build_scene
 from luna_core.types import ACTION_CODES, DecisionDistribution, MemoryItem, TrafficLightPhase
 from tests import samples
 from tests.scenario_samples import blocked_lane_scenario, rear_end_scenario
+from tests.unit.core.test_reflection import _request as grounded_request
+
+
+# The monitor at T_d = 0.5 s, H = 10 (these logs are built around it; the default is T_d = 2 s, H = 3).
+HALF_SECOND = MonitorParameters(decision_period=0.5, stall_window_cycles=10)
 
 
 def _decisions(duration: float, code: str = "CK") -> list[DecisionDistribution]:
@@ -55,7 +60,7 @@ def blocked_log():
 def test_collision_is_reported_once_per_cooldown_with_the_decision_in_force(rear_end_log):
     decisions = _decisions(3.0)
     failures = detect_failures(rear_end_log, decisions, _scenes(rear_end_log, TrafficLightPhase.GREEN),
-                               MonitorParameters(), cooldown=5.0)
+                               HALF_SECOND, cooldown=5.0)
     assert len(failures) == 1
     f = failures[0]
     assert f.colliding_ids == ["rear"] and not f.stall
@@ -66,7 +71,7 @@ def test_collision_is_reported_once_per_cooldown_with_the_decision_in_force(rear
     assert f.stamp - f.decision_stamp == pytest.approx(0.5)
     # Without the gate's cooldown the overlap is reported at every check while it lasts.
     repeated = detect_failures(rear_end_log, decisions, _scenes(rear_end_log, TrafficLightPhase.GREEN),
-                               MonitorParameters(), cooldown=0.0)
+                               HALF_SECOND, cooldown=0.0)
     assert len(repeated) > 1 and all(r.colliding_ids == ["rear"] for r in repeated)
 
 
@@ -74,19 +79,19 @@ def test_standing_behind_a_parked_car_is_blocked_not_a_stall_and_nothing_under_a
     speeds = np.array([e.velocity for e in blocked_log.ego])
     assert speeds[-30:].max() < 0.5, "the IDM ego should stand behind the parked car"
     green = detect_failures(blocked_log, _decisions(12.0, "SK"), _scenes(blocked_log, TrafficLightPhase.GREEN),
-                            MonitorParameters(), cooldown=5.0)
+                            HALF_SECOND, cooldown=5.0)
     assert green and all(f.blocked_by == "parked" and not f.stall and not f.colliding_ids for f in green)
     assert green[0].issued_decision == "SK"
     red = detect_failures(blocked_log, _decisions(12.0, "SK"), _scenes(blocked_log, TrafficLightPhase.RED),
-                          MonitorParameters(), cooldown=5.0)
+                          HALF_SECOND, cooldown=5.0)
     assert red == []
     # Without the scene descriptor (no decision source) nothing is known to hold the ego: a stall.
-    blind = detect_failures(blocked_log, _decisions(12.0, "SK"), [], MonitorParameters(), cooldown=5.0)
+    blind = detect_failures(blocked_log, _decisions(12.0, "SK"), [], HALF_SECOND, cooldown=5.0)
     assert blind and all(f.stall for f in blind)
 
 
 def test_failure_before_any_decision_has_nothing_to_explain(rear_end_log):
-    failures = detect_failures(rear_end_log, [], _scenes(rear_end_log, TrafficLightPhase.NONE), MonitorParameters(), 5.0)
+    failures = detect_failures(rear_end_log, [], _scenes(rear_end_log, TrafficLightPhase.NONE), HALF_SECOND, 5.0)
     assert failures and failures[0].issued_decision == ""
     assert executed_decision([], failures[0]) is None
 
@@ -131,7 +136,7 @@ def test_unreachable_endpoint_leaves_requests_in_the_outbox(source_bank, tmp_pat
     config = RoundConfig(out_dir=tmp_path, endpoint_wait=0.3, backoff_base=0.1, backoff_max=0.1)
     with MemoryBank.open(target, writable=True) as bank:
         outbox = Outbox(tmp_path / "outbox")
-        outbox.put(ReflectionRequest.from_events(samples.explanation(), samples.failure()))
+        outbox.put(grounded_request())  # a revision is due: the LLM is asked to write it
         results = reflect_all(ReflectionSystem(llm, PromptManager(), bank), outbox, config)
         assert results == {} and len(outbox) == 1
         outbox.close()

@@ -103,6 +103,10 @@ class PDMClosedPlanner:
     def reset(self) -> None:
         self.last = None
 
+    def cycle_info(self) -> dict[str, object]:
+        """How the last cycle ended: its best proposal, or the emergency brake."""
+        return {} if self.last is None else {"mode": "emergency_brake" if self.last.emergency_brake else "proposal"}
+
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         c = self.config
         steps = int(round(c.output_horizon / c.dt))

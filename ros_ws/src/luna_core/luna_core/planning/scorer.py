@@ -205,6 +205,16 @@ class ObjectBoxes:
         return cls([], np.zeros((0, steps, 3)), np.zeros((0, 2)), np.zeros(0), np.zeros(0, dtype=bool),
                    np.zeros(0, dtype=bool))
 
+    def window(self, start: int, stop: int | None = None) -> "ObjectBoxes":
+        """The same objects over time steps [start, stop) only."""
+        return ObjectBoxes(self.ids, self.pose[:, start:stop], self.size, self.speed, self.static, self.red_light)
+
+    def subset(self, rows: np.ndarray) -> "ObjectBoxes":
+        """The objects where ``rows`` (a boolean mask over objects) is true."""
+        keep = np.flatnonzero(rows)
+        return ObjectBoxes([self.ids[k] for k in keep], self.pose[keep], self.size[keep], self.speed[keep],
+                           self.static[keep], self.red_light[keep])
+
 
 @dataclass
 class ScoringContext:
