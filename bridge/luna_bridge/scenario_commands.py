@@ -9,7 +9,8 @@ from pathlib import Path
 
 from luna_bridge.scenarios.registry import DATA_DIR, SUITES, load_entry, suite_refs
 
-DEFAULT_COUNTS = {"hard": 10, "random": 10, "train": 6}
+DEFAULT_COUNTS = {"hard": 10, "random": 10, "train": 6, "reflect": 10}
+BUNDLED_SPLITS = ("hard", "random", "train")  # what the default generate-suite writes into the package
 
 
 def _generate_one(job: tuple[str, str, int, str]) -> tuple[str, str]:
@@ -35,6 +36,8 @@ def generate_suite(args: argparse.Namespace) -> int:
         counts.update({"hard": args.per_type, "random": args.per_type})
     if args.train_per_type is not None:
         counts["train"] = args.train_per_type
+    if args.reflect_per_type is not None:
+        counts["reflect"] = args.reflect_per_type
     types = args.types or list(SCENARIO_TYPES)
     jobs = [(t, split, i, str(args.out)) for split in args.splits for t in types for i in range(counts[split])]
     failures = []
@@ -106,10 +109,13 @@ def plot_scenario(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate-suite", help="generate the bundled synthetic scenario suite (fixed seeds)")
-    g.add_argument("--splits", nargs="+", default=list(DEFAULT_COUNTS), choices=list(DEFAULT_COUNTS))
+    g.add_argument("--splits", nargs="+", default=list(BUNDLED_SPLITS), choices=list(DEFAULT_COUNTS))
     g.add_argument("--types", nargs="+", default=None, help="scenario types (default: all 14)")
     g.add_argument("--per-type", type=int, default=None, help="scenarios per type for hard and random (10)")
-    g.add_argument("--train-per-type", type=int, default=None, help="scenarios per type for train (6)")
+    g.add_argument("--train-per-type", type=int, default=None,
+                   help="scenarios per type for train (6 bundled; the distillation suite uses 50, see docs/student.md)")
+    g.add_argument("--reflect-per-type", type=int, default=None,
+                   help="scenarios per type for the reflection split (10; generated on demand, never bundled)")
     g.add_argument("--out", type=Path, default=DATA_DIR)
     g.add_argument("--workers", type=int, default=2)
     g.set_defaults(func=generate_suite)

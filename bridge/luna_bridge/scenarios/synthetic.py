@@ -33,7 +33,12 @@ SCENARIO_TYPES: tuple[str, ...] = (
     "starting_right_turn", "starting_straight_traffic_light_intersection_traversal",
     "stationary_in_traffic", "stopping_with_lead", "traversing_pickup_dropoff",
     "waiting_for_pedestrian_to_cross")
-SPLITS: dict[str, int] = {"hard": 1000, "random": 2000, "train": 3000}  # seed bases, kept apart
+# Seed bases, kept apart: hard and random are the evaluation splits; train feeds the teacher (memory bank,
+# distillation); reflect is for reflection rounds (failures found there update the bank before evaluation).
+SPLITS: dict[str, int] = {"hard": 1000, "random": 2000, "train": 3000, "reflect": 4000}
+MAX_ATTEMPTS = 30
+# Seeds of a split stay inside [base * 1000, base * 1000 + 14 * 100 * MAX_ATTEMPTS): index < 100.
+MAX_INDEX = 99
 DURATION = 15.0
 VEHICLE = VehicleParameters()
 DRIVABLE_TOLERANCE = 0.3  # m, nuPlan's drivable-area tolerance
@@ -681,20 +686,24 @@ def check_log_replay(scenario: Scenario) -> str:
     return ""
 
 
-def generate(scenario_type: str, split: str, index: int, max_attempts: int = 30) -> Scenario:
+def generate(scenario_type: str, split: str, index: int, max_attempts: int = MAX_ATTEMPTS) -> Scenario:
     """Scenario ``index`` of ``scenario_type`` in ``split`` (deterministic: fixed seed per slot)."""
     if scenario_type not in GENERATORS:
         raise ValueError(f"unknown scenario type {scenario_type!r}; known: {', '.join(SCENARIO_TYPES)}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
+    if not 0 <= index <= MAX_INDEX or max_attempts > MAX_ATTEMPTS:
+        # A larger index or more attempts would reach the seeds of the next type or split.
+        raise ValueError(f"scenario index must be in 0..{MAX_INDEX} and max_attempts <= {MAX_ATTEMPTS}, "
+                         f"got {index} and {max_attempts}")
     hard = split == "hard"
     type_index = SCENARIO_TYPES.index(scenario_type)
     problems = []
     for attempt in range(max_attempts):
-        seed = SPLITS[split] * 1000 + type_index * 100 * max_attempts + index * max_attempts + attempt
+        seed = SPLITS[split] * 1000 + type_index * 100 * MAX_ATTEMPTS + index * MAX_ATTEMPTS + attempt
         rng = np.random.default_rng(seed)
-        # Train mixes both variants so the memory bank sees the long tail too.
-        variant_hard = hard or (split == "train" and index % 2 == 1)
+        # Train and reflect mix both variants so the memory bank sees the long tail too.
+        variant_hard = hard or (split in ("train", "reflect") and index % 2 == 1)
         draft = GENERATORS[scenario_type](rng, variant_hard)
         scenario, problem = realise(draft, f"{split}_{scenario_type}_{index:02d}", scenario_type, split, seed)
         if scenario is not None:
