@@ -9,11 +9,12 @@ import pytest
 
 from luna_bridge import cli
 from luna_bridge.reflection_round import (ReflectionRoundError, RoundConfig, copy_bank, detect_failures,
-                                          executed_decision, reflect_all)
+                                          executed_decision, hindsight_recorder, reflect_all)
 from luna_bridge.sim import simulate
 from luna_core.llm import EndpointConfig, OpenAIChatModel
 from luna_core.memory.bank import MemoryBank, stored_version
 from luna_core.memory.embedders import MiniLMEmbedder
+from luna_core.hindsight import HindsightConfig
 from luna_core.monitor import MonitorParameters
 from luna_core.planning.factory import make_planner
 from luna_core.prompts import PromptManager
@@ -90,6 +91,19 @@ def test_standing_behind_a_parked_car_is_blocked_not_a_stall_and_nothing_under_a
     assert blind and all(f.stall for f in blind)
 
 
+def test_the_blocked_run_seen_in_hindsight_from_its_log_never_asks_to_accelerate(blocked_log):
+    from luna_core.hindsight import hindsight_check
+    from luna_core.prompts import allowed_actions
+
+    scenes = _scenes(blocked_log, TrafficLightPhase.GREEN)
+    failure = detect_failures(blocked_log, _decisions(12.0, "SK"), scenes, HALF_SECOND, cooldown=5.0)[0]
+    observation = hindsight_recorder(blocked_log, scenes, HindsightConfig()).observation(failure.decision_stamp)
+    assert "parked" in observation.objects.ids and observation.scene is not None
+    for executed in ("SK", "AK"):
+        verdict = hindsight_check(observation, allowed_actions(observation.scene), executed)
+        assert "AK" not in verdict.listed and "AK" in verdict.unsafe
+
+
 def test_failure_before_any_decision_has_nothing_to_explain(rear_end_log):
     failures = detect_failures(rear_end_log, [], _scenes(rear_end_log, TrafficLightPhase.NONE), HALF_SECOND, 5.0)
     assert failures and failures[0].issued_decision == ""
@@ -148,8 +162,8 @@ def test_command_reports_bad_input_clearly(tmp_path, capsys):
     code = cli.main(["reflect", "--suite", "no-such-suite", "--out", str(tmp_path / "o")])
     assert code == 2 and "unknown suite 'no-such-suite'" in capsys.readouterr().err
     code = cli.main(["reflect", "--suite", "synthetic-hard", "--limit", "1", "--out", str(tmp_path / "o"),
-                     "--planner-option", "population"])
-    assert code == 2 and "expected KEY=VALUE" in capsys.readouterr().err
+                     "--rounds", "0"])
+    assert code == 2 and "--rounds must be >= 1" in capsys.readouterr().err
     code = cli.main(["reflect", "--suite", "synthetic-hard", "--limit", "1", "--out", str(tmp_path / "o"),
                      "--memory-bank", str(tmp_path / "missing")])
     assert code == 2 and "no memory bank" in capsys.readouterr().err
@@ -162,6 +176,6 @@ def test_configuration_errors_stop_the_round_before_it_drives(source_bank, tmp_p
     code = cli.main(base + ["--out", str(tmp_path / "a"), "--endpoint", "http://127.0.0.1:9/v1",
                             "--api-key-env", "LUNA_TEST_NO_SUCH_KEY"])
     assert code == 2 and "LUNA_TEST_NO_SUCH_KEY" in capsys.readouterr().err
-    code = cli.main(base + ["--out", str(tmp_path / "b"), "--planner-option", "warp_speed=9"])
-    assert code == 2 and "unknown option(s) ['warp_speed']" in capsys.readouterr().err
+    code = cli.main(base + ["--out", str(tmp_path / "b"), "--population", "2"])
+    assert code == 2 and "population >= 4" in capsys.readouterr().err
     assert not (tmp_path / "a" / "memory_bank").exists() and not (tmp_path / "b" / "memory_bank").exists()
