@@ -149,3 +149,19 @@ def test_recorder_without_a_map_or_an_ego_sample_says_so():
     cropped = crop_lane_graph(road(), 0.0, 0.0, 10.0)
     assert set(cropped.lanes) == {"a0", "a1"}
     assert crop_lane_graph(road(), 1000.0, 1000.0, 10.0).lanes == {}
+
+
+def test_a_decision_is_checked_on_the_map_and_route_it_was_made_on():
+    rec = HindsightRecorder()
+    first, second = road(1), road(2)
+    first.stamp, second.stamp = 0.0, 100.0  # the next scenario of a lock-step run brings its own map
+    rec.set_map(first)
+    rec.set_route(Route(0.0, ["A"]))
+    rec.set_map(second)
+    rec.set_route(Route(100.0, ["A"]))
+    for t in (5.0, 105.0):
+        rec.update_ego(EgoState(t, 0.0, 0.0, 0.0, 0.0))
+    assert set(rec.observation(5.0).lane_graph.lanes) == {"a0"}
+    assert set(rec.observation(105.0).lane_graph.lanes) == {"a0", "a1"}
+    rec.prune(130.0)  # keep = 30 s: the first map goes, the one in force at 100 s stays
+    assert set(rec.observation(105.0).lane_graph.lanes) == {"a0", "a1"}

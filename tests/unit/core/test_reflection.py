@@ -12,7 +12,7 @@ from luna_core.llm.base import Completion, LLMUnavailable
 from luna_core.memory.bank import MemoryBank
 from luna_core.memory.embedders import MiniLMEmbedder
 from luna_core.prompts import PromptManager, action_set_of, parse_ranked_answer
-from luna_core.reflection import Outbox, ReflectionRequest, ReflectionSystem, audit_reflections
+from luna_core.reflection import Outbox, ReflectionRequest, ReflectionSystem, audit_reflections, outbox_summary
 from tests import samples
 from tests.unit.core.test_hindsight import FRONT, car, observe
 
@@ -151,3 +151,40 @@ def test_audit_finds_no_unsafe_item_in_a_grounded_bank_and_flags_a_planted_one(b
     checked, findings = audit_reflections(bank, tmp_path / "outbox")
     assert checked == 2 and [f.item_id for f in findings] == ["refl-planted"]
     assert findings[0].problem.startswith("unsafe in hindsight: CL collides with beside")
+
+
+def test_outbox_summary_counts_requests_outcomes_and_explanation_latency(bank, tmp_path):
+    system = ReflectionSystem(None, PromptManager(), bank)
+    outbox = Outbox(tmp_path / "outbox")
+    for request in (_request(), _request(collision=False, observation="blocked", explanation_latency=5.0),
+                    _request(observation=None)):
+        outbox.put(request)
+    for pending in outbox.due()[:2]:
+        system.process(outbox, pending)
+    outbox.close()
+    s = outbox_summary(tmp_path / "outbox")
+    assert (s["requests"], s["collisions"], s["blocked"], s["without_hindsight_observation"]) == (3, 2, 1, 1)
+    assert (s["written"], s["normal"], s["pending"]) == (1, 1, 1)
+    assert s["explanation_latency_max_s"] == 5.0
+
+
+def test_demo_summary_reports_reflections_and_flags_an_unsafe_live_bank_item(tmp_path, embedder, monkeypatch):
+    from luna_bringup.demo import _reflection_report
+
+    monkeypatch.setenv("LUNA_DATA", str(tmp_path / "data"))
+    request = _request()
+    with MemoryBank.create(tmp_path / "data" / "memory_bank", embedder) as live:
+        outbox = Outbox(tmp_path / "data" / "reflection_outbox")
+        outbox.put(request)
+        ReflectionSystem(None, PromptManager(), live).process(outbox, outbox.due()[0])
+        outbox.close()
+    lines, unsafe = _reflection_report(tmp_path / "data")
+    text = "\n".join(lines)
+    assert unsafe == 0 and "revisions written 1" in text and "Explanation latency: mean 3.2 s" in text
+    assert "Hindsight audit of the live bank: 1 reflection item(s), 0 unsafe" in text
+    # What an unchecked reflection could write: an item no hindsight check stands behind.
+    with MemoryBank.open(tmp_path / "data" / "memory_bank", writable=True) as live:
+        live.append(T.MemoryItem(id=f"refl-{request.id}-x", query=request.query, source="reflection",
+                                 answer="Recommended decisions: AK\nExplanations:\n- AK: go."))
+    lines, unsafe = _reflection_report(tmp_path / "data")
+    assert unsafe == 1 and any(line.startswith(f"- UNSAFE refl-{request.id}-x") for line in lines)

@@ -219,8 +219,9 @@ class HindsightRecorder:
         self.keep = keep
         self._ego, self._objects = StampedBuffer(), StampedBuffer()
         self._lights, self._scenes = StampedBuffer(), StampedBuffer()
-        self.lane_graph: LaneGraph | None = None
-        self.route: Route | None = None
+        # By their stamps: a decision is checked on the map and route it was made on (one running stack
+        # may be given a new map and route, e.g. the next scenario of a lock-step simulation).
+        self._maps, self._routes = StampedBuffer(), StampedBuffer()
 
     def update_ego(self, ego: EgoState) -> None:
         if ego.is_finite():
@@ -239,14 +240,23 @@ class HindsightRecorder:
             self._scenes.insert(scene.stamp, scene)
 
     def set_map(self, graph: LaneGraph) -> None:
-        self.lane_graph = graph
+        self._maps.insert(graph.stamp, graph)
 
     def set_route(self, route: Route) -> None:
-        self.route = route
+        self._routes.insert(route.stamp, route)
 
     def prune(self, now: float) -> None:
         for buffer in (self._ego, self._objects, self._lights, self._scenes):
             buffer.prune(now - self.keep)
+        for buffer in (self._maps, self._routes):  # the one in force at the oldest kept instant stays
+            kept = buffer.at_or_before(now - self.keep)
+            buffer.prune(kept.stamp if kept is not None else now - self.keep)
+
+    @staticmethod
+    def _in_force(buffer: StampedBuffer, stamp: float):
+        """The latest value set at or before ``stamp``, else the earliest one set (a map stamped later)."""
+        sample = buffer.at_or_before(stamp) or (buffer.items[0] if buffer.items else None)
+        return sample.value if sample is not None else None
 
     def observed(self, stamp: float, now: float) -> bool:
         """Whether the horizon after a decision at ``stamp`` has passed by ``now``."""
@@ -256,7 +266,8 @@ class HindsightRecorder:
         """The observation of the decision issued at ``stamp``; raises ``HindsightError`` without a map,
         a route or an ego sample within ``max_sample_gap`` of the stamp."""
         cfg = self.config
-        if self.lane_graph is None or not self.lane_graph.lanes or self.route is None:
+        graph, route = self._in_force(self._maps, stamp), self._in_force(self._routes, stamp)
+        if graph is None or not graph.lanes or route is None:
             raise HindsightError("no lane graph or no route received yet")
         sample = self._ego.nearest(stamp, cfg.max_sample_gap)
         if sample is None:
@@ -273,7 +284,7 @@ class HindsightRecorder:
                               if lights is not None else [])
         scene = self._scenes.at_or_before(stamp + 1e-6)
         return HindsightObservation(stamp, ego, objects, stop_lanes,
-                                    crop_lane_graph(self.lane_graph, ego.x, ego.y, cfg.map_radius), self.route,
+                                    crop_lane_graph(graph, ego.x, ego.y, cfg.map_radius), route,
                                     scoring.dt, self.vehicle, scene.value if scene is not None else None,
                                     frames[-1].stamp if frames else math.nan)
 

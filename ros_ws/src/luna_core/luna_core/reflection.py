@@ -252,6 +252,32 @@ class ReflectionSystem:
 # --------------------------------------------------------------------------------------------------
 
 
+def outbox_summary(outbox_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """What an outbox journal holds: requests by failure kind, their outcomes (written, 'normal', no
+    grounded revision, rejected, pending) and the explanations' latencies (for run summaries)."""
+    journal = Path(outbox_dir) / "outbox.jsonl"
+    records = scan(journal).records if journal.exists() else []
+    puts = [r["request"] for r in records if r.get("op") == "put"]
+    done = {r["id"]: r.get("result", {}) for r in records if r.get("op") == "done"}
+    results = [done[p["id"]] for p in puts if p["id"] in done]
+    latencies = [float(p.get("explanation_latency", 0.0)) for p in puts]
+    return {
+        "requests": len(puts),
+        "collisions": sum(1 for p in puts if p.get("colliding_ids")),
+        "stalls": sum(1 for p in puts if p.get("stall")),
+        "blocked": sum(1 for p in puts if p.get("blocked_by")),
+        "without_hindsight_observation": sum(1 for p in puts if p.get("observation") is None),
+        "written": sum(1 for r in results if r.get("memory_item_id")),
+        "normal": sum(1 for r in results if r.get("normal")),
+        "no_grounded_revision": sum(1 for r in results if not r.get("normal") and not r.get("memory_item_id")
+                                    and not r.get("error")),
+        "rejected": sum(1 for r in results if r.get("error")),
+        "pending": len(puts) - len(results),
+        "explanation_latency_mean_s": sum(latencies) / len(latencies) if latencies else None,
+        "explanation_latency_max_s": max(latencies) if latencies else None,
+    }
+
+
 @dataclass
 class AuditFinding:
     item_id: str

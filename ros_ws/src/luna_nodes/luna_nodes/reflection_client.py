@@ -163,11 +163,12 @@ class ReflectionClient(LunaNode):
         self.diagnostics.set_value("observing", len(self.observing))
         self.enqueue_observed()
 
-    def enqueue_observed(self) -> None:
-        """Put every pair whose horizon has passed in the outbox with its hindsight observation."""
+    def enqueue_observed(self, everything: bool = False) -> None:
+        """Put every pair whose horizon has passed (``everything``: every pair, with what was observed
+        so far) in the outbox with its hindsight observation."""
         now = self.now_s()
         with self.recorder_lock:
-            ready = [(e, f) for e, f in self.observing if self.recorder.observed(f.decision_stamp, now)]
+            ready = [(e, f) for e, f in self.observing if everything or self.recorder.observed(f.decision_stamp, now)]
             self.observing = [pair for pair in self.observing if pair not in ready]
             observations = []
             for explanation, failure in ready:
@@ -237,11 +238,13 @@ class ReflectionClient(LunaNode):
             self.diagnostics.set_value("memory_version", result.memory_version)
 
     def close(self) -> None:
+        # Pairs still waiting for their horizon go to the outbox with what was observed until now (the
+        # objects then continue at their last velocity), so a stop does not lose them.
+        self.enqueue_observed(everything=True)
         self.stop.set()
         self.wake.set()
         # A reflection in flight is not waited for: its request stays in the outbox (not marked done)
-        # and is sent again after a restart, so nothing is lost by stopping now. Pairs still waiting
-        # for their horizon are in memory only and are lost.
+        # and is sent again after a restart, so nothing is lost by stopping now.
         self.thread.join(timeout=2.0)
         self.outbox.close()
         self.bank.close()
