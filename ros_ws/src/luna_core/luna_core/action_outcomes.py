@@ -337,6 +337,6 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
         total = float(scores.total[r]) * j_dec ** cfg.dec_exponent * (1.0 - cfg.lane_change_cost if lateral != "K" else 1.0)
         outcomes[a] = ActionOutcome(float(np.clip(total, 0.0, 1.0)), bool(scores.no_at_fault_collision[r] < 1.0),
                                     float(scores.raw_progress[r]),
-                                    outcome_reason(a, r, roll, scores, executable, objects, vehicle, cfg), j_dec,
-                                    executable)
+                                    outcome_reason(a, r, roll, scores, executable, objects, vehicle, cfg),
+                                    j_dec=j_dec, executable=executable)
     return outcomes
