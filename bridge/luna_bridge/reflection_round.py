@@ -222,6 +222,7 @@ class RunRecord:
     reflection_retrievals: int = 0  # decisions whose retrieved context held a reflection item
     explanations: list[DecisionExplanation] = field(default_factory=list)
     observations: list[HindsightObservation | None] = field(default_factory=list)  # one per explanation
+    earlier: list[list[tuple[DecisionDistribution, HindsightObservation]]] = field(default_factory=list)  # same
     hindsight_errors: list[str] = field(default_factory=list)
     unexplained: int = 0  # failures with no decision in force (nothing to explain)
 
@@ -268,6 +269,7 @@ def deploy_run(scenario: Scenario, stack: Any, config: RoundConfig) -> RunRecord
         except HindsightError as exc:  # the request says so; nothing is written for it
             record.observations.append(None)
             record.hindsight_errors.append(f"t={failure.stamp:.1f}s: {exc}")
+        record.earlier.append(recorder.earlier(source.decisions, failure))
     record.wall_time = time.perf_counter() - started
     return record
 
@@ -454,9 +456,9 @@ def reflect_round(r: int, deploy_set: Sequence[Scenario], previous_bank: Path, c
     try:
         requests = []
         for record in records:
-            for explanation, observation in zip(record.explanations, record.observations):
+            for explanation, observation, earlier in zip(record.explanations, record.observations, record.earlier):
                 failure = next(f for f in record.failures if f.stamp == explanation.failure_stamp)
-                request = ReflectionRequest.from_events(explanation, failure, observation)
+                request = ReflectionRequest.from_events(explanation, failure, observation, earlier)
                 outbox.put(request)
                 requests.append((record.scenario, request))
         results: dict[str, ReflectionResult] = {}
@@ -572,8 +574,9 @@ def summary_markdown(results: Sequence[RoundResult], config: RoundConfig, comman
     lines = ["# Reflection rounds", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
+    by = f"the LLM at {config.endpoint} (agreeing with hindsight)" if config.endpoint else "the hindsight check"
     lines += [f"Stack: {config.stack.describe()}; deployment {'reactive' if config.reactive else 'non-reactive'}; "
-              f"reflection by {'the LLM at ' + config.endpoint + ' (agreeing with hindsight)' if config.endpoint else 'the hindsight check'}.", ""]
+              f"reflection by {by}.", ""]
     header = ["round", "bank items (reflection)", "failures (coll. / stall / blocked)", "written", "normal",
               "no grounded revision", "rejected"]
     for s in suites:
@@ -632,7 +635,8 @@ def load_scenarios(suite: str, limit: int | None, every: int) -> list[Scenario]:
     return [load_entry(source, loader) for _name, source, loader in refs]
 
 
-def evaluation_parts(eval_set: str | None, eval_suite: str | None, every: int, limit: int | None) -> tuple[EvalPart, ...]:
+def evaluation_parts(eval_set: str | None, eval_suite: str | None, every: int,
+                     limit: int | None) -> tuple[EvalPart, ...]:
     from luna_bridge.evaluate import EVALUATION_SETS
 
     if eval_set:
@@ -656,7 +660,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="the evaluation set of every round (standard: the results tables' set)")
     ev.add_argument("--eval-suite", default=None, help="or one suite (name or folder) to evaluate on")
     p.add_argument("--eval-every", type=int, default=1, help="with --eval-suite: every N-th scenario")
-    p.add_argument("--eval-limit", type=int, default=None, help="first N scenarios of each evaluated suite (smoke runs)")
+    p.add_argument("--eval-limit", type=int, default=None,
+                   help="first N scenarios of each evaluated suite (smoke runs)")
     p.add_argument("--mode", choices=sorted(MODES), default="both", help="evaluation mode(s)")
     p.add_argument("--workers", type=int, default=1, help="evaluation worker processes")
     p.add_argument("--reactive", action="store_true", help="deploy with IDM agents instead of log replay")

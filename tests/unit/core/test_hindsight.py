@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from luna_core.hindsight import (HindsightError, HindsightObservation, HindsightRecorder, crop_lane_graph,
-                                 hindsight_check, observed_boxes)
+from luna_core.hindsight import (HindsightConfig, HindsightError, HindsightObservation, HindsightRecorder,
+                                 crop_lane_graph, hindsight_check, observed_boxes)
 from luna_core.lanes import make_lane
 from luna_core.prompts.parsers import action_name_errors, parse_ranked_answer
 from luna_core.types import (ACTION_CODES, EgoState, LaneGraph, ObjectClass, Route, TrackedObject, TrackedObjects,
@@ -165,3 +165,20 @@ def test_a_decision_is_checked_on_the_map_and_route_it_was_made_on():
     assert set(rec.observation(105.0).lane_graph.lanes) == {"a0", "a1"}
     rec.prune(130.0)  # keep = 30 s: the first map goes, the one in force at 100 s stays
     assert set(rec.observation(105.0).lane_graph.lanes) == {"a0", "a1"}
+
+
+def test_after_a_collision_the_recorder_gives_the_earlier_decisions_with_their_observations():
+    import numpy as np
+
+    from luna_core.types import DecisionDistribution, FailureEvent
+
+    rec = HindsightRecorder(HindsightConfig(earlier_decisions=2))
+    rec.set_map(road())
+    rec.set_route(Route(0.0, ["A"]))
+    for k in range(101):
+        rec.update_ego(EgoState(round(0.1 * k, 9), 0.8 * k, 0.0, 0.0, 8.0))
+    decisions = [DecisionDistribution(t, np.eye(10)[3]) for t in (0.0, 2.0, 4.0, 6.0)]
+    collision = FailureEvent(8.0, "CK", 6.0, ["stalled"])
+    assert [d.stamp for d, _ in rec.earlier(decisions, collision)] == [4.0, 2.0]
+    assert [o.time for _, o in rec.earlier(decisions, collision)] == [4.0, 2.0]
+    assert rec.earlier(decisions, FailureEvent(8.0, "CK", 6.0, [], True)) == []  # a stall: the failed one only

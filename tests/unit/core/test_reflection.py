@@ -75,7 +75,7 @@ def test_grounded_revision_becomes_reflection_item_without_distribution(bank):
 
 
 def test_llm_rewrite_that_agrees_with_hindsight_is_written_with_the_hindsight_in_its_prompt(bank):
-    verdict = ReflectionSystem(None, PromptManager(), bank).verdict(_request())
+    verdict = ReflectionSystem(None, PromptManager(), bank).grounding(_request()).verdict
     rewrite = (f"Recommended decisions: {verdict.best}\nExplanations:\n- {verdict.best}: the stalled car ahead "
                "leaves no room and the left lane is taken.")
     model = ScriptedFakeModel([rewrite])
@@ -93,7 +93,7 @@ def test_llm_rewrite_that_agrees_with_hindsight_is_written_with_the_hindsight_in
     ("Recommended decisions: {best}\nExplanations:\n- {best}: Accelerate x Lane Keep: brake.", "is named"),
 ])
 def test_an_llm_revision_that_collides_or_contradicts_hindsight_is_rejected_and_nothing_written(bank, answer, why):
-    best = ReflectionSystem(None, PromptManager(), bank).verdict(_request()).best
+    best = ReflectionSystem(None, PromptManager(), bank).grounding(_request()).verdict.best
     system = ReflectionSystem(ScriptedFakeModel([answer.format(best=best)] * 3), PromptManager(), bank)
     outbox = Outbox(bank.path + "-outbox")
     outbox.put(_request())
@@ -116,7 +116,7 @@ def test_nothing_is_written_without_a_hindsight_observation(bank):
 
 
 def test_outbox_survives_restart_and_retries_until_endpoint_returns(bank, tmp_path):
-    best = ReflectionSystem(None, PromptManager(), bank).verdict(_request()).best
+    best = ReflectionSystem(None, PromptManager(), bank).grounding(_request()).verdict.best
     model = ScriptedFakeModel([f"Recommended decisions: {best}\nExplanations:\n- {best}: keep the gap."])
     model.down = True
     system = ReflectionSystem(model, PromptManager(), bank)
@@ -188,3 +188,24 @@ def test_demo_summary_reports_reflections_and_flags_an_unsafe_live_bank_item(tmp
                                  answer="Recommended decisions: AK\nExplanations:\n- AK: go."))
     lines, unsafe = _reflection_report(tmp_path / "data")
     assert unsafe == 1 and any(line.startswith(f"- UNSAFE refl-{request.id}-x") for line in lines)
+
+
+def test_a_collision_no_decision_could_avoid_any_more_revises_the_latest_earlier_decision_that_could(bank):
+    import numpy as np
+
+    query = PromptManager().decision_query(samples.scene())
+    failure = T.FailureEvent(14.0, "CK", 13.0, ["stalled"], False)
+    expl = T.DecisionExplanation(14.5, 13.0, 14.0, query, ["CK"], "Recommended decisions: CK\nExplanations:\n- CK: go.")
+    hopeless = observe(lambda t: [car("stalled", FRONT + 1.0 + 2.25)], speed=8.0)  # 1 m behind it at 8 m/s
+    in_time = observe(lambda t: [car("stalled", FRONT + 30.0 + 2.25)], speed=8.0)  # 2 s earlier: 30 m
+    p = np.zeros(T.NUM_ACTIONS)
+    p[T.ACTION_INDEX["AK"]] = 1.0
+    before = T.DecisionDistribution(11.0, p, ["AK"], query=query)
+    system = ReflectionSystem(None, PromptManager(), bank)
+    alone = system.reflect(ReflectionRequest.from_events(expl, failure, hopeless))
+    assert not alone.memory_item_id and alone.hindsight.startswith("no safe alternative")
+    result = system.reflect(ReflectionRequest.from_events(expl, failure, hopeless, earlier=[(before, in_time)]))
+    assert result.memory_item_id and result.hindsight.startswith("from the decision at 11.0 s, 2.0 s before")
+    item = bank.get(result.memory_item_id)
+    ranked = parse_ranked_answer(item.answer, action_set_of(query), kind="reflection").ranked
+    assert "AK" not in ranked and item.query == query

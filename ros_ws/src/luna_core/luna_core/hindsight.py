@@ -51,8 +51,9 @@ from luna_core.prompts.parsers import format_ranked_answer
 from luna_core.scene import scene_from_dict, scene_to_dict
 from luna_core.stamped import StampedBuffer
 from luna_core.teacher import ActionOutcome, template_rationale
-from luna_core.types import (Action, EgoState, Lane, LaneGraph, ObjectClass, Route, SceneDescriptor, TrackedObjects,
-                             TrafficLightPhase, TrafficLights, TrafficLightState, VehicleParameters)
+from luna_core.types import (Action, DecisionDistribution, EgoState, FailureEvent, Lane, LaneGraph, ObjectClass, Route,
+                             SceneDescriptor, TrackedObjects, TrafficLightPhase, TrafficLights, TrafficLightState,
+                             VehicleParameters)
 
 
 class HindsightError(ValueError):
@@ -68,6 +69,7 @@ class HindsightConfig:
     max_listed: int = 3  # actions in a grounded answer at most
     max_sample_gap: float = 0.3  # s: an ego sample this close to the decision's stamp stands for it
     map_radius: float = 250.0  # m of lane graph around the ego kept in an observation
+    earlier_decisions: int = 2  # after a collision, decisions before the failed one that may be revised
 
     @property
     def horizon(self) -> float:
@@ -287,6 +289,23 @@ class HindsightRecorder:
                                     crop_lane_graph(graph, ego.x, ego.y, cfg.map_radius), route,
                                     scoring.dt, self.vehicle, scene.value if scene is not None else None,
                                     frames[-1].stamp if frames else math.nan)
+
+
+    def earlier(self, decisions: Sequence[DecisionDistribution],
+                failure: FailureEvent) -> list[tuple[DecisionDistribution, HindsightObservation]]:
+        """After a collision: up to ``earlier_decisions`` decisions issued before the failed one (latest
+        first) with their observations, for when no decision could avoid the collision any more from the
+        failed one (``reflection.ReflectionSystem.grounding``); none after a stall or a blocked ego."""
+        if not failure.collision:
+            return []
+        before = sorted((d for d in decisions if d.stamp < failure.decision_stamp - 1e-6), key=lambda d: -d.stamp)
+        out = []
+        for decision in before[:self.config.earlier_decisions]:
+            try:
+                out.append((decision, self.observation(decision.stamp)))
+            except HindsightError:
+                continue
+        return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,15 +35,16 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from luna_core.hindsight import (HindsightConfig, HindsightError, HindsightObservation, HindsightVerdict,
                                  hindsight_check)
 from luna_core.llm.base import LLMConfigError, LLMError
 from luna_core.memory.bank import InvalidItemError
 from luna_core.memory.journal import Journal, scan
+from luna_core.prompts.knowledge import RANKED_TAG
 from luna_core.prompts.parsers import MalformedModelOutput, action_set_of, parse_ranked_answer, parse_reflection
-from luna_core.types import DecisionExplanation, FailureEvent, MemoryItem, ReflectionResult
+from luna_core.types import DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, ReflectionResult
 
 
 @dataclass
@@ -63,16 +64,23 @@ class ReflectionRequest:
     collision_kinds: dict[str, str] = field(default_factory=dict)
     explanation_latency: float = 0.0  # s the explanation took
     observation: dict[str, Any] | None = None  # HindsightObservation.to_dict() of the executed decision
+    # The decisions before it (latest first), each {"decision_stamp", "issued_decision", "query",
+    # "observation"}: after a collision no decision could avoid any more, the latest of them from which
+    # one could have is revised instead (LeapVAD's reflection picks the frame with the best chance).
+    earlier: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_events(cls, explanation: DecisionExplanation, failure: FailureEvent,
-                    observation: HindsightObservation | None = None) -> "ReflectionRequest":
+                    observation: HindsightObservation | None = None,
+                    earlier: Sequence[tuple[DecisionDistribution, HindsightObservation]] = ()) -> "ReflectionRequest":
         return cls(id=uuid.uuid4().hex, query=explanation.query, answer=explanation.text,
                    failure_stamp=failure.stamp, issued_decision=failure.issued_decision,
                    colliding_ids=list(failure.colliding_ids), stall=failure.stall,
                    decision_stamp=failure.decision_stamp, blocked_by=failure.blocked_by,
                    collision_kinds=dict(failure.collision_kinds), explanation_latency=explanation.latency,
-                   observation=observation.to_dict() if observation is not None else None)
+                   observation=observation.to_dict() if observation is not None else None,
+                   earlier=[{"decision_stamp": d.stamp, "issued_decision": d.top_action, "query": d.query,
+                             "observation": o.to_dict()} for d, o in earlier])
 
     @property
     def failure(self) -> FailureEvent:
@@ -160,6 +168,23 @@ class ReflectionConfig:
     hindsight: HindsightConfig = field(default_factory=HindsightConfig)
 
 
+@dataclass
+class Grounding:
+    """The decision a reflection revises and its hindsight verdict (the failed decision's, or an earlier
+    one's after a collision that could not be avoided any more)."""
+
+    verdict: HindsightVerdict
+    query: str  # that decision's Q_md (the memory item's query)
+    answer: str  # its answer as given (A_md of the failed decision; the executed code of an earlier one)
+    decision_stamp: float
+
+    def summary(self, request: ReflectionRequest) -> str:
+        earlier = abs(self.decision_stamp - request.decision_stamp) > 1e-6
+        return (f"from the decision at {self.decision_stamp:.1f} s, "
+                f"{request.decision_stamp - self.decision_stamp:.1f} s before the failed one: " if earlier else "") \
+            + self.verdict.summary()
+
+
 class ReflectionSystem:
     """Hindsight check, then (optionally) the reflection LLM, then the memory update (module docstring).
 
@@ -177,39 +202,57 @@ class ReflectionSystem:
         return ReflectionResult(stamp=time.time(), failure_stamp=request.failure_stamp,
                                 memory_version=int(self.bank.version), **{"normal": False, **fields})
 
-    def verdict(self, request: ReflectionRequest) -> HindsightVerdict:
-        """The hindsight check of the request's executed decision; raises ``HindsightError`` when the
-        request carries no usable observation."""
-        if request.observation is None:
+    def _check(self, query: str, executed: str, observation: dict[str, Any] | None) -> HindsightVerdict:
+        if observation is None:
             raise HindsightError("the request carries no hindsight observation")
         try:
-            allowed = action_set_of(request.query)
+            allowed = action_set_of(query)
         except MalformedModelOutput as exc:
             raise HindsightError(f"the request's query states no action set: {exc.reason}") from exc
-        observation = HindsightObservation.from_dict(request.observation)
-        return hindsight_check(observation, allowed, request.issued_decision, self.config.hindsight)
+        return hindsight_check(HindsightObservation.from_dict(observation), allowed, executed, self.config.hindsight)
+
+    def grounding(self, request: ReflectionRequest) -> Grounding:
+        """The hindsight check behind the request: of its executed decision; after a collision that no
+        decision could avoid from there any more (the executed action collides in hindsight and no
+        revision is due), of the latest earlier decision that has a revision due. Raises
+        ``HindsightError`` when the request carries no usable observation."""
+        verdict = self._check(request.query, request.issued_decision, request.observation)
+        grounding = Grounding(verdict, request.query, request.answer, request.decision_stamp)
+        executed = verdict.outcomes.get(request.issued_decision)
+        if verdict.revise or not request.failure.collision or executed is None or not executed.collision:
+            return grounding
+        for before in request.earlier:
+            try:
+                earlier = self._check(before["query"], before["issued_decision"], before["observation"])
+            except (HindsightError, KeyError):
+                continue
+            if earlier.revise:
+                return Grounding(earlier, before["query"], f"{RANKED_TAG} {before['issued_decision']}",
+                                 float(before["decision_stamp"]))
+        return grounding
 
     def reflect(self, request: ReflectionRequest, attempt: int = 0) -> ReflectionResult:
         """One reflection. Raises ReflectionUnavailable when the endpoint fails (retry later) and
         MalformedModelOutput when the LLM's answer is invalid or contradicts the hindsight check."""
         try:
-            verdict = self.verdict(request)
+            grounding = self.grounding(request)
         except HindsightError as exc:  # nothing is written unchecked
             return self._result(request, error=f"no hindsight check: {exc}")
+        verdict = grounding.verdict
         if not verdict.revise:
             # After a stall or a blocked ego: 'normal' (the situation held it, or the decision was as good
             # as any). After a collision 'normal' is not an answer: no grounded revision, nothing written.
             return self._result(request, normal=not request.failure.collision, hindsight=verdict.summary())
-        text = verdict.answer() if self.llm is None else self._llm_answer(request, verdict, attempt)
-        item = self.bank.append(MemoryItem(id=f"refl-{request.id}", query=request.query, answer=text,
+        text = verdict.answer() if self.llm is None else self._llm_answer(request, grounding, attempt)
+        item = self.bank.append(MemoryItem(id=f"refl-{request.id}", query=grounding.query, answer=text,
                                            distribution=None, source="reflection", created=time.time()))
-        return self._result(request, revised_answer=text, memory_item_id=item.id, hindsight=verdict.summary())
+        return self._result(request, revised_answer=text, memory_item_id=item.id, hindsight=grounding.summary(request))
 
-    def _llm_answer(self, request: ReflectionRequest, verdict: HindsightVerdict, attempt: int) -> str:
+    def _llm_answer(self, request: ReflectionRequest, grounding: Grounding, attempt: int) -> str:
         """Q_refl (Eq. 29a) with the hindsight outcomes, answered by the reflection LLM (Eq. 29b); the
         answer is parsed strictly and must agree with the hindsight check."""
-        failure = request.failure
-        messages = self.prompts.refl_messages(request.query, request.answer, failure, verdict.facts(), verdict.best)
+        failure, verdict = request.failure, grounding.verdict
+        messages = self.prompts.refl_messages(grounding.query, grounding.answer, failure, verdict.facts(), verdict.best)
         try:
             completion = self.llm.chat(messages, temperature=self.config.temperature, seed=attempt,
                                        max_tokens=self.config.max_tokens)
@@ -217,7 +260,7 @@ class ReflectionSystem:
             raise
         except LLMError as exc:
             raise ReflectionUnavailable(str(exc)) from exc
-        answer = parse_reflection(completion.text, request.query, collision=failure.collision)
+        answer = parse_reflection(completion.text, grounding.query, collision=failure.collision)
         disagreement = verdict.disagreement(answer.ranked) if not answer.normal else \
             f"the answer is 'normal'; hindsight names {verdict.best}"
         if disagreement:
@@ -305,7 +348,7 @@ def audit_reflections(bank, outbox_dir: str | os.PathLike[str],
             findings.append(AuditFinding(item.id, "no reflection request in the outbox journal"))
             continue
         try:
-            verdict = system.verdict(request)
+            verdict = system.grounding(request).verdict
             ranked = parse_ranked_answer(item.answer, action_set_of(item.query), kind="reflection").ranked
         except (HindsightError, MalformedModelOutput) as exc:
             findings.append(AuditFinding(item.id, str(exc)))

@@ -24,7 +24,7 @@ from std_msgs.msg import UInt64
 from luna_core.assets import data_dir, live_memory_bank
 from luna_core.hindsight import HindsightError, HindsightRecorder
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
-from luna_core.types import DecisionExplanation, FailureEvent
+from luna_core.types import DecisionDistribution, DecisionExplanation, FailureEvent
 from luna_nodes import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
@@ -42,6 +42,8 @@ INTERFACE = NodeInterface(
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5 (hindsight)"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5 (hindsight)"),
             ("luna/scene", "luna_msgs/SceneDescriptor", "reliable, keep last 10 (the revision's facts)"),
+            ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10 (earlier decisions, "
+             "revised after a collision no decision could avoid any more)"),
             ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
             ("planning/route", "luna_msgs/Route", "reliable, transient local")],
     outputs=[("luna/reflection", "luna_msgs/ReflectionResult", "reliable, keep last 10"),
@@ -113,6 +115,8 @@ class ReflectionClient(LunaNode):
                      lambda m: record.update_lights(convert.msg_to_lights(m)))
         self._record(lm.SceneDescriptor, "luna/scene", qos.RELIABLE,
                      lambda m: record.update_scene(convert.msg_to_scene(m)))
+        self.decisions: collections.deque[DecisionDistribution] = collections.deque()
+        self._record(lm.DecisionDistribution, "luna/decision", qos.RELIABLE, self._on_decision)
         self._record(lm.LaneGraph, "map/lane_graph", qos.LATCHED, lambda m: record.set_map(convert.msg_to_lane_graph(m)))
         self._record(lm.Route, "planning/route", qos.LATCHED, lambda m: record.set_route(convert.msg_to_route(m)))
         self.timer = self.create_periodic(0.5, self.enqueue_observed)
@@ -127,6 +131,12 @@ class ReflectionClient(LunaNode):
             with self.recorder_lock:
                 feed(msg)
         self.luna_subscription(msg_type, topic, callback, profile)
+
+    def _on_decision(self, msg: lm.DecisionDistribution) -> None:
+        decision = convert.msg_to_decision(msg)
+        self.decisions.append(decision)
+        while self.decisions and decision.stamp - self.decisions[0].stamp > self.params["hindsight_keep"]:
+            self.decisions.popleft()
 
     def on_failure(self, msg: lm.FailureEvent) -> None:
         failure = convert.msg_to_failure(msg)
@@ -170,7 +180,7 @@ class ReflectionClient(LunaNode):
         with self.recorder_lock:
             ready = [(e, f) for e, f in self.observing if everything or self.recorder.observed(f.decision_stamp, now)]
             self.observing = [pair for pair in self.observing if pair not in ready]
-            observations = []
+            observations, earlier = [], []
             for explanation, failure in ready:
                 try:
                     observations.append(self.recorder.observation(failure.decision_stamp))
@@ -178,9 +188,10 @@ class ReflectionClient(LunaNode):
                     observations.append(None)
                     self.diagnostics.increment("no_hindsight")
                     self.diagnostics.set_condition("hindsight", WARN, f"failure at {failure.stamp:.2f} s: {exc}")
+                earlier.append(self.recorder.earlier(self.decisions, failure))
             self.recorder.prune(now)
-        for (explanation, failure), observation in zip(ready, observations):
-            self.outbox.put(ReflectionRequest.from_events(explanation, failure, observation))  # durable now
+        for (explanation, failure), observation, before in zip(ready, observations, earlier):
+            self.outbox.put(ReflectionRequest.from_events(explanation, failure, observation, before))  # durable now
             self.diagnostics.increment("requests_queued")
         if ready:
             self.diagnostics.set_value("observing", len(self.observing))
