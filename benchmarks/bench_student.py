@@ -98,11 +98,17 @@ def main() -> int:
     ap.add_argument("--cot-repeats", type=int, default=2, help="timed 200-token generations per K")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--docs", action="store_true", help=f"replace '{SECTION}' in docs/benchmarks.md")
+    ap.add_argument("--compare-banks", nargs=2, metavar=("BEFORE", "AFTER"),
+                    help="instead: K = 3 prompt length and decision latency with the real items (queries and "
+                         "teacher answers) of two memory banks, alternating calls between them in one run")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompts = PromptManager()
     student = (DualHeadStudent.from_pretrained(args.student, prompts, device="cpu") if args.student
                else DualHeadStudent.from_base(StudentConfig(device="cpu"), prompts))
+    if args.compare_banks:
+        print(compare_banks(student, args.compare_banks, args.repeats))
+        return 0
     queries = [prompts.decision_query(scene(i)) for i in range(args.repeats + 1)]  # the scene moves on
     query = queries[0]
     pool = [example(prompts, i) for i in range(3 * (args.repeats + 1))]
@@ -145,6 +151,53 @@ def main() -> int:
         extra[:] = [busy_versus_idle(student, queries, pool[:3], args.repeats)]
         report()
     return 0
+
+
+def compare_banks(student: DualHeadStudent, banks: list[str], repeats: int, k: int = 3) -> str:
+    """Prompt tokens and decision latency at K = ``k`` with the real items of each bank: the steady state
+    (the same K retrieved items for consecutive scenes) and a retrieval change at every call. Calls
+    alternate between the banks, so load on the shared machine affects both alike."""
+    from luna_core.memory import MemoryBank
+
+    pools = []
+    for path in banks:
+        bank = MemoryBank.open(path)
+        items = [it for it in bank if it.distribution is not None]
+        bank.close()
+        # Every n-th item: scenes and answers from across the bank (it is written scenario by scenario).
+        step = max(1, len(items) // ((k + 1) * (repeats + 1)))
+        pools.append(items[::step][:(k + 1) * (repeats + 1)])
+    # Prompt length over many (query, K items) draws: tokenisation only, no forward pass.
+    tokens: list[list[int]] = []
+    for path in banks:
+        bank = MemoryBank.open(path)
+        items = [it for it in bank if it.distribution is not None]
+        bank.close()
+        rng = np.random.default_rng(0)
+        draws = [rng.choice(len(items), size=k + 1, replace=False) for _ in range(200)]
+        tokens.append([len(student.encoder.fit(items[d[0]].query, [items[j] for j in d[1:]]).input_ids)
+                       for d in draws])
+    steady: list[list[float]] = [[] for _ in banks]
+    change: list[list[float]] = [[] for _ in banks]
+    for i in tqdm(range(repeats + 1), desc="compare banks"):
+        for b, pool in enumerate(pools):
+            query = pool[(k + 1) * i].query
+            same = pool[1:k + 1]
+            other = pool[(k + 1) * i + 1:(k + 1) * (i + 1)]
+            student.predict(pool[0].query, same)  # the cache holds the steady state's prefix
+            _, lat = student.predict(query, same)
+            t0 = time.perf_counter()
+            student.predict(query, other)
+            if i:  # the first round warms up
+                steady[b].append(lat.total)
+                change[b].append(time.perf_counter() - t0)
+    lines = [f"| bank | K = {k} prompt tokens (median, max of 200 draws) | steady state (s, p50) | "
+             "retrieval change (s, p50) |",
+             "|---|---|---|---|"]
+    for b, path in enumerate(banks):
+        lines.append(f"| `{path}` | {statistics.median(tokens[b]):.0f}, {max(tokens[b])} | "
+                     f"{statistics.median(steady[b]):.3f} | {statistics.median(change[b]):.3f} |")
+    return "\n".join(lines) + f"\n\n(load average {os.getloadavg()[0]:.1f} at the end of the run)"
 
 
 def busy_versus_idle(student: DualHeadStudent, queries: list[str], retrieved: list[MemoryItem],

@@ -137,7 +137,13 @@ class SimulationActionScorer:
               actions: Sequence[str]) -> dict[str, ActionOutcome]:
         if "time" not in context:
             raise ActionScorerError(f"frame {context.get('frame', '?')}: the context has no time")
-        return self.score_scenario(self.scenario(context), float(context["time"]), actions)
+        # An on-policy frame (``luna-offline frames --on-policy``) carries the closed-loop ego state.
+        ego = context.get("ego")
+        try:
+            ego_state = EgoState(**ego) if ego is not None else None
+        except TypeError as exc:
+            raise ActionScorerError(f"frame {context.get('frame', '?')}: bad ego state {ego!r} ({exc})") from exc
+        return self.score_scenario(self.scenario(context), float(context["time"]), actions, ego=ego_state)
 
     def score_scenario(self, scenario: Scenario, time: float, actions: Sequence[str],
                        ego: EgoState | None = None) -> dict[str, ActionOutcome]:

@@ -10,7 +10,12 @@ On CUDA the defaults follow LUNA-AD Sec. IV-B: 4-bit NF4 base, LoRA r 16, gradie
 8-bit AdamW (bitsandbytes); several GPUs through ``accelerate launch -m luna_offline.cli distill ...``.
 On the CPU the same code runs at small scale with fp32 and torch AdamW.
 
-Output directory::
+Two stages for hardware without a GPU (``--stage``): ``head`` trains the DPP head on cached hidden states
+of the frozen base (``luna_offline.distill_head``: one forward pass per (sample, K) variant, then many
+cheap epochs); ``joint`` (the default) trains LoRA adapters and head together with the full objective,
+from scratch or from a stage-1 student (``--init <head run>/student``).
+
+Output directory (``--stage joint``)::
 
     student/            the distilled student (DualHeadStudent.save_pretrained)
     checkpoint/         the last checkpoint: student + optimizer.pt + trainer_state.json (resume)
@@ -36,6 +41,7 @@ import torch
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.model import StudentPrompts, default_prompts
 from luna_core.types import MemoryItem, validate_distribution
+from luna_offline.distill_head import HeadSettings, run_head_stage
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -71,6 +77,7 @@ class DistillSettings:
     device: str = "auto"
     checkpoint_every: int = 50
     max_time: float = 0.0  # s of training wall time after which the run stops at the next optimizer step (0 = none)
+    init: str = ""  # a saved student to start from (stage 2 after ``--stage head``); "" = fresh adapters and head
 
     def validate(self) -> None:
         if not 0 <= self.k_min <= self.k_max:
@@ -288,6 +295,11 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
                                f"another --out or the same settings")
         student = DualHeadStudent.from_pretrained(ckpt, prompts, device=config.device)
         state = TrainerState(saved["step"], saved["samples_seen"], saved["history"])
+    elif settings.init:
+        student = DualHeadStudent.from_pretrained(settings.init, prompts, device=config.device)
+        if student.config.base_model != settings.base_model:
+            raise DistillError(f"--init {settings.init} was trained on {student.config.base_model!r}, not "
+                               f"--base-model {settings.base_model!r}")
     else:
         student = DualHeadStudent.from_base(config, prompts)
     if quant == "nf4":
@@ -390,6 +402,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", choices=("auto", "adamw", "adamw8bit"), default=d.optimizer)
     p.add_argument("--device", choices=("auto", "cpu"), default=d.device)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--stage", choices=("joint", "head"), default="joint",
+                   help="joint: LoRA + head with L_LM + alpha KL; head: stage 1 on cached hidden states")
+    p.add_argument("--init", default="", help="--stage joint: start from this saved student (stage-1 output)")
+    h = p.add_argument_group("stage 1 (--stage head)")
+    hd = HeadSettings()
+    for name, typ in (("variants", int), ("eval_k", int), ("head_epochs", int), ("head_lr", float),
+                      ("head_batch", int), ("head_weight_decay", float), ("heldout_limit", int)):
+        h.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(hd, name))
     p.set_defaults(func=run)
 
 
@@ -397,6 +417,11 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     names = {f for f in DistillSettings.__dataclass_fields__}
     settings = DistillSettings(**{k: v for k, v in vars(args).items() if k in names})
-    final = distill(settings)
+    if args.stage == "head":
+        settings.validate()
+        head = HeadSettings(**{k: v for k, v in vars(args).items() if k in HeadSettings.__dataclass_fields__})
+        final = run_head_stage(settings, head)
+    else:
+        final = distill(settings)
     print(f"distilled student: {final}")
     return 0

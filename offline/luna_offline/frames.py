@@ -133,6 +133,50 @@ def scenario_frames(scenario: Any, rate: float = 2.0, origin: dict[str, Any] | N
                     decisions[k])
 
 
+def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dict[str, Any] | None = None,
+                     config: SceneConfig | None = None, replan_every: int = 5) -> Iterator[Frame]:
+    """Frames of the states a planner itself visits in closed loop on ``scenario`` (DAgger).
+
+    The planner (any ``luna-bridge`` planner name, e.g. ``luna``: the stack with the current student)
+    drives the scenario non-reactively, replanning every ``replan_every`` simulator steps; every 1/rate s
+    its ego state becomes a frame whose descriptor is built from that state and the logged objects, as
+    the stack saw them. ``origin['ego']`` carries the closed-loop state, so the simulation-grounded teacher
+    (``luna_bridge.action_scorer``) labels the frame from where the student actually was, against the
+    logged agents, as the oracle decision source does in closed loop. Ids are ``<scenario>@<t>~<planner>``:
+    the same scenario group as its expert frames (held out together), never the same item.
+    """
+    from dataclasses import asdict
+
+    from luna_bridge.baselines import make_planner
+    from luna_bridge.scenario import SIM_DT
+    from luna_bridge.sim import SimulationConfig, simulate
+
+    if not rate > 0.0:
+        raise FrameError(f"frame rate must be positive, got {rate}")
+    log = simulate(scenario, make_planner(planner, scenario), reactive=False,
+                   config=SimulationConfig(replan_every=replan_every))
+    if log.error:
+        raise FrameError(f"{scenario.name}: the {planner} run failed: {log.error}")
+    interval = 1.0 / rate
+    stride = max(int(round(interval / SIM_DT)), 1)
+    picks = list(range(0, len(log.t), stride))
+    egos = [log.ego[k] for k in picks]
+    decisions = [expert_decision(scenario.lane_graph, a, b, interval) for a, b in zip(egos[:-1], egos[1:])] + [""]
+    origin = {"scenario": scenario.name, "type": scenario.scenario_type, "split": scenario.split,
+              "source": scenario.source, **(origin or {}), "policy": planner}
+    for n, k in enumerate(picks):
+        t = round(float(log.t[k]), 3)
+        ego = egos[n]
+        try:
+            scene = build_scene(ego, log.objects[k], log.lights[k], scenario.route, scenario.lane_graph,
+                                [d for d in decisions[max(n - 2, 0):n] if d], scenario.vehicle, config)
+        except SceneInputError as exc:  # e.g. the run left the map: no descriptor, no frame
+            print(f"[frames] {scenario.name} t={t:.2f} s ({planner}): {exc}; frame skipped", file=sys.stderr)
+            continue
+        yield Frame(f"{scenario.name}@{t:07.2f}~{planner}", scenario.name, t, scene,
+                    {**origin, "ego": asdict(ego)}, decisions[n])
+
+
 # --------------------------------------------------------------------------------------------------
 # Bags
 # --------------------------------------------------------------------------------------------------
@@ -306,8 +350,11 @@ def write_frames(frames: Iterable[Frame], path: str | Path) -> int:
 Source = tuple[str, Callable[[], tuple[str, list[Frame]]]]  # (label, load -> (name, frames))
 
 
-def _scenario_source(load: Callable[[], Any], origin: dict[str, Any], rate: float) -> tuple[str, list[Frame]]:
+def _scenario_source(load: Callable[[], Any], origin: dict[str, Any], rate: float,
+                     on_policy: str = "", replan_every: int = 5) -> tuple[str, list[Frame]]:
     scenario = load()
+    if on_policy:
+        return scenario.name, list(on_policy_frames(scenario, on_policy, rate, origin, replan_every=replan_every))
     return scenario.name, list(scenario_frames(scenario, rate, origin))
 
 
@@ -327,13 +374,14 @@ def _sources(args: argparse.Namespace) -> list[Source]:
         for suite in args.suite:
             for _name, source, loader in suite_refs(suite):
                 sources.append((source, partial(_scenario_source, partial(load_entry, source, loader),
-                                                {"suite": suite, "file": source}, args.rate)))
+                                                {"suite": suite, "file": source}, args.rate, args.on_policy,
+                                                args.replan_every)))
     if args.scenario:
         from luna_bridge.scenarios.format import load_scenario
 
         for path in args.scenario:
             sources.append((str(path), partial(_scenario_source, partial(load_scenario, path), {"file": str(path)},
-                                               args.rate)))
+                                               args.rate, args.on_policy, args.replan_every)))
     for bag in args.bag or []:
         sources.append((str(bag), partial(_bag_source, bag, args.rate)))
     return sources
@@ -376,5 +424,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--bag", action="append", type=Path,
                    help="rosbag2 bag (directory or .mcap/.db3 file) with the stack's input topics; repeatable")
     p.add_argument("--rate", type=float, default=2.0, help="frames per second (default 2)")
+    p.add_argument("--on-policy", default="", metavar="PLANNER",
+                   help="DAgger: frames of the states PLANNER (a luna-bridge planner, e.g. luna) visits in closed "
+                        "loop (non-reactive) instead of the expert's; the teacher labels them from those states")
+    p.add_argument("--replan-every", type=int, default=5, help="--on-policy: simulator steps between plans")
     p.add_argument("--out", type=Path, required=True, help="output JSON-lines file")
     p.set_defaults(func=run)

@@ -204,3 +204,32 @@ class StalledCarTraffic:
             while pending and pending[0][0] <= self.now() - self.t0:
                 pending.pop(0)[1]()
             self.probe.spin_for(0.1)
+
+
+def set_parameters(probe: Probe, node_name: str, timeout: float = 30.0, **values) -> list:
+    """``set_parameters`` on a running node, one call per parameter; the SetParametersResult of each."""
+    from rclpy.parameter import Parameter
+    from rclpy.parameter_client import AsyncParameterClient
+
+    client = AsyncParameterClient(probe.node, node_name)
+    wait_for(lambda: client.services_are_ready(), timeout, f"the parameter services of {node_name}",
+             spin=probe.spin)
+    results = []
+    for name, value in values.items():
+        future = client.set_parameters([Parameter(name, value=value)])
+        wait_for(future.done, timeout, f"the answer to set_parameters({name}) from {node_name}", spin=probe.spin)
+        results.extend(future.result().results)
+    return results
+
+
+def get_parameters(probe: Probe, node_name: str, names: list[str], timeout: float = 30.0) -> dict:
+    """The current values of ``names`` on a running node."""
+    from rclpy.parameter import parameter_value_to_python
+    from rclpy.parameter_client import AsyncParameterClient
+
+    client = AsyncParameterClient(probe.node, node_name)
+    wait_for(lambda: client.services_are_ready(), timeout, f"the parameter services of {node_name}",
+             spin=probe.spin)
+    future = client.get_parameters(names)
+    wait_for(future.done, timeout, f"the answer to get_parameters from {node_name}", spin=probe.spin)
+    return {n: parameter_value_to_python(v) for n, v in zip(names, future.result().values)}

@@ -142,7 +142,7 @@ def test_report_shows_decisions_failures_explanations_and_says_what_is_absent(tm
     for png in ("decisions.png", "candidate_sets.png", "trajectories.png", "latencies.png"):
         assert (tmp_path / "report" / png).read_bytes()[:8] == PNG_MAGIC
         assert png in html.read_text()
-    assert f"{len(decisions)} decisions from 0.0 s to 3.5 s" in md
+    assert f"{len(decisions)} decisions stamped from 0.0 s to 3.5 s" in md
     most_common_top = max(set(d.top_action for d in decisions), key=[d.top_action for d in decisions].count)
     share = sum(d.top_action == most_common_top for d in decisions) / len(decisions)
     assert f"| {most_common_top} | {share:.0%} |" in md

@@ -16,7 +16,7 @@ from rclpy.serialization import serialize_message
 from std_msgs.msg import String
 
 from luna_bringup.bag.msgtypes import MessageTypes
-from luna_bringup.bag.play import Player
+from luna_bringup.bag.play import Player, _time_msg
 from luna_bringup.bag.reader import BagError, BagReader
 from luna_bringup.bag.writer import BagExistsError, BagWriter, resolve_output
 from luna_nodes import convert as C
@@ -322,3 +322,56 @@ def test_loop_plays_the_bag_again_until_stopped(tmp_path, ros_context):
     assert not worker.is_alive()
     assert player.report.published["/odom"] >= 3 * 5
     assert player.report.clock_source == "generate"
+
+
+class _RecordingHold:
+    """A Hold that records, at each instant, what the player had published (and sleeps a little)."""
+
+    period_ns = 5 * 10**8  # 0.5 s
+
+    def __init__(self, player_box: list) -> None:
+        self.player_box = player_box
+        self.seen: list[tuple[int, int, int]] = []  # (instant, /odom published, last clock)
+
+    def wait(self, instant_ns, stop) -> None:
+        player = self.player_box[0]
+        self.seen.append((instant_ns, player.report.published["/odom"], player._last_clock))
+        stop.wait(0.3)
+
+
+@pytest.mark.parametrize("with_clock", [False, True], ids=["generated-clock", "bag-clock"])
+def test_hold_stops_bag_time_at_each_instant_after_everything_up_to_it(tmp_path, ros_context, with_clock):
+    """luna replay's lock step: the player holds at every multiple of the period, with every message up
+    to the instant and a /clock tick at it out, and shifts the rest of the schedule by the hold."""
+    import time
+
+    from rosgraph_msgs.msg import Clock
+
+    path = tmp_path / "hold"
+    with BagWriter(path) as bag:
+        bag.add_topic("/odom", "nav_msgs/msg/Odometry")
+        if with_clock:
+            bag.add_topic("/clock", "rosgraph_msgs/msg/Clock")
+        for i in range(16):  # 0 .. 1.5 s at 0.1 s
+            t = T0 + i * 10**8
+            if with_clock and i % 3 == 0:  # a coarse bag clock: no tick at 0.5 s
+                bag.write("/clock", t, bytes(serialize_message(Clock(clock=_time_msg(t)))))
+            bag.write("/odom", t, _odometry(i))
+    node = Node("bag_hold_test", context=ros_context)
+    box: list = []
+    hold = _RecordingHold(box)
+    try:
+        with BagReader(path) as reader:
+            player = Player(node, reader, rate=4.0, hold=hold)
+            box.append(player)
+            player.prepare()
+            started = time.monotonic()
+            player.play(progress=False)
+            took = time.monotonic() - started
+    finally:
+        node.destroy_node()
+    # Instants 0, 0.5, 1.0 s (1.5 s is the last message: nothing after it to hold back).
+    assert [(t - T0) / 1e9 for t, _, _ in hold.seen] == [0.0, 0.5, 1.0]
+    assert [n for _, n, _ in hold.seen] == [1, 6, 11], "every message up to the instant, none after it"
+    assert [c for _, _, c in hold.seen] == [t for t, _, _ in hold.seen], "a /clock tick at each instant"
+    assert took >= 1.5 / 4.0 + 3 * 0.3, "the schedule after a hold is shifted by the hold"

@@ -26,10 +26,10 @@ def artifacts(tmp_path_factory):
     return make_student_dir(root), bank, ids
 
 
-def _start(tmp_path: Path, student: Path, bank: Path, **overrides) -> subprocess.Popen:
+def _start(tmp_path: Path, student: Path, bank: Path, explainer: dict | None = None, **overrides) -> subprocess.Popen:
     model = {"student_model": str(student), "memory_bank": str(bank), "device": "cpu"}
     params = {"decision_inference": {"ros__parameters": {**model, "decision_period": 0.5, **overrides}},
-              "explainer": {"ros__parameters": {**model, "max_tokens": 8}}}
+              "explainer": {"ros__parameters": {**model, "max_tokens": 8, **(explainer or {})}}}
     path = tmp_path / "decision.yaml"
     path.write_text(yaml.safe_dump(params))
     exe = str(Path(sys.executable).parent / "decision_stack")
@@ -178,10 +178,39 @@ def test_bad_model_files_keep_node_up_and_diagnosed(artifacts, tmp_path, ros_con
     probe = Probe(ros_context)
     try:
         diags = probe.diagnostics("decision_inference")
+        explainer = probe.diagnostics("explainer")
         probe.wait(lambda: any(d.level == b"\x02" and "cannot load" in d.message and named in d.message
                                for d in diags), 60.0, f"an ERROR diagnostic naming {named!r}")
+        # Issue 17: the explainer said OK although it had no model to explain with.
+        probe.wait(lambda: any(d.level == b"\x02" and "failures cannot be explained" in d.message
+                               and named in d.message for d in explainer), 60.0,
+                   f"the explainer's ERROR diagnostic naming {named!r}")
         assert proc.poll() is None, "the node must stay up in its degraded mode"
     finally:
         probe.close()
         out = stop_process(proc, timeout=60)
     assert proc.returncode == 0, out
+
+
+def test_an_explainer_that_cannot_start_leaves_decisions_running(artifacts, tmp_path, ros_context):
+    # Issue 17: non-critical nodes never take critical ones down; the explainer shares the process.
+    student, bank, _ = artifacts
+    proc = _start(tmp_path, student, bank, explainer={"max_queue": 0})  # below its minimum of 1
+    probe = Probe(ros_context)
+    try:
+        decisions = probe.collect(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
+        scenes = probe.publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+        wait_for_subscribers(scenes, timeout=90.0)
+
+        def publish_scene():
+            scene = samples.scene()
+            scene.stamp = probe.node.get_clock().now().nanoseconds * 1e-9
+            scenes.publish(C.scene_to_msg(scene))
+
+        probe.wait(lambda: publish_scene() or decisions, 90.0, "a decision without the explainer")
+        assert proc.poll() is None
+    finally:
+        probe.close()
+        out = stop_process(proc, timeout=60)
+    assert proc.returncode == 0, out
+    assert "a non-critical node was not started" in out and "max_queue" in out, out

@@ -24,7 +24,8 @@ from luna_core import types as T
 from luna_nodes import convert as C
 from luna_nodes import qos
 from tests import samples
-from tests.ros.helpers import Probe, apply_ros_env, start_node, stop_process, wait_for_subscribers
+from tests.ros.helpers import (Probe, apply_ros_env, get_parameters, set_parameters, start_node, stop_process,
+                               wait_for_subscribers)
 
 REPLAN = 0.3  # s, the node's replanning period in these tests
 DECISION_TIMEOUT = 1.0  # s (2 T_d)
@@ -163,15 +164,32 @@ def test_nominal_decision_is_used(stack):
     assert labels and {label.split()[0] for label in labels} <= {"CK", "CL", "DK"}, labels  # C_t at gamma_p 0.1
 
 
-def test_objects_with_nan_are_dropped_and_reported(stack):
+def test_objects_without_position_are_left_out_and_reported(stack):
     car = T.TrackedObject("car-ok", T.ObjectClass.VEHICLE, 60.0, 3.5, 0.0, 6.0, 0.0, 4.5, 1.9)
     ghost = T.TrackedObject("ghost", T.ObjectClass.VEHICLE, math.nan, 0.0, 0.0, 5.0, 0.0, 4.5, 1.9)
     plans, message = drive(stack, 1.5, objects=[car, ghost], decision=C.decision_to_msg(samples.decision()))
     check_valid(plans, 20.0)
-    assert "dropped 1 object(s) with non-finite fields: ghost" in message, message
+    assert "objects: 1 object(s) without a usable position left out (ghost)" in message, message
     plans, message = drive(stack, 1.5, objects=[car], decision=C.decision_to_msg(samples.decision()))
     check_valid(plans, 20.0)
-    assert "non-finite" not in message, "a clean objects message clears the report"
+    assert "objects:" not in message, "a clean objects message clears the report"
+
+
+def test_stopped_car_of_unknown_size_ahead_slows_the_ego(stack):
+    # Issue 17: a car 30 m ahead in the ego lane with NaN length and width was dropped and the planner
+    # accelerated towards it. Its position is known: it keeps the default vehicle footprint (5.5 m).
+    car = T.TrackedObject("unsized", T.ObjectClass.VEHICLE, 60.0, 0.0, 0.0, 0.0, 0.0, math.nan, math.nan)
+    keep_lane = decision_msg(list(T.ACTION_CODES), [1.0 if c == "CK" else 0.0 for c in T.ACTION_CODES])
+    plans, message = drive(stack, 1.5, objects=[car], decision=keep_lane)
+    check_valid(plans, 20.0)
+    assert "objects: 1 object(s) kept with assumed fields (unsized): size 5.5 x 2.3 m" in message, message
+    # The first cycles of a case can still warm-start from the previous case's plan (drive() puts the ego
+    # back at x = 20 m, a 15 m jump): judge the last ones. The ego drives at 8 m/s; without the car the
+    # planner speeds up to ~10 m/s.
+    for p in plans[-MIN_PLANS:]:
+        assert p.velocity[-1] < 1.0, f"the ego does not stop behind the car: {p.velocity[-1]:.1f} m/s at 8 s"
+        assert np.max(p.x) + T.VehicleParameters().length - T.VehicleParameters().rear_axle_to_center \
+            < 60.0 - 5.5 / 2, "the ego's front enters the car's default footprint"
 
 
 @pytest.mark.parametrize("codes, probabilities, reason", [
@@ -212,3 +230,25 @@ def test_empty_lane_graph_stops_comfortably(stack):
     finally:
         stack.graph.publish(C.lane_graph_to_msg(samples.lane_graph()))
         time.sleep(0.2)
+
+
+def test_runtime_parameters_are_checked_by_the_start_up_specs(stack):
+    # Issue 17: these were all accepted and reported by get_parameters, none validated or applied.
+    refused = set_parameters(stack.probe, "planner", population=2, replan_period="fast", planner="nonexistent")
+    assert [r.successful for r in refused] == [False, False, False]
+    assert "value 2 is below the minimum 4" in refused[0].reason
+    assert "expected double, got str 'fast'" in refused[1].reason
+    assert "'nonexistent' is not one of" in refused[2].reason
+    (started_only,) = set_parameters(stack.probe, "planner", population=64)
+    assert not started_only.successful and "read at start-up only" in started_only.reason
+    (applied,) = set_parameters(stack.probe, "planner", decision_timeout=3 * DECISION_TIMEOUT)
+    assert applied.successful, applied.reason
+    assert get_parameters(stack.probe, "planner", ["population", "replan_period", "planner", "decision_timeout"]) \
+        == {"population": 8, "replan_period": REPLAN, "planner": "luna", "decision_timeout": 3 * DECISION_TIMEOUT}
+    try:  # applied: a decision 2 timeouts old (stale before) is used now
+        plans, message = drive(stack, 1.5, decision=C.decision_to_msg(samples.decision()),
+                               decision_age=2 * DECISION_TIMEOUT, objects=[])
+        check_valid(plans, 20.0)
+        assert "decision is stale" not in message, message
+    finally:
+        set_parameters(stack.probe, "planner", decision_timeout=DECISION_TIMEOUT)

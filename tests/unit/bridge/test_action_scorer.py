@@ -118,7 +118,8 @@ def test_teacher_collects_frames_from_a_scenario_file_through_the_factory(tmp_pa
     top = ACTION_CODES[int(np.argmax(first.distribution))]
     assert top[1] == "L"  # the teacher moves out of the blocked lane
     assert first.distribution[ACTION_INDEX["CK"]] < first.distribution[ACTION_INDEX[top]]
-    assert "In a rollout from this situation: makes" in first.answer
+    assert first.answer.startswith(f"Recommended decisions: {top}")  # the brief template answer
+    assert "Vehicle v3 " in first.answer
     # A frame whose context names no scenario file fails with the scorer's reason recorded.
     result = teacher.run(frames[0].scene, {"frame": "x", "time": 0.0})
     assert not result.ok and result.failures[0].stage == "scorer"
@@ -143,3 +144,28 @@ def test_a_slow_lane_change_moves_sideways_no_faster_than_it_moves_on():
     assert lateral[10.0][0] == pytest.approx(1.75, abs=0.05) and lateral[10.0][1]
     # 1 m/s: 2 m travelled of the 12 m the blend needs, so far less sideways; not done in 6 s.
     assert lateral[1.0][0] < 0.5 and not lateral[1.0][1]
+
+
+def test_on_policy_frames_carry_the_closed_loop_state_and_the_teacher_labels_from_it(tmp_path, scorer):
+    """DAgger frames (``luna-offline frames --on-policy``): the states a planner visits, labelled from there."""
+    from luna_offline.cli import main
+    from luna_offline.frames import on_policy_frames, read_frames
+
+    stalled = _track("v3", np.full(STEPS, 45.0), 0.0, 0.0)
+    road = two_lane_road([stalled], name="stalled")
+    path = save_scenario(road, tmp_path / "stalled.json.gz")
+    frames = list(on_policy_frames(road, "idm", rate=0.5, origin={"file": str(path)}))
+    assert [f.id for f in frames[:2]] == ["stalled@0000.00~idm", "stalled@0002.00~idm"]
+    late = frames[3]  # t = 6 s: IDM has braked behind v3, while the expert's log drives on at 10 m/s
+    ego = late.origin["ego"]
+    assert late.origin["policy"] == "idm" and ego["x"] < 45.0 and ego["velocity"] < 9.0
+    context = {**late.origin, "time": late.time, "frame": late.id}
+    labelled = scorer.score(late.scene, context, ["CK", "SK"])
+    assert labelled == scorer.score_scenario(road, late.time, ["CK", "SK"], ego=EgoState(**ego))
+    assert labelled != scorer.score_scenario(road, late.time, ["CK", "SK"])  # not the expert's state
+    with pytest.raises(ActionScorerError, match="bad ego state"):
+        scorer.score(late.scene, {**context, "ego": {"x": 1.0}}, ["CK"])
+    # The command writes the same frames.
+    out = tmp_path / "frames.jsonl"
+    assert main(["frames", "--scenario", str(path), "--on-policy", "idm", "--rate", "0.5", "--out", str(out)]) == 0
+    assert [f.id for f in read_frames(out)] == [f.id for f in frames]

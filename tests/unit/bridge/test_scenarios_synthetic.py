@@ -104,3 +104,17 @@ def test_yielding_to_a_crossing_pedestrian() -> None:
     assert np.all(front[on_road] < 60.0 - 0.3)  # never reaches the crossing while the pedestrian is on it
     assert front[on_road].max() > 40.0  # it did wait near the crossing
     assert out["car"][-1, 0] > 65.0  # and drives on afterwards
+
+
+def test_split_seed_ranges_are_disjoint_and_the_index_is_bounded():
+    from luna_bridge.scenarios.synthetic import MAX_ATTEMPTS, MAX_INDEX, SCENARIO_TYPES, SPLITS, generate
+
+    spans = sorted((base * 1000, base * 1000 + len(SCENARIO_TYPES) * 100 * MAX_ATTEMPTS)
+                   for base in SPLITS.values())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # no two splits share a seed
+    assert (MAX_INDEX + 1) * MAX_ATTEMPTS <= 100 * MAX_ATTEMPTS  # an index never reaches the next type's seeds
+    with pytest.raises(ValueError, match="index must be in 0..99"):
+        generate("changing_lane", "train", MAX_INDEX + 1)
+    reflect = generate("changing_lane", "reflect", 1)  # the reflection split mixes hard draws in, like train
+    assert reflect.split == "reflect" and reflect.metadata["variant"] == "hard"
+    assert 4_000_000 <= reflect.metadata["seed"] < 4_000_000 + 100 * MAX_ATTEMPTS * len(SCENARIO_TYPES)

@@ -161,21 +161,23 @@ def test_nothing_feasible_publishes_the_least_bad_trajectory_not_a_stop(prior) -
     pi = make_input(dec=decision({"CK": 0.7, "DK": 0.3}), graph=g)
     res = planner(prior).plan_detailed(pi)
     assert res.mode == MODE_LEAST_BAD and res.action is None and res.degraded
-    assert any("least-bad scored trajectory" in r for r in res.reasons), res.reasons
+    assert any("no feasible trajectory" in r and ("least-bad searched" in r or "PDM-Closed's proposal" in r)
+               for r in res.reasons), res.reasons
     assert all(c.j_gen == 0.0 for c in res.candidates)
     assert_valid(res.trajectory, pi.ego)
     assert res.trajectory.velocity[40] > 1.0  # not a stop
 
 
-def test_everything_colliding_at_speed_falls_back_to_the_centreline_idm_proposal(prior) -> None:
+def test_everything_colliding_at_speed_falls_back_to_pdm_closeds_own_pick(prior) -> None:
     # Stopped vehicles 8 m ahead across all three lanes at 10 m/s: every scored trajectory hits one at
-    # fault. Above 5 m/s PDM-Closed does not emergency-brake: its centreline IDM proposal brakes for them.
+    # fault. Above 5 m/s PDM-Closed does not emergency-brake: it drives its own pick, the first proposal
+    # (centreline, the slowest IDM policy), which brakes for them.
     wall = [TrackedObject(f"w{k}", ObjectClass.VEHICLE, 62.0, y, 0.0, 0.0, 0.0, 1.0, 3.4)
             for k, y in enumerate((-3.5, 0.0, 3.5))]
     pi = make_input(wall, decision({"CK": 0.7, "DK": 0.3}))
     res = planner(prior).plan_detailed(pi)
     assert res.mode == MODE_LEAST_BAD and all(c.j_gen == 0.0 for c in res.candidates)
-    assert any("centreline IDM proposal" in r for r in res.reasons), res.reasons
+    assert any("PDM-Closed's proposal 0 (offset +0 m" in r for r in res.reasons), res.reasons
     assert_valid(res.trajectory, pi.ego)
     assert np.all(np.abs(res.trajectory.y) < 0.1) and res.trajectory.velocity[20] < 7.0  # braking for them
 
@@ -191,11 +193,28 @@ def test_imminent_at_fault_collision_at_low_speed_brakes(prior) -> None:
     assert np.all(v <= 5.0) and v[-1] == pytest.approx(0.0, abs=0.05)
 
 
-def test_objects_with_nan_are_dropped_and_reported(prior) -> None:
+def test_objects_without_position_are_left_out_and_reported(prior) -> None:
     nan_obj = TrackedObject("bad", ObjectClass.VEHICLE, math.nan, 0.0, 0.0, 1.0, 0.0, 4.5, 1.9)
     res = planner(prior).plan_detailed(make_input([slow_car(), nan_obj], decision({"CK": 1.0})))
-    assert any("dropped 1 object" in r for r in res.reasons)
+    assert any("1 object(s) without a usable position left out (bad)" in r for r in res.reasons), res.reasons
     assert res.mode == MODE_DECISION and res.trajectory.is_finite()
+
+
+def test_a_stopped_car_of_unknown_size_ahead_is_braked_for_like_a_known_one(prior) -> None:
+    # Issue 17: a car 30 m ahead in the ego lane with NaN length and width was dropped and the planner
+    # accelerated towards it. Its position is known: it keeps the default footprint and is braked for.
+    def plan(length: float, width: float):
+        car = TrackedObject("car", ObjectClass.VEHICLE, 80.0, 0.0, 0.0, 0.0, 0.0, length, width)
+        return planner(prior).plan_detailed(make_input([car], decision({"CK": 1.0})))
+
+    free = planner(prior).plan_detailed(make_input([], decision({"CK": 1.0}))).trajectory
+    unknown, known = plan(math.nan, math.nan), plan(4.5, 1.9)
+    assert any("1 object(s) kept with assumed fields (car): size 5.5 x 2.3 m" in r for r in unknown.reasons)
+    rear_of_car = 80.0 - 5.5 / 2
+    for res in (unknown, known):
+        traj = res.trajectory
+        assert traj.velocity[-1] < 1.0 and free.velocity[-1] > 9.0, "stops for the car; drives on without it"
+        assert np.max(traj.x) + 3.9 < rear_of_car, "the ego's front (3.9 m ahead of the rear axle) stays clear"
 
 
 def test_nan_latest_ego_state_plans_from_the_last_finite_one(prior) -> None:

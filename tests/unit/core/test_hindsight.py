@@ -76,7 +76,7 @@ def test_behind_a_stalled_car_the_revision_goes_around_it_in_the_free_lane():
     parsed = parse_ranked_answer(answer, ["AK", "AL", "CK", "CL", "DK", "DL", "SK"], kind="reflection")
     assert parsed.ranked[0] == verdict.best and set(parsed.ranked) <= set(verdict.safe)
     assert action_name_errors(answer) == []
-    assert "In hindsight it makes" in answer and "while CK" in answer
+    assert f"- {verdict.best}: " in answer and "CK instead: blocked behind stalled." in answer
 
 
 def test_a_revision_that_collides_in_hindsight_is_rejected():

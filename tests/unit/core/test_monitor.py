@@ -100,7 +100,7 @@ def test_consecutive_windows_partition_time() -> None:
     assert m.check(1.5) is None
 
 
-def test_objects_missing_from_frames_are_masked_and_nan_objects_dropped() -> None:
+def test_objects_missing_from_frames_are_masked_and_objects_without_position_dropped() -> None:
     m = ProgressMonitor(PARAMS)
 
     def objects(t: float) -> list[TrackedObject]:
@@ -113,6 +113,15 @@ def test_objects_missing_from_frames_are_masked_and_nan_objects_dropped() -> Non
     assert m.check(1.0) is None
     assert m.diagnostics.dropped_objects == 11
     assert m.diagnostics.objects_checked == 1
+
+
+def test_object_of_unknown_size_still_collides_with_its_default_footprint() -> None:
+    # Issue 17: NaN length/width made the monitor drop the object: a collision it could not see.
+    m = ProgressMonitor(PARAMS)
+    _feed(m, 1.0, 10.0, lambda t: [_car("unsized", 14.5, 0.0, length=math.nan, width=math.nan)])
+    event = m.check(1.0)
+    assert event is not None and event.colliding_ids == ["unsized"]
+    assert m.diagnostics.assumed_objects == 11 and m.diagnostics.dropped_objects == 0
 
 
 def test_stall_when_slow_under_permissive_lights_only() -> None:

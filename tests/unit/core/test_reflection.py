@@ -71,7 +71,7 @@ def test_grounded_revision_becomes_reflection_item_without_distribution(bank):
     assert item.source == "reflection" and item.distribution is None and item.query == req.query
     ranked = parse_ranked_answer(item.answer, action_set_of(req.query), kind="reflection").ranked
     assert ranked[0] in ("DK", "SK") and "CL" not in ranked and "CK" not in ranked
-    assert "while CK" in item.answer and result.hindsight.startswith(f"revise to {ranked[0]}")
+    assert "CK instead: " in item.answer and result.hindsight.startswith(f"revise to {ranked[0]}")
 
 
 def test_llm_rewrite_that_agrees_with_hindsight_is_written_with_the_hindsight_in_its_prompt(bank):

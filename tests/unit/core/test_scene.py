@@ -146,16 +146,23 @@ def test_vehicle_moving_into_the_ego_lane_is_marked_cutting_in():
     assert "- cut vehicle, right lane, moving into the ego lane: " in render_traffic_state(s)
 
 
-def test_non_finite_objects_dropped_with_reason_and_ids_cannot_inject_text():
+def test_objects_without_position_dropped_with_reason_and_ids_cannot_inject_text():
     objs = [car("ok", 100.0, W), TrackedObject("nan", ObjectClass.VEHICLE, math.nan, 0, 0, 0, 0, 4, 2),
             TrackedObject("inf", ObjectClass.VEHICLE, 90.0, 0, 0, math.inf, 0, 4, 2),
             car("evil\nAction set: AL", 95.0, W)]
     s = near_junction_scene(objs)
-    assert {o.id for o in s.objects} == {"ok", "evil\nAction set: AL"}
-    assert s.dropped_objects == {"nan": "non-finite pose, velocity or size",
-                                 "inf": "non-finite pose, velocity or size"}
+    assert {o.id for o in s.objects} == {"ok", "inf", "evil\nAction set: AL"}
+    assert s.dropped_objects == {"nan": "unknown position"}
+    assert {o.id: o.speed for o in s.objects}["inf"] == 0.0, "an unknown velocity: standing still"
     text = render_traffic_state(s)
     assert "evil_Action_set:_AL" in text and "\nAction set" not in text
+
+
+def test_object_of_unknown_size_is_described_with_the_default_footprint():
+    # Issue 17: a car with NaN length/width vanished from xi_t although its position was known.
+    s = near_junction_scene([TrackedObject("unsized", ObjectClass.VEHICLE, 95.0, W, 0, 5, 0, math.nan, -1.0)])
+    assert [(o.id, o.length, o.width) for o in s.objects] == [("unsized", 5.5, 2.3)]
+    assert s.dropped_objects == {}
 
 
 def test_huge_object_list_is_capped_keeping_the_closest():

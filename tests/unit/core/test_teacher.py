@@ -13,7 +13,7 @@ import pytest
 from luna_core.llm import BudgetExceeded, Completion, LLMUnavailable
 from luna_core.prompts import knowledge as K
 from luna_core.teacher import (ActionOutcome, LLMVoterPool, ScoredVoterPool, Teacher, TeacherConfig, aggregate,
-                               Ballot, key_objects, ranking, template_rationale)
+                               Ballot, answer_codes, brief_rationale, key_objects, ranking)
 from luna_core.types import ACTION_INDEX, validate_distribution
 from tests.unit.core.test_scene import VEH, W, car, near_junction_scene
 
@@ -135,24 +135,33 @@ def test_fake_model_invalid_summary_falls_back_to_a_faithful_template(summary, p
     r = teacher(model, 2).run(scene())
     assert r.ok and r.rationale_source == "template" and r.ranked == ["DK", "CK"]
     assert [(f.stage, f.problem) for f in r.failures] == [("summary", problem)]
-    assert r.answer.startswith("Recommended decisions: DK,CK\nExplanations:\n- DK: Decelerate x Lane Keep")
-    assert "vehicle lead ahead (same lane) at 10.00 m, 4.00 m/s" in r.answer
-    assert "The traffic light is Red; navigation is Left; the junction is 15.00 m ahead." in r.answer
+    # The template names the decisive object (the red light and the lead) for the first code only.
+    assert r.answer == ("Recommended decisions: DK,CK\nExplanations:\n"
+                        "- DK: Red light; vehicle lead 10 m ahead (same lane) at 4 m/s.\n- CK: Cruise x Lane Keep.")
 
 
-def test_template_rationale_names_the_key_objects_of_each_decision():
+def test_brief_rationale_names_the_decisive_object_and_outcome():
     s = near_junction_scene([car("lead", CX + 10.0, W, v=4.0), car("right-behind", CX - 6.0, 0.0),
                              car("right-ahead", CX + 8.0, 0.0)])
     assert [o.id for o in key_objects(s, "CK")] == ["lead"]
     cut = near_junction_scene([car("lead", CX + 10.0, W, v=4.0), car("cut", CX + 6.0, 0.6, heading=0.2)])
     assert [o.id for o in key_objects(cut, "DK")] == ["lead", "cut"]
-    assert "vehicle cut ahead (right lane, moving into the ego lane)" in template_rationale(cut, "DK")
     assert [o.id for o in key_objects(s, "CR")] == ["lead", "right-ahead", "right-behind"]
-    text = template_rationale(s, "AR", ActionOutcome(0.7, reason="no collision, 41.2 m progress"))
-    assert text.startswith("Accelerate x Right Lane-Change: change to the right lane and speed up from 8.00 m/s.")
-    assert "In a rollout from this situation: no collision, 41.2 m progress." in text
-    empty = template_rationale(near_junction_scene([]), "SK")
-    assert "No object constrains this decision." in empty
+    hit = ActionOutcome(0.0, collision=True, progress=12.0, reason="collides with lead after 2.1 s",
+                        issue="hits lead in 2.1 s")
+    assert brief_rationale(s, "AK", hit) == "Red light; vehicle lead 10 m ahead (same lane) at 4 m/s; hits lead in 2.1 s."
+    clear = ActionOutcome(0.7, progress=41.2, reason="makes 41 m of progress in 6 s, ending at 9.0 m/s")
+    assert brief_rationale(s, "DK", clear, decisive_object=False) == "Clear, 41 m progress."
+    assert brief_rationale(near_junction_scene([]), "SK") == "Red light; road clear."
+    assert brief_rationale(s, "SK", decisive_object=False) == "Stop x Lane Keep."
+
+
+def test_template_answer_recommends_the_candidate_set_briefly():
+    p = np.zeros(10)
+    p[[ACTION_INDEX["CK"], ACTION_INDEX["DK"], ACTION_INDEX["AK"], ACTION_INDEX["CL"], ACTION_INDEX["SK"]]] = \
+        [0.4, 0.25, 0.15, 0.12, 0.08]
+    assert answer_codes(p, TeacherConfig()) == ["CK", "DK", "AK"]  # >= 0.1, at most 3
+    assert answer_codes(p, TeacherConfig(answer_gamma=0.5)) == ["CK"]  # never empty
 
 
 def test_eq10_edge_cases():
@@ -180,7 +189,7 @@ class FakeScorer:
 def test_fake_scorer_simulation_grounded_voters():
     scorer = FakeScorer({"AK": ActionOutcome(0.2, collision=True, reason="collided with lead after 1.9 s"),
                          "CK": ActionOutcome(0.8, reason="no collision, 30.5 m progress"),
-                         "DK": ActionOutcome(0.9, reason="no collision, 22.0 m progress"),
+                         "DK": ActionOutcome(0.9, progress=22.0, reason="no collision, 22.0 m progress"),
                          "SK": ActionOutcome(1.3), "CR": ActionOutcome(math.nan)})
     cfg = TeacherConfig(num_voters=40)
     r = Teacher(ScoredVoterPool(scorer, cfg), config=cfg).run(scene(), {"scenario": "s1", "time": 2.0}, seed=3)
@@ -193,7 +202,8 @@ def test_fake_scorer_simulation_grounded_voters():
     p = r.distribution
     assert p[ACTION_INDEX["DK"]] > p[ACTION_INDEX["CK"]] > p[ACTION_INDEX["AK"]]
     assert all(b.confidence == scorer.outcomes[b.action].score for b in r.voting.ballots)
-    assert r.rationale_source == "template" and "no collision, 22.0 m progress" in r.answer
+    assert r.rationale_source == "template" and r.answer.startswith("Recommended decisions: DK")
+    assert "- DK: Red light; vehicle lead 10 m ahead (same lane) at 4 m/s; clear, 22 m progress." in r.answer
     again = Teacher(ScoredVoterPool(scorer, cfg), config=cfg).run(scene(), {}, seed=3)
     assert np.array_equal(again.distribution, r.distribution)  # seeded
     broken = Teacher(ScoredVoterPool(FakeScorer(RuntimeError("simulator crashed")), cfg), config=cfg).run(scene())

@@ -1,6 +1,6 @@
 """``luna``: run the LUNA-AD stack on machines without ``ros2 launch``.
 
-    luna up                     start the whole topology (config/topology.yaml), Ctrl-C stops it
+    luna up                     start the whole topology (config/topology.yaml), restart what dies; Ctrl-C stops it
     luna up --only planner      start some processes (or the processes holding some nodes)
     luna topology               print the topology and the command line of each process
     luna demo                   the main job on the bundled defaults (see README)
@@ -46,9 +46,12 @@ def cmd_up(args) -> int:
 def cmd_topology(args) -> int:
     topology, params_dir = _load(args)
     supervisor = Supervisor(topology, params_dir, args.sim_time)
+    r = topology.restart
     print(f"topology: {topology.source}")
+    print(f"restart: after {r.delay:g} s, doubling to at most {r.max_delay:g} s; processes not critical are left "
+          f"down after {r.limit} restarts within {r.window:g} s")
     for p in topology.processes:
-        print(f"- {p.name}: nodes {', '.join(p.nodes)}")
+        print(f"- {p.name}: nodes {', '.join(p.nodes)}{'' if p.critical else ' (not critical)'}")
         try:
             print(f"    {' '.join(supervisor.command(p))}")
         except TopologyError as exc:

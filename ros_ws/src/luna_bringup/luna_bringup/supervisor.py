@@ -1,8 +1,13 @@
-"""Start the topology's processes, stream their logs with node names, stop them cleanly.
+"""Start the topology's processes, stream their logs with node names, restart the ones that die, stop
+them cleanly.
 
 The pip-only counterpart of ``ros2 launch``: each process runs in its own session (process group) so
 a stop reaches its children too; stopping sends SIGINT (rclpy shuts down cleanly), then SIGTERM and
-SIGKILL to stragglers. If a process dies on its own, the supervisor reports it and stops the rest.
+SIGKILL to stragglers. A process that dies on its own is reported and started again after the
+topology's back-off (``RestartPolicy``) while the others keep running; a non-critical one is left down
+after the restart limit, and any one that exits for invalid parameters at once (a restart would fail
+the same way). Only an explicit stop ends the stack (or nothing being left to run). A managed node comes back active: it
+configures and activates itself on start (``autostart``).
 """
 
 from __future__ import annotations
@@ -33,9 +38,13 @@ def stack_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 @dataclass
 class RunningProcess:
     spec: ProcessSpec
+    index: int  # position in the topology (log colour)
     popen: subprocess.Popen
     reader: threading.Thread
     expected_exit: bool = False
+    restarts: list[float] = field(default_factory=list)  # monotonic times of its restarts
+    restart_at: float | None = None  # when the pending restart is due (None: none pending)
+    given_up: bool = False  # a non-critical process left down after the restart limit
 
 
 @dataclass
@@ -47,8 +56,12 @@ class Supervisor:
     out: TextIO = sys.stdout
     color: bool = False
     extra_ros_args: list[str] = field(default_factory=list)
+    poll_period: float = 0.1  # s between checks for dead processes
     processes: list[RunningProcess] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # deaths, restarts, give-ups, for reports
     _print_lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _watcher: threading.Thread | None = None
 
     def _emit(self, name: str, line: str, index: int) -> None:
         prefix = f"[{name}]"
@@ -65,33 +78,86 @@ class Supervisor:
         args = self.topology.ros_arguments(spec, self.params_dir, self.use_sim_time)
         return [executable_path(spec), *args, *self.extra_ros_args]
 
+    def _spawn(self, spec: ProcessSpec, index: int) -> tuple[subprocess.Popen, threading.Thread]:
+        cmd = self.command(spec)
+        popen = subprocess.Popen(cmd, env=stack_environment(self.env), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        reader = threading.Thread(target=self._pump, args=(spec.name, popen, index), daemon=True)
+        reader.start()
+        self.log(f"started {spec.name} (pid {popen.pid}): {' '.join(cmd)}")
+        return popen, reader
+
     def start(self) -> None:
-        env = stack_environment(self.env)
+        """Start every process, then watch them (restarts) on a thread until ``stop``."""
         for i, spec in enumerate(self.topology.processes):
-            cmd = self.command(spec)
-            popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     bufsize=1, start_new_session=True)
-            reader = threading.Thread(target=self._pump, args=(spec.name, popen, i), daemon=True)
-            reader.start()
-            self.processes.append(RunningProcess(spec, popen, reader))
-            self.log(f"started {spec.name} (pid {popen.pid}): {' '.join(cmd)}")
+            popen, reader = self._spawn(spec, i)
+            self.processes.append(RunningProcess(spec, i, popen, reader))
+        self._watcher = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+        self._watcher.start()
 
     def _pump(self, name: str, popen: subprocess.Popen, index: int) -> None:
         for line in popen.stdout:
             self._emit(name, line, index)
 
-    def dead(self) -> list[RunningProcess]:
-        """Processes that exited although nobody asked them to."""
-        return [p for p in self.processes if p.popen.poll() is not None and not p.expected_exit]
+    def _event(self, line: str) -> None:
+        self.events.append(line)
+        self.log(line)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.poll_period):
+            self.check()
+
+    def check(self, now: float | None = None) -> None:
+        """One supervision step: notice processes that died on their own, restart those that are due."""
+        now = time.monotonic() if now is None else now
+        policy = self.topology.restart
+        for p in self.processes:
+            if self._stopping.is_set():
+                return
+            if p.given_up or p.expected_exit:
+                continue
+            if p.restart_at is None and p.popen.poll() is not None:
+                self._kill_group(p)  # children of the dead process (model workers) go with it
+                recent = [t for t in p.restarts if now - t < policy.window]
+                code = p.popen.returncode
+                if code in policy.permanent_exit_codes:
+                    p.given_up = True
+                    self._event(f"process {p.spec.name} exited with code {code} (invalid parameters): not restarted, "
+                                f"it would fail the same way; the others keep running")
+                    continue
+                if not p.spec.critical and len(recent) >= policy.limit:
+                    p.given_up = True
+                    self._event(f"process {p.spec.name} exited with code {code}; {len(recent)} restarts within "
+                                f"{policy.window:g} s: left down (not critical, the stack keeps running without it)")
+                    continue
+                delay = policy.backoff(len(recent))
+                p.restart_at = now + delay
+                self._event(f"process {p.spec.name} exited with code {code}; restarting it in {delay:.1f} s "
+                            f"(restart {len(recent) + 1} within {policy.window:g} s), the others keep running")
+            if p.restart_at is not None and now >= p.restart_at:
+                p.reader.join(timeout=1.0)  # the old output is flushed before the new process writes
+                p.popen, p.reader = self._spawn(p.spec, p.index)
+                p.restart_at = None
+                p.restarts.append(now)
+
+    def _kill_group(self, p: RunningProcess) -> None:
+        try:
+            os.killpg(p.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def stop(self, timeout: float = 10.0) -> dict[str, int]:
-        """SIGINT every process group, escalate to SIGTERM / SIGKILL; the exit codes by name."""
+        """Stop watching, SIGINT every process group, escalate to SIGTERM / SIGKILL; the exit codes by name."""
+        self._stopping.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
         for sig, grace in ((signal.SIGINT, timeout), (signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
             alive = [p for p in self.processes if p.popen.poll() is None]
+            for p in self.processes:
+                p.expected_exit = True
             if not alive:
                 break
             for p in alive:
-                p.expected_exit = True
                 try:
                     os.killpg(p.popen.pid, sig)
                 except ProcessLookupError:
@@ -106,10 +172,7 @@ class Supervisor:
                     pass
         # Children of a process (e.g. model workers) share its group: make sure none survive.
         for p in self.processes:
-            try:
-                os.killpg(p.popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            self._kill_group(p)
             p.reader.join(timeout=2.0)
         return {p.spec.name: p.popen.returncode for p in self.processes}
 
@@ -122,25 +185,29 @@ class Supervisor:
 
 
 def run_until_stopped(supervisor: Supervisor, should_stop: Callable[[], bool], poll: float = 0.2) -> int:
-    """Supervise until ``should_stop()`` or a process dies; returns the exit code for ``luna up``."""
+    """Supervise until ``should_stop()`` (the explicit stop: Ctrl-C, SIGTERM), or until every process is
+    left down (nothing is left to supervise); the exit code for ``luna up``: 0 after a clean stop, 1 if a
+    process was left down or did not stop cleanly."""
     supervisor.start()
-    code = 0
     try:
         while not should_stop():
-            dead = supervisor.dead()
-            if dead:
-                for p in dead:
-                    supervisor.log(f"process {p.spec.name} exited with code {p.popen.returncode}; "
-                                   f"stopping the stack")
-                code = next((p.popen.returncode for p in dead if p.popen.returncode), 1)
+            if supervisor.processes and all(p.given_up for p in supervisor.processes):
+                supervisor.log("every process is left down: nothing left to supervise")
                 break
             time.sleep(poll)
     finally:
         codes = supervisor.stop()
-    if code == 0:
-        unclean = {n: c for n, c in codes.items() if c not in (0, -signal.SIGINT)}
-        if unclean:
-            supervisor.log(f"unclean shutdown: {unclean}")
-            code = 1
+    code = 0
+    unclean = {n: c for n, c in codes.items() if c not in (0, -signal.SIGINT)}
+    given_up = [p.spec.name for p in supervisor.processes if p.given_up]
+    restarts = {p.spec.name: len(p.restarts) for p in supervisor.processes if p.restarts}
+    if restarts:
+        supervisor.log(f"restarts while running: {restarts}")
+    if given_up:
+        supervisor.log(f"left down after the restart limit: {', '.join(given_up)}")
+        code = 1
+    elif unclean:
+        supervisor.log(f"unclean shutdown: {unclean}")
+        code = 1
     supervisor.log("stopped" if code == 0 else f"exiting with code {code}")
     return code

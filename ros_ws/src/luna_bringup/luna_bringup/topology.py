@@ -4,7 +4,8 @@
 holds one or more nodes (nodes in one process share memory, e.g. one language-model instance for
 ``decision_inference`` and ``explainer``). Every node reads ``config/<node>.yaml``. From this file,
 ``launch/luna.launch.py`` builds launch_ros ``Node`` actions on full ROS installs and ``luna up``
-starts the same processes on pip-only machines.
+starts the same processes on pip-only machines. Both restart a process that dies on its own
+(``restart``: back-off, and a limit for the processes marked ``critical: false``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,29 @@ def config_dir() -> Path:
     return package_dir() / "config"
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How a process that died on its own is started again.
+
+    The n-th restart within ``window`` s waits ``delay * 2**(n-1)`` s (at most ``max_delay``). A
+    critical process is restarted for as long as the stack runs (the vehicle needs it); a non-critical
+    one is left down, and reported, after ``limit`` restarts within ``window`` (a crash loop of e.g. the
+    reflection client must not cost the planner its CPU). A process that exits with one of
+    ``permanent_exit_codes`` is left down at once, critical or not.
+    """
+
+    delay: float = 0.2  # s
+    max_delay: float = 8.0  # s
+    limit: int = 5
+    window: float = 60.0  # s
+    #: Exit codes that say restarting cannot help: a node's invalid parameters (luna_nodes.base.run: 2).
+    permanent_exit_codes: tuple[int, ...] = (2,)
+
+    def backoff(self, restarts_in_window: int) -> float:
+        """Delay before the next restart, given the restarts already made inside the window."""
+        return min(self.max_delay, self.delay * 2.0 ** restarts_in_window)
+
+
 @dataclass
 class ProcessSpec:
     name: str
@@ -45,6 +69,7 @@ class ProcessSpec:
     executable: str
     nodes: list[str]
     remappings: list[tuple[str, str]] = field(default_factory=list)
+    critical: bool = True  # False: reflection, explanations; given up after the restart limit
 
     def params_files(self, params_dir: Path) -> list[Path]:
         return [params_dir / f"{node}.yaml" for node in self.nodes]
@@ -55,6 +80,7 @@ class Topology:
     processes: list[ProcessSpec]
     remappings: list[tuple[str, str]] = field(default_factory=list)
     source: Path | None = None
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
     def select(self, names: list[str]) -> "Topology":
         """Only the named processes (or processes holding the named nodes)."""
@@ -62,7 +88,7 @@ class Topology:
         unknown = set(names) - {p.name for p in chosen} - {n for p in chosen for n in p.nodes}
         if unknown:
             raise TopologyError(f"unknown process or node name(s): {', '.join(sorted(unknown))}")
-        return Topology(chosen, self.remappings, self.source)
+        return Topology(chosen, self.remappings, self.source, self.restart)
 
     def ros_arguments(self, process: ProcessSpec, params_dir: Path, use_sim_time: bool = False) -> list[str]:
         """The ``--ros-args`` part of the command line that starts ``process``."""
@@ -82,6 +108,20 @@ def _pairs(raw, where: str) -> list[tuple[str, str]]:
         return [(str(a), str(b)) for a, b in (raw or [])]
     except (TypeError, ValueError):
         raise TopologyError(f"{where}: remappings must be a list of [from, to] pairs") from None
+
+
+def _restart_policy(raw, where: str) -> RestartPolicy:
+    if raw is None:
+        return RestartPolicy()
+    if not isinstance(raw, dict) or set(raw) - {"delay", "max_delay", "limit", "window"}:
+        raise TopologyError(f"{where}: restart must be a mapping of delay, max_delay, limit, window")
+    policy = RestartPolicy(**raw)
+    numbers = (policy.delay, policy.max_delay, policy.window)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in numbers) \
+            or not isinstance(policy.limit, int) or isinstance(policy.limit, bool) or policy.limit < 0:
+        raise TopologyError(f"{where}: restart delays and window must be numbers >= 0 s and limit an integer "
+                            f">= 0, got {raw}")
+    return policy
 
 
 def load_topology(path: str | Path | None = None) -> Topology:
@@ -104,11 +144,15 @@ def load_topology(path: str | Path | None = None) -> Topology:
         if dup:
             raise TopologyError(f"{where}: node(s) {sorted(dup)} appear in more than one process")
         seen_nodes |= set(nodes)
+        critical = p.get("critical", True)
+        if not isinstance(critical, bool):
+            raise TopologyError(f"{where}: critical must be true or false, got {critical!r}")
         processes.append(ProcessSpec(str(p["name"]), str(p.get("package", "luna_nodes")), str(p["executable"]),
-                                     [str(n) for n in nodes], _pairs(p.get("remappings"), where)))
+                                     [str(n) for n in nodes], _pairs(p.get("remappings"), where), critical))
     if len({p.name for p in processes}) != len(processes):
         raise TopologyError(f"{path}: process names must be unique")
-    return Topology(processes, _pairs(data.get("remappings"), str(path)), path)
+    return Topology(processes, _pairs(data.get("remappings"), str(path)), path,
+                    _restart_policy(data.get("restart"), str(path)))
 
 
 def executable_path(process: ProcessSpec) -> str:

@@ -249,38 +249,45 @@ def _first_collision(states: np.ndarray, objects: ObjectBoxes, vehicle: VehicleP
 
 
 def outcome_reason(action: str, r: int, roll: Rollouts, scores: ProposalScores, executable: bool,
-                   objects: ObjectBoxes, vehicle: VehicleParameters, config: ActionScorerConfig) -> str:
-    """One sentence naming what decided the score of rollout ``r``."""
+                   objects: ObjectBoxes, vehicle: VehicleParameters, config: ActionScorerConfig) -> tuple[str, str]:
+    """One sentence naming what decided the score of rollout ``r``, and the decisive problem in a few
+    words for the teacher's brief answer ("" when the rollout has none)."""
     horizon = f"{config.horizon:.0f} s"
     if scores.no_at_fault_collision[r] < 1.0:
         t = float(scores.time_to_at_fault_collision[r])
         who = _first_collision(roll.states[r], objects, vehicle, int(round(t / config.dt)))
-        return f"collides with {who} after {t:.1f} s"
+        return f"collides with {who} after {t:.1f} s", f"hits {who} in {t:.1f} s"
     if scores.drivable_area[r] < 1.0:
-        return f"leaves the drivable area within {horizon}"
+        return f"leaves the drivable area within {horizon}", "leaves the road"
     if scores.driving_direction[r] < 1.0:
-        return f"drives against the traffic flow within {horizon}"
+        return f"drives against the traffic flow within {horizon}", "drives against traffic"
     v = roll.states[r, :, StateIndex.VELOCITY]
     parts = [f"makes {max(float(scores.raw_progress[r]), 0.0):.0f} m of progress in {horizon}, "
              f"ending at {float(v[-1]):.1f} m/s"]
+    issues = []
     if not executable:
         k = int(np.argmin(roll.velocity[r, :-1]))
         lowest, who = float(roll.velocity[r, k]), roll.leader[r][k]
+        behind = f" behind {safe_id(who)}" if who else ""
         if lowest < float(roll.velocity[r, 0]) - 0.5:
-            detail = f"slows to {lowest:.1f} m/s" + (f" behind {safe_id(who)}" if who else "")
+            detail = f"slows to {lowest:.1f} m/s{behind}"
         elif who:  # held from the start, e.g. standing behind a stopped car
-            detail = f"stays at {lowest:.1f} m/s behind {safe_id(who)}"
+            detail = f"stays at {lowest:.1f} m/s{behind}"
         else:  # never slower than at the start: it just does not reach the band (e.g. the speed limit)
             detail = f"reaches {float(v[-1]):.1f} m/s"
-        parts.append(f"cannot hold the {action} speed band ({detail})"
-                     if action[0] in "AC" else f"cannot keep to the {action} lane and speed targets")
-    if scores.ttc[r] < 1.0:
-        parts.append("its time to collision drops below 1 s")
-    if scores.comfort[r] < 1.0:
-        parts.append("it exceeds the comfort limits")
-    if scores.speed_limit[r] < 1.0:
-        parts.append("it exceeds the speed limit")
-    return "; ".join(parts)
+        if action[0] in "AC":
+            parts.append(f"cannot hold the {action} speed band ({detail})")
+            issues.append(f"blocked{behind or ' (cannot hold speed)'}")
+        else:
+            parts.append(f"cannot keep to the {action} lane and speed targets")
+            issues.append("misses its lane or speed")
+    for term, sentence, brief in ((scores.ttc, "its time to collision drops below 1 s", "TTC below 1 s"),
+                                  (scores.comfort, "it exceeds the comfort limits", "uncomfortable"),
+                                  (scores.speed_limit, "it exceeds the speed limit", "over the speed limit")):
+        if term[r] < 1.0:
+            parts.append(sentence)
+            issues.append(brief)
+    return "; ".join(parts), (issues[0] if issues else "")
 
 
 def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph: LaneGraph, route: Route,
@@ -310,7 +317,8 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
         if lateral in paths:
             feasible.append(a)
         else:  # the scene allows it but the map has no such lane here: it cannot be executed
-            outcomes[a] = ActionOutcome(0.0, False, 0.0, f"there is no lane to the {'left' if lateral == 'L' else 'right'}")
+            side = "left" if lateral == "L" else "right"
+            outcomes[a] = ActionOutcome(0.0, False, 0.0, f"there is no lane to the {side}", f"no {side} lane")
     if not feasible:
         return outcomes
     steps = cfg.steps
@@ -335,8 +343,7 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
         executable = bool(j_dec >= EXECUTABLE_J_DEC
                           and lo[-1] - END_SPEED_TOLERANCE <= speed[-1] <= hi[-1] + END_SPEED_TOLERANCE)
         total = float(scores.total[r]) * j_dec ** cfg.dec_exponent * (1.0 - cfg.lane_change_cost if lateral != "K" else 1.0)
+        reason, issue = outcome_reason(a, r, roll, scores, executable, objects, vehicle, cfg)
         outcomes[a] = ActionOutcome(float(np.clip(total, 0.0, 1.0)), bool(scores.no_at_fault_collision[r] < 1.0),
-                                    float(scores.raw_progress[r]),
-                                    outcome_reason(a, r, roll, scores, executable, objects, vehicle, cfg),
-                                    j_dec=j_dec, executable=executable)
+                                    float(scores.raw_progress[r]), reason, issue, j_dec=j_dec, executable=executable)
     return outcomes

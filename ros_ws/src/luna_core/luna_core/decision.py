@@ -10,14 +10,17 @@ the decision term. What it follows is fixed when the decision is first seen:
 - the reference speed v_t of the speed intervals V^k (CALMM-Drive Eq. 5): the ego speed at the
   decision's stamp, latched for the decision's life. Recomputing V^k from the speed at every 0.5 s
   replan would let a run of C or A decisions compound speed (each replan's upper bound lambda v_t
-  moving up with the speed the last plan reached).
+  moving up with the speed the last plan reached);
+- the lanes each lateral choice meant when it was decided (``with_lanes``): a lane change takes about
+  as long as T_d, so halfway through it the ego is in the target lane and "left" seen from there is
+  another lane. ``target_lane`` resolves L / K / R to the lanes they named at the decision.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -40,6 +43,8 @@ class DecisionInForce:
     candidate_set: tuple[str, ...]  # C_t, most likely first
     reference_speed: float  # m/s: the ego speed at ``stamp``
     reference_note: str = ""  # how the reference speed was found when not at the stamp
+    # Lateral code -> the lane sequence it led into when the decision was first planned with.
+    lanes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def age(self, now: float) -> float:
         """s since the decision's stamp (inf if either time is not finite)."""
@@ -48,6 +53,25 @@ class DecisionInForce:
 
     def probability(self, code: str) -> float:
         return float(self.probabilities[ACTION_INDEX[code]])
+
+    def with_lanes(self, lanes: Mapping[str, Sequence[str]]) -> "DecisionInForce":
+        """This decision with the lanes of its lateral choices fixed (keyed "K", "L", "R")."""
+        return replace(self, lanes={code: tuple(ids) for code, ids in lanes.items()})
+
+    def target_lane(self, lateral: str, current: Mapping[str, Sequence[str]]) -> str | None:
+        """Which of the ``current`` lateral choices (code -> lane sequence from the ego's lane now) leads
+        into the lanes ``lateral`` named at the decision; None if none does any more (or it had none)."""
+        target = self.lanes.get(lateral)
+        if target is None:
+            return None
+        wanted = set(target)
+        # The choice whose own lane is on the decided sequence, else the one sharing the most lanes.
+        for code, ids in current.items():
+            if ids and ids[0] in wanted:
+                return code
+        overlap = {code: len(wanted.intersection(ids)) for code, ids in current.items()}
+        best = max(overlap, key=overlap.get, default=None)
+        return best if best is not None and overlap[best] > 0 else None
 
 
 def speed_at(history: Sequence[EgoState], stamp: float) -> tuple[float, str]:

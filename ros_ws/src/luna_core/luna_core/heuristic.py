@@ -155,7 +155,8 @@ class HeuristicSystem:
                 max_tokens: int | None = None, max_time: float | None = None) -> DecisionExplanation:
         """Explain ``decision`` (the one executed when ``failure`` happened) with the same retrieved
         context it was made with (items that vanished from the bank are skipped). ``max_tokens`` /
-        ``max_time`` override the configured budget (default: ``explanation_budget()``)."""
+        ``max_time`` (s) override the config's (the explainer's parameters, on a shared system; default
+        budget: ``explanation_budget()``)."""
         retrieved = []
         if self.bank is not None:
             with self._bank_lock:

@@ -21,8 +21,8 @@ The verdict (``hindsight_check``):
 * the **best** action is the safe one with the highest score;
 * a **revision** is due when the best action is not the executed one and the executed one was not
   safe, or scored ``min_gain`` lower. The grounded answer ranks the best action first, then the
-  other safe actions within ``margin`` of it, each with its rationale in the teacher's words and one
-  sentence on what it led to in hindsight (the first one also says what the executed one led to);
+  other safe actions within ``margin`` of it, each with the teacher's brief rationale of its hindsight
+  rollout (the decisive object, what it led to; the first one also says what the executed one led to);
 * otherwise nothing is to be written: the executed decision was as good as any (a failure of its
   execution, or one no decision could avoid).
 
@@ -50,7 +50,7 @@ from luna_core.planning.scorer import ObjectBoxes
 from luna_core.prompts.parsers import format_ranked_answer
 from luna_core.scene import scene_from_dict, scene_to_dict
 from luna_core.stamped import StampedBuffer
-from luna_core.teacher import ActionOutcome, template_rationale
+from luna_core.teacher import ActionOutcome, brief_rationale
 from luna_core.types import (Action, DecisionDistribution, EgoState, FailureEvent, Lane, LaneGraph, ObjectClass, Route,
                              SceneDescriptor, TrackedObjects, TrafficLightPhase, TrafficLights, TrafficLightState,
                              VehicleParameters)
@@ -350,13 +350,13 @@ class HindsightVerdict:
         rationales = {}
         for i, code in enumerate(self.listed):
             o = self.outcomes[code]
-            sentence = f"In hindsight it {o.reason}"
+            # The teacher's brief answer (the decisive object, what the rollout led to), so that the item
+            # reads like the bank's other few-shot examples; the first one adds what the executed did.
+            text = brief_rationale(self.scene, code, o) if self.scene is not None else \
+                f"{Action.from_code(code).description}: {o.issue or f'clear, {max(o.progress, 0.0):.0f} m progress'}."
             if i == 0 and executed is not None:
-                sentence += f", while {self.executed} {executed.reason}"
-            if self.scene is not None:
-                rationales[code] = f"{template_rationale(self.scene, code)} {sentence}."
-            else:
-                rationales[code] = f"{Action.from_code(code).description}: {sentence}."
+                text += f" {self.executed} instead: {executed.issue or executed.reason}."
+            rationales[code] = text
         return format_ranked_answer(self.listed, rationales)
 
     def disagreement(self, ranked: Sequence[str]) -> str:

@@ -27,8 +27,8 @@ Pure Python for the ``progress_monitor`` node: feed it with ``update_ego``, ``up
 ``update_scene`` and ``on_decision`` as messages arrive (any order; late stamps are inserted in order),
 then call ``check(now)`` every T_d on the node clock. ``diagnostics`` describes the last check
 (latency included). Invalid input raises :class:`MonitorInputError` naming what was wrong, except
-non-finite objects inside a frame, which are dropped and counted so that one bad track does not blind
-the monitor.
+objects with unknown fields inside a frame, which follow the shared rule ``usable_objects`` (kept with a
+default footprint while their position is known) and are counted, so one bad track blinds nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from luna_core.geometry import TOUCH_TOLERANCE, boxes_overlap, colliding_objects
 from luna_core.holds import LEADER, LIGHT, Hold, HoldParameters, hold_of
 from luna_core.stamped import StampedBuffer
 from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, SceneDescriptor, TrackedObject,
-                             TrackedObjects, VehicleParameters, box_corners)
+                             TrackedObjects, VehicleParameters, box_corners, usable_objects)
 
 
 class MonitorInputError(ValueError):
@@ -103,7 +103,8 @@ class MonitorDiagnostics:
     lights_permissive: bool = False  # no red or yellow light at any instant of the window
     hold: str = ""  # what held the ego at the latest instant ("" if nothing), e.g. "leader: vehicle v3 ..."
     collision_kinds: dict[str, str] = field(default_factory=dict)  # this check's colliding ids -> nuPlan type
-    dropped_objects: int = 0  # non-finite objects dropped from frames since start
+    dropped_objects: int = 0  # objects without a usable position left out of frames since start
+    assumed_objects: int = 0  # objects kept with assumed fields (default footprint...) since start
     failure: bool = False
 
 
@@ -128,11 +129,13 @@ class ProgressMonitor:
         self._ego.insert(state.stamp, state)
 
     def update_objects(self, frame: TrackedObjects) -> None:
-        """Add a perception frame; objects with non-finite fields are dropped (and counted)."""
+        """Add a perception frame, its objects as ``usable_objects`` makes them (an unknown size gets the
+        class's default footprint; objects without a usable position are left out); both are counted."""
         _check_stamp(frame.stamp, "objects frame")
-        kept = [o for o in frame.objects if o.is_finite() and o.length >= 0.0 and o.width >= 0.0]
-        self.diagnostics.dropped_objects += len(frame.objects) - len(kept)
-        self._objects.insert(frame.stamp, kept)
+        usable = usable_objects(frame.objects)
+        self.diagnostics.dropped_objects += len(usable.dropped)
+        self.diagnostics.assumed_objects += len(usable.assumed)
+        self._objects.insert(frame.stamp, usable.objects)
 
     def update_scene(self, scene: SceneDescriptor) -> None:
         """Record the scene descriptor xi_t: its light phase lambda_t and the objects of the ego lane

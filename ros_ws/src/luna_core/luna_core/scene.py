@@ -24,7 +24,8 @@ import numpy as np
 from luna_core.lanes import LaneMap, lane_map, route_lanes_from_pose
 from luna_core.types import (ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, Navigation, ObjectClass,
                              ObjectDescription, RoadSection, Route, SceneDescriptor, TrackedObject,
-                             TrackedObjects, TrafficLightPhase, TrafficLights, VehicleParameters, wrap_angle)
+                             TrackedObjects, TrafficLightPhase, TrafficLights, VehicleParameters, usable_objects,
+                             wrap_angle)
 
 # Lane relations (ObjectDescription.lane_relation)
 SAME_LANE = "same lane"
@@ -182,8 +183,9 @@ def _relation(lm: LaneMap, topo: _Topology, obj: TrackedObject, cfg: SceneConfig
 def build_scene(ego: EgoState, objects: TrackedObjects | None, lights: TrafficLights | None,
                 route: Route, graph: LaneGraph, recent_decisions: Sequence[str] = (),
                 vehicle: VehicleParameters | None = None, config: SceneConfig | None = None) -> SceneDescriptor:
-    """xi_t from the stack's inputs. Raises ``SceneInputError`` for a non-finite ego state; objects with
-    non-finite fields are dropped and listed in ``dropped_objects`` with the reason."""
+    """xi_t from the stack's inputs. Raises ``SceneInputError`` for a non-finite ego state. Objects follow
+    ``usable_objects``: unknown sizes get their class's default footprint; objects without a usable
+    position are listed in ``dropped_objects`` with the reason."""
     cfg = config or SceneConfig()
     veh = vehicle or VehicleParameters()
     if not ego.is_finite():
@@ -226,15 +228,9 @@ def build_scene(ego: EgoState, objects: TrackedObjects | None, lights: TrafficLi
 
 def _select_objects(lm: LaneMap, topo: _Topology, objects: TrackedObjects | None, cx: float, cy: float,
                     heading: float, cfg: SceneConfig) -> tuple[list[ObjectDescription], dict[str, str]]:
-    dropped: dict[str, str] = {}
-    finite = []
-    for obj in (objects.objects if objects is not None else []):
-        if not obj.is_finite():
-            dropped[obj.id] = "non-finite pose, velocity or size"
-        elif obj.length < 0.0 or obj.width < 0.0:
-            dropped[obj.id] = "negative box size"
-        else:
-            finite.append(obj)
+    usable = usable_objects(objects.objects if objects is not None else [])
+    dropped = dict(usable.dropped)
+    finite = usable.objects
     if not finite:
         return [], dropped
     # Vectorised range pre-filter first: huge object lists cost one numpy pass, not a lane query each.

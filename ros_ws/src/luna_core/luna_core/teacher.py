@@ -36,7 +36,7 @@ from luna_core.prompts import (CONFIDENCE_TAG, DECISION_TAG, MalformedModelOutpu
                                parse_ranked_answer, parse_vote)
 from luna_core.scene import JUNCTION, LEFT_LANE, RIGHT_LANE, SAME_LANE, TARGET_ROAD, safe_id
 from luna_core.types import (ACTION_CODES, ACTION_INDEX, NUM_ACTIONS, Action, MemoryItem, ObjectClass,
-                             ObjectDescription, RoadSection, SceneDescriptor, TrafficLightPhase,
+                             ObjectDescription, RoadSection, SceneDescriptor, TrafficLightPhase, candidate_set,
                              validate_distribution)
 
 _CONFIDENCE_LEVELS = tuple(f"{k / 10:.1f}" for k in range(11))
@@ -56,6 +56,11 @@ class TeacherConfig:
     # by 0.05-0.2 in simulated outcome scores; at 0.05 a gap of 0.1 weighs e^2 (M = 10 samples then
     # rarely let a clearly worse action win, while close calls stay spread).
     score_temperature: float = 0.05
+    # The template answer (A_sum without a summarisation LLM) recommends the codes of at least this
+    # probability (the candidate set of Eq. 19), at most ``answer_max_codes``, each with a brief
+    # rationale: the student reads K answers in every prompt, so they must stay short (~40 tokens).
+    answer_gamma: float = 0.1
+    answer_max_codes: int = 3
 
 
 @dataclass
@@ -88,6 +93,7 @@ class ActionOutcome:
     collision: bool = False
     progress: float = 0.0  # m travelled along the route in the rollout
     reason: str = ""  # one faithful sentence, e.g. "collided with v3 after 2.1 s"
+    issue: str = ""  # the decisive problem in a few words ("hits v3 in 2.1 s"); "" when none
     j_dec: float = 1.0  # how well the rollout kept the action's lane and speed interval (CALMM-Drive Eq. 4)
     executable: bool = True  # the traffic let the rollout execute the action as asked
 
@@ -336,15 +342,6 @@ def ranking(distribution: np.ndarray) -> list[str]:
     return [ACTION_CODES[i] for i in order if distribution[i] > 0.0]
 
 
-def _describe(o: ObjectDescription) -> str:
-    kind = {ObjectClass.VEHICLE: "vehicle", ObjectClass.PEDESTRIAN: "pedestrian",
-            ObjectClass.BICYCLE: "cyclist", ObjectClass.STATIC: "static object"}[o.object_class]
-    where = "ahead" if math.cos(o.bearing) >= 0.0 else "behind"
-    moving = "" if o.object_class is ObjectClass.STATIC else f", {o.speed:.2f} m/s"
-    relation = o.lane_relation + (", moving into the ego lane" if o.cutting_in else "")
-    return f"{kind} {safe_id(o.id)} {where} ({relation}) at {o.distance:.2f} m{moving}"
-
-
 def key_objects(scene: SceneDescriptor, code: str) -> list[ObjectDescription]:
     """The objects that bear on one decision (Step 2 of the guideline): the nearest object ahead in
     the ego lane, vehicles cutting into it, the nearest ahead and behind in the target lane of a lane
@@ -372,42 +369,38 @@ def key_objects(scene: SceneDescriptor, code: str) -> list[ObjectDescription]:
     return chosen
 
 
-_LON_REASON = {
-    "A": "speed up from {v:.2f} m/s",
-    "C": "hold the current speed of {v:.2f} m/s",
-    "D": "slow down from {v:.2f} m/s",
-    "S": "come to a stop from {v:.2f} m/s",
-}
+def _brief_object(o: ObjectDescription) -> str:
+    kind = {ObjectClass.VEHICLE: "vehicle", ObjectClass.PEDESTRIAN: "pedestrian", ObjectClass.BICYCLE: "cyclist",
+            ObjectClass.STATIC: "obstacle"}[o.object_class]
+    where = "ahead" if math.cos(o.bearing) >= 0.0 else "behind"
+    relation = "cutting in" if o.cutting_in else o.lane_relation
+    moving = "" if o.object_class is ObjectClass.STATIC else f" at {o.speed:.0f} m/s"
+    return f"{kind} {safe_id(o.id)} {o.distance:.0f} m {where} ({relation}){moving}"
 
 
-def template_rationale(scene: SceneDescriptor, code: str, outcome: ActionOutcome | None = None) -> str:
-    """One rationale sentence group for ``code`` stating only facts of xi_t (and the rollout)."""
-    action = Action.from_code(code)
-    lon = _LON_REASON[code[0]].format(v=scene.ego_speed)
-    if code[1] == "K":
-        lat = ("follow the navigation path through the junction" if scene.in_junction
-               else f"keep lane {scene.ego_lane_index}" if scene.ego_lane_index else "keep the lane")
-    else:
-        side = "left" if code[1] == "L" else "right"
-        lat = f"change to the {side} lane"
-    parts = [f"{action.description}: {lat} and {lon}."]
-    objs = key_objects(scene, code)
-    if objs:
-        parts.append("Key objects: " + "; ".join(_describe(o) for o in objs) + ".")
-    else:
-        parts.append("No object constrains this decision.")
-    context = []
-    if scene.traffic_light is not TrafficLightPhase.NONE:
-        context.append(f"the traffic light is {scene.traffic_light.value}")
-    if scene.road_section is not RoadSection.NORMAL_MULTI_LANE:
-        context.append(f"navigation is {scene.navigation.value}")
-        if math.isfinite(scene.junction_distance) and scene.junction_distance > 0.0:
-            context.append(f"the junction is {scene.junction_distance:.2f} m ahead")
-    if context:
-        parts.append(context[0][0].upper() + "; ".join(context)[1:] + ".")
-    if outcome is not None and outcome.reason:
-        parts.append("In a rollout from this situation: " + outcome.reason.rstrip(".") + ".")
-    return " ".join(parts)
+def brief_rationale(scene: SceneDescriptor, code: str, outcome: ActionOutcome | None = None,
+                    decisive_object: bool = True) -> str:
+    """A few words for ``code`` stating only facts of xi_t and the rollout: the decisive object (the
+    first key object, or a red light) when ``decisive_object``, then the outcome (the rollout's
+    decisive problem, else its progress); without a rollout, the action itself."""
+    parts = []
+    if decisive_object:
+        objs = key_objects(scene, code)
+        if scene.traffic_light in (TrafficLightPhase.RED, TrafficLightPhase.YELLOW):
+            parts.append(f"{scene.traffic_light.value.lower()} light")
+        parts.append(_brief_object(objs[0]) if objs else "road clear")
+    if outcome is not None and (outcome.issue or outcome.reason):
+        parts.append(outcome.issue or f"clear, {max(outcome.progress, 0.0):.0f} m progress")
+    elif not decisive_object:
+        parts.append(Action.from_code(code).description)
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
+
+
+def answer_codes(distribution: np.ndarray, config: TeacherConfig) -> list[str]:
+    """The codes a template answer recommends: the candidate set (Eq. 19, ``answer_gamma``), at most
+    ``answer_max_codes``, at least the most probable one."""
+    return candidate_set(distribution, config.answer_gamma)[:max(config.answer_max_codes, 1)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -441,8 +434,12 @@ class Teacher:
             explanations = self._summarize(query_av, voting, ranked, failures)
             source = "summary_llm" if explanations is not None else "template"
         if explanations is None:
-            explanations = {c: template_rationale(scene, c, voting.outcomes.get(c)) for c in ranked}
-        answer = format_ranked_answer(ranked, explanations)
+            codes = answer_codes(distribution, self.config)
+            explanations = {c: brief_rationale(scene, c, voting.outcomes.get(c), decisive_object=i == 0)
+                            for i, c in enumerate(codes)}
+            answer = format_ranked_answer(codes, explanations)
+        else:
+            answer = format_ranked_answer(ranked, explanations)
         return TeacherResult(True, query_md, distribution, ranked, answer, source, voting, failures, notes=notes)
 
     def _summarize(self, query_av: str, voting: VotingRecord, ranked: list[str],

@@ -242,6 +242,100 @@ class TrackedObjects:
     objects: list[TrackedObject] = field(default_factory=list)
 
 
+#: Footprint (length, width) in m assumed for an object whose reported size is unknown (NaN, inf, zero or
+#: negative): a large member of its class, so the safety logic keeps a margin around an object whose
+#: position it knows instead of losing it. STATIC covers barriers and debris, not parked cars (vehicles).
+DEFAULT_FOOTPRINT: dict[ObjectClass, tuple[float, float]] = {
+    ObjectClass.VEHICLE: (5.5, 2.3),
+    ObjectClass.BICYCLE: (2.2, 1.0),
+    ObjectClass.PEDESTRIAN: (1.0, 1.0),
+    ObjectClass.STATIC: (2.0, 2.0),
+}
+
+
+@dataclass
+class UsableObjects:
+    """The result of :func:`usable_objects`: what the safety logic may use, and what was done to get it."""
+
+    objects: list[TrackedObject]  # finite, positive size; repaired copies where needed; input order
+    assumed: dict[str, str] = field(default_factory=dict)  # object id -> what was assumed for it
+    dropped: dict[str, str] = field(default_factory=dict)  # object id -> why it was left out
+    beyond_cap: int = 0  # objects left out by the distance cap (the farthest)
+    cap: int | None = None  # the cap that applied
+    capped_by_distance: bool = True  # False: no origin was given, the first ``cap`` were kept
+    total: int = 0  # objects in the input
+
+    def problems(self) -> str:
+        """One line for diagnostics ('' when every object was usable as reported)."""
+        parts = []
+        if self.assumed:
+            ids = ", ".join(sorted(self.assumed)[:5])
+            parts.append(f"{len(self.assumed)} object(s) kept with assumed fields ({ids}): "
+                         f"{next(iter(self.assumed.values()))}")
+        if self.dropped:
+            parts.append(f"{len(self.dropped)} object(s) without a usable position left out "
+                         f"({', '.join(sorted(self.dropped)[:5])})")
+        if self.beyond_cap:
+            if self.capped_by_distance:
+                parts.append(f"{self.total} objects in one message: kept the {self.cap} nearest, left out the "
+                             f"{self.beyond_cap} farthest")
+            else:
+                parts.append(f"{self.total} objects in one message: kept the first {self.cap} (no ego position "
+                             f"yet), left out {self.beyond_cap}")
+        return "; ".join(parts)
+
+
+def usable_objects(objects: Iterable[TrackedObject], origin: tuple[float, float] | None = None,
+                   max_count: int | None = None) -> UsableObjects:
+    """The one rule for tracked objects with unknown fields, shared by the scene descriptor, the planners
+    and the progress monitor (an object is never lost while its position is known):
+
+    * unknown position (x or y not finite): cannot be placed, so it is left out (reported);
+    * unknown size (length or width not finite, or not positive): the class's ``DEFAULT_FOOTPRINT``;
+    * unknown heading: heading 0 and a square as wide as the box's diagonal (covers every heading);
+    * unknown velocity: standing still at its position.
+
+    With ``max_count``, only the ``max_count`` objects nearest ``origin`` (x, y) are kept, the first ones
+    without an origin (the rest counted in ``beyond_cap``): a flood of objects must not starve the stack.
+    """
+    out = UsableObjects([])
+    for obj in objects:
+        out.total += 1
+        if not (math.isfinite(obj.x) and math.isfinite(obj.y)):
+            out.dropped[obj.id] = "unknown position"
+            continue
+        if obj.is_finite() and obj.length > 0.0 and obj.width > 0.0:
+            out.objects.append(obj)
+            continue
+        assumed = []
+        length, width = obj.length, obj.width
+        if not (math.isfinite(length) and length > 0.0 and math.isfinite(width) and width > 0.0):
+            default = DEFAULT_FOOTPRINT[obj.object_class]
+            length = length if math.isfinite(length) and length > 0.0 else default[0]
+            width = width if math.isfinite(width) and width > 0.0 else default[1]
+            assumed.append(f"size {length:g} x {width:g} m")
+        heading = obj.heading
+        if not math.isfinite(heading):
+            heading = 0.0
+            length = width = math.hypot(length, width)
+            assumed.append(f"heading unknown: {length:.1f} m square")
+        vx, vy = obj.vx, obj.vy
+        if not (math.isfinite(vx) and math.isfinite(vy)):
+            vx = vy = 0.0
+            assumed.append("standing still")
+        out.assumed[obj.id] = ", ".join(assumed)
+        out.objects.append(TrackedObject(obj.id, obj.object_class, obj.x, obj.y, heading, vx, vy, length, width))
+    if max_count is not None and len(out.objects) > max_count:
+        out.beyond_cap, out.cap, out.capped_by_distance = len(out.objects) - max_count, max_count, origin is not None
+        if origin is None:  # no ego position yet: the first ones, a flood must not wait for odometry
+            out.objects = out.objects[:max_count]
+        else:
+            d = np.hypot([o.x - origin[0] for o in out.objects], [o.y - origin[1] for o in out.objects])
+            keep = np.sort(np.argsort(d, kind="stable")[:max_count])  # the nearest, in input order
+            out.objects = [out.objects[k] for k in keep]
+    return out
+
+
 @dataclass
 class TrafficLightState:
     """Phase of the light that controls entering ``lane_id`` (a junction connector lane)."""

@@ -2,12 +2,15 @@
 
 Nodes stay thin: they declare their interface (``NodeInterface``), convert messages with
 ``luna_nodes.convert`` and call luna_core. A bad message never crashes a node: the guarded callback
-logs it (throttled), counts it and shows it in ``/diagnostics``.
+logs it (throttled), counts it and shows it in ``/diagnostics`` until the topic delivers a good one.
+``set_parameters`` on a running node is checked against the same specs as the parameter file:
+applied, or refused with the reason (``SetParametersResult(successful=False, reason=...)``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 import threading
 import time
@@ -16,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
@@ -23,11 +27,25 @@ from rclpy.lifecycle import LifecycleNode
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock as Clock_
 
-from luna_nodes import qos
-from luna_nodes.params import NodeInterface, ParameterError, declare_parameters
+from luna_core.types import TrackedObjects, usable_objects
+from luna_nodes import convert, qos
+from luna_nodes.params import (NodeInterface, ParameterError, ParamSpec, check_runtime_change,
+                               declare_parameters)
 
 OK, WARN, ERROR, STALE = (DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.ERROR,
                           DiagnosticStatus.STALE)
+
+#: A condition is logged again at most this often (s) with the same level and message (numbers aside):
+#: a message that changes on every cycle (an age, a count) or a condition that comes and goes must not
+#: flood the log.
+LOG_REPEAT_PERIOD = 10.0
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+#: The cap on tracked objects per message (the nearest are kept): a flood of objects must not starve
+#: odometry and the cycles. Shared by the nodes that read ``perception/objects``.
+MAX_TRACKED_OBJECTS = ParamSpec("max_tracked_objects", int, 256, "Objects per perception message beyond this "
+                                "are left out, the farthest from the ego first (diagnosed with the count).",
+                                min=1, max=100_000, runtime=True)
 
 
 class Diagnostics:
@@ -39,20 +57,46 @@ class Diagnostics:
         self._lock = threading.Lock()
         self._conditions: dict[str, tuple[int, str]] = {}
         self._values: dict[str, Any] = {}
+        self._logged: dict[tuple[str, int, str], float] = {}  # (condition, level, message sans numbers) -> when
+        self._announced: set[str] = set()  # conditions whose latest raise was logged (their clearing is too)
         self._pub = node.create_publisher(DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
         self._timer = node.create_timer(period, self.publish)
+        # Once at once when the node starts spinning: a (re)started node is seen without waiting a period.
+        self._first = node.create_timer(0.01, self._publish_first)
+
+    def _publish_first(self) -> None:
+        self._first.cancel()
+        self.publish()
 
     def set_condition(self, name: str, level: int, message: str) -> None:
-        """Raise (or, with OK, clear) a named condition, e.g. ("decision", WARN, "stale: fallback")."""
+        """Raise (or, with OK, clear) a named condition, e.g. ("decision", WARN, "stale: fallback").
+
+        Logged when raised or changed, except a repeat (same level, same message but for its numbers)
+        within ``LOG_REPEAT_PERIOD``; its clearing is logged when its raise was.
+        """
+        now = time.monotonic()
         with self._lock:
             previous = self._conditions.get(name)
             if level == OK:
                 self._conditions.pop(name, None)
+                log = previous is not None and name in self._announced
+                self._announced.discard(name)
             else:
                 self._conditions[name] = (level, message)
-        if level != OK and previous != (level, message):
-            log = self._node.get_logger()
-            (log.error if level >= ERROR else log.warning)(f"{name}: {message}")
+                key = (name, level, _NUMBER.sub("#", message))
+                log = previous != (level, message) and now - self._logged.get(key, -math.inf) >= LOG_REPEAT_PERIOD
+                if log:
+                    if len(self._logged) > 256:  # messages naming objects vary without end: forget old ones
+                        self._logged = {k: t for k, t in self._logged.items() if now - t < LOG_REPEAT_PERIOD}
+                    self._logged[key] = now
+                    self._announced.add(name)
+        if not log:
+            return
+        logger = self._node.get_logger()
+        if level == OK:
+            logger.info(f"{name}: cleared (was: {previous[1]})")
+        else:
+            (logger.error if level >= ERROR else logger.warning)(f"{name}: {message}")
 
     def clear(self, name: str) -> None:
         self.set_condition(name, OK, "")
@@ -101,6 +145,51 @@ class LunaNodeMixin:
         self.params = declare_parameters(self, interface.params)
         self.diagnostics = Diagnostics(self)
         self._last_rejection_log = 0.0
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+
+    # -- run-time parameters ------------------------------------------------------------------------
+
+    def start_up_open(self) -> bool:
+        """Whether parameters read only at start-up may still change (a managed node: unconfigured)."""
+        return False
+
+    def apply_parameters(self, params: dict[str, Any]) -> None:
+        """Put changed run-time parameters into effect; ``params`` is the complete new set. Raise
+        ValueError to refuse the change. Nodes that read ``self.params`` where they use a value need
+        nothing here."""
+
+    def _on_set_parameters(self, parameters) -> SetParametersResult:
+        try:
+            values = check_runtime_change(self.interface.params, {p.name: p.value for p in parameters},
+                                          self.get_name(), self.start_up_open())
+            if values:
+                self.apply_parameters({**self.params, **values})
+        except (ParameterError, ValueError) as exc:
+            self.get_logger().warning(f"set_parameters refused: {exc}")
+            return SetParametersResult(successful=False, reason=str(exc))
+        if values:
+            self.params.update(values)
+            self.get_logger().info(f"parameters applied: {values}")
+        return SetParametersResult(successful=True)
+
+    # -- shared input handling ----------------------------------------------------------------------
+
+    def usable_objects_of(self, msg, origin: tuple[float, float] | None) -> TrackedObjects:
+        """A perception message as the safety logic may use it (``luna_core.types.usable_objects``:
+        unknown sizes get default footprints, at most ``max_tracked_objects`` nearest ``origin``), with
+        the condition "objects" raised while anything had to be assumed, left out or capped."""
+        objects = convert.msg_to_objects(msg)
+        usable = usable_objects(objects.objects, origin, self.params["max_tracked_objects"])
+        problems = usable.problems()
+        if problems:
+            self.diagnostics.increment("objects_assumed", len(usable.assumed))
+            self.diagnostics.increment("objects_dropped", len(usable.dropped))
+            self.diagnostics.increment("objects_beyond_cap", usable.beyond_cap)
+            self.diagnostics.set_condition("objects", WARN, problems)
+        else:
+            self.diagnostics.clear("objects")
+        objects.objects = usable.objects
+        return objects
 
     def now_s(self) -> float:
         """Node-clock time in seconds (simulation time under use_sim_time)."""
@@ -169,11 +258,15 @@ class LunaNodeMixin:
 
     def luna_subscription(self, msg_type, topic: str, callback: Callable, profile, **kwargs):
         """Subscribe with a guarded callback: exceptions are logged, counted and diagnosed."""
+        condition = f"input {topic}"
+
         def guarded(msg) -> None:
             try:
                 callback(msg)
             except Exception as exc:  # noqa: BLE001 - a bad message must never take the node down
                 self.reject(topic, exc)
+            else:
+                self.diagnostics.clear(condition)  # the topic recovered: an earlier rejection is over
         callbacks = SubscriptionEventCallbacks(incompatible_qos=self._qos_warning("publisher", topic))
         return self.create_subscription(msg_type, topic, guarded, profile, event_callbacks=callbacks, **kwargs)
 
@@ -207,12 +300,17 @@ class LunaLifecycleNode(LunaNodeMixin, LifecycleNode):
             self.trigger_configure()
             self.trigger_activate()
 
+    def start_up_open(self) -> bool:
+        return self._state_machine.current_state[1] == "unconfigured"
 
-def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = None, threads: int = 4) -> int:
+
+def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = None, threads: int = 4,
+        optional: Sequence[Callable[[], Node]] = ()) -> int:
     """Create the nodes, spin them on one multi-threaded executor until shutdown; the exit code.
 
     A node whose parameters are invalid stops the process with exit code 2 and a message naming
-    the parameter and the parameter file.
+    the parameter and the parameter file. The ``optional`` nodes (non-critical ones sharing the
+    process, e.g. the explainer) never do: one that cannot be created is reported and left out.
     """
     rclpy.init(args=args)
     nodes: list[Node] = []
@@ -224,6 +322,12 @@ def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = No
             nodes.append(node)
             if isinstance(node, LunaLifecycleNode):
                 node.autostart()
+        for factory in optional:
+            try:
+                nodes.append(factory())
+            except Exception:  # noqa: BLE001 - a non-critical node must not take the process down
+                print(f"[ERROR] a non-critical node was not started, the others run without it:\n"
+                      f"{traceback.format_exc()}", file=sys.stderr, flush=True)
         executor = MultiThreadedExecutor(num_threads=threads)
         for node in nodes:
             executor.add_node(node)

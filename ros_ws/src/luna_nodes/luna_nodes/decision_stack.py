@@ -31,6 +31,9 @@ from luna_nodes import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 
+SCENES_KEPT = 20  # recent scenes kept to pick the one of a decision instant (2 s at the default 10 Hz)
+FIRST_SCENE_WAIT = 10.0  # s of wall time a sim-time cycle waits for the very first scene
+
 MODEL_PARAMS = [
     ParamSpec("student_model", str, "", "Folder of the trained student (adapter + head); empty = bundled."),
     ParamSpec("base_model", str, "", "Base LM folder or packaged name overriding the student's saved base "
@@ -51,16 +54,23 @@ MODEL_PARAMS = [
 
 class SharedHeuristic:
     """One HeuristicSystem per process, loaded on first use by whichever node configures first (in the
-    composed process: decision_inference, so its model parameters apply)."""
+    composed process: decision_inference, so its model parameters apply). ``error`` keeps why the last
+    load failed (every node sharing it reports it), None once one succeeded."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.system: HeuristicSystem | None = None
+        self.error: str | None = None
 
     def get(self, params: dict) -> HeuristicSystem:
         with self._lock:
             if self.system is None:
-                self.system = load_heuristic(params)
+                try:
+                    self.system = load_heuristic(params)
+                except Exception as exc:  # noqa: BLE001 - recorded for diagnostics, then raised as it was
+                    self.error = f"cannot load the heuristic system: {exc}"
+                    raise
+                self.error = None
             return self.system
 
 
@@ -90,9 +100,10 @@ DECISION_INTERFACE = NodeInterface(
     outputs=[("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     params=[ParamSpec("autostart", bool, True, "Configure and activate on start."),
             ParamSpec("decision_period", float, 2.0, "T_d.", "s", min=0.05, max=10.0),
-            ParamSpec("max_scene_age", float, 1.0, "Older scenes are not decided on.", "s", min=0.01),
+            ParamSpec("max_scene_age", float, 1.0, "Older scenes are not decided on.", "s", min=0.01,
+                      runtime=True),
             ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a cycle waits for "
-                      "the scene of its own instant.", "s", min=0.0),
+                      "the scene of its own instant.", "s", min=0.0, runtime=True),
             ParamSpec("memory_poll_period", float, 2.0, "How often the bank on disk is checked for new items "
                       "(besides luna/memory/version).", "s", min=0.1),
             *MODEL_PARAMS],
@@ -104,11 +115,13 @@ class DecisionInference(LunaLifecycleNode):
         super().__init__(DECISION_INTERFACE)
         self.shared = shared or SharedHeuristic()
         self.heuristic: HeuristicSystem | None = None
-        self.scene = None
+        self.scenes: collections.deque = collections.deque(maxlen=SCENES_KEPT)  # the latest, oldest first
         self.scene_lock = threading.Lock()
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self.memory_worker = ThreadPoolExecutor(1, thread_name_prefix="memory")
-        self.busy = threading.Event()
+        self.cycle_lock = threading.Lock()
+        self.busy = False  # a decision is running (under cycle_lock)
+        self.deferred: float | None = None  # sim time: the latest instant that came due while busy
         self.closing = threading.Event()
         self.publisher = None
         self.cycle_timers = []
@@ -118,8 +131,8 @@ class DecisionInference(LunaLifecycleNode):
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
             self.heuristic = self.shared.get(self.params)
-        except Exception as exc:  # noqa: BLE001 - missing/corrupt model or bank: stay up, diagnosed
-            self.diagnostics.set_condition("model", ERROR, f"cannot load the heuristic system: {exc}")
+        except Exception:  # noqa: BLE001 - missing/corrupt model or bank: stay up, diagnosed
+            self.diagnostics.set_condition("model", ERROR, self.shared.error)
             return TransitionCallbackReturn.FAILURE
         self.diagnostics.clear("model")
         self.diagnostics.set_value("memory_version", self.heuristic.memory_version)
@@ -141,8 +154,7 @@ class DecisionInference(LunaLifecycleNode):
         scene = convert.msg_to_scene(msg)
         check_scene(scene)  # a bad scene is rejected here (diagnosed); the last good one stays
         with self.scene_lock:
-            self.scene = scene
-        self.diagnostics.clear("input luna/scene")
+            self.scenes.append(scene)
 
     def on_memory_version(self, msg: UInt64) -> None:
         if self.heuristic is not None and msg.data > self.heuristic.memory_version:
@@ -156,6 +168,7 @@ class DecisionInference(LunaLifecycleNode):
             if self.heuristic is not None and self.heuristic.refresh_memory():
                 self.diagnostics.set_value("memory_version", self.heuristic.memory_version)
                 self.get_logger().info(f"memory bank reloaded: version {self.heuristic.memory_version}")
+            self.diagnostics.clear("memory")  # the bank reads again: an earlier reload failure is over
         except Exception as exc:  # noqa: BLE001 - a broken bank must not stop decisions on the old index
             self.diagnostics.set_condition("memory", WARN, f"reload failed, deciding on the loaded items: {exc}")
 
@@ -163,20 +176,29 @@ class DecisionInference(LunaLifecycleNode):
         if self.heuristic is None or self.publisher is None:
             return
         now = self.now_s()
-        if self.busy.is_set():
-            self.diagnostics.increment("skipped_cycles_busy")
-            self.diagnostics.set_condition("latency", WARN, "the previous decision is still running: cycle skipped")
-            return
-        self.busy.set()
+        with self.cycle_lock:
+            if self.busy and self.sim_time():
+                # Simulated time is only worth its instants: the latest one waiting is decided next (its
+                # own scene, its own stamp), so a lock-step replay or simulator misses none.
+                self.deferred = now
+                self.diagnostics.increment("deferred_cycles")
+                return
+            if self.busy:
+                self.diagnostics.increment("skipped_cycles_busy")
+                self.diagnostics.set_condition("latency", WARN, "the previous decision is still running: cycle "
+                                                                "skipped")
+                return
+            self.busy = True
         self.worker.submit(self._decide, now)
 
     def _decide(self, now: float) -> None:
         try:
             if self.sim_time():
-                self.wait_until(lambda: self.scene is not None and self.scene.stamp >= now - 1e-6,
+                if not self.scenes:  # worth waiting for (lock step: the first instant of a replay)
+                    self.wait_until(lambda: bool(self.scenes), FIRST_SCENE_WAIT)
+                self.wait_until(lambda: bool(self.scenes) and self.scenes[-1].stamp >= now - 1e-6,
                                 self.params["input_sync_timeout"])
-            with self.scene_lock:
-                scene = self.scene
+            scene = self.scene_for(now)
             if scene is None:
                 self.diagnostics.set_condition("inputs", WARN, "waiting for luna/scene")
                 return
@@ -195,7 +217,7 @@ class DecisionInference(LunaLifecycleNode):
             self._diagnose_prompt(decision)
             if self.closing.is_set():
                 return
-            decision.stamp = now
+            decision.stamp = max(now, scene.stamp)  # never older than the scene it was computed from
             self.publisher.publish(convert.decision_to_msg(decision))
             self.diagnostics.set_value("latency_s", decision.latency)
             self.diagnostics.set_value("top_action", decision.top_action)
@@ -203,7 +225,23 @@ class DecisionInference(LunaLifecycleNode):
             if decision.latency <= self.params["decision_period"]:
                 self.diagnostics.clear("latency")
         finally:
-            self.busy.clear()
+            with self.cycle_lock:
+                following, self.deferred = self.deferred, None
+                self.busy = following is not None and not self.closing.is_set()
+            if self.busy:
+                self.worker.submit(self._decide, following)
+
+    def scene_for(self, now: float):
+        """The scene to decide on at ``now``: the latest; under sim time the latest one not after ``now``
+        (a replay or simulator may already have moved on: the decision is the instant's, as in lock step)."""
+        with self.scene_lock:
+            scenes = list(self.scenes)
+        if not scenes:
+            return None
+        if self.sim_time():
+            past = [s for s in scenes if s.stamp <= now + 1e-6]
+            return past[-1] if past else scenes[0]
+        return scenes[-1]
 
     def _diagnose_prompt(self, decision: DecisionDistribution) -> None:
         if decision.examples_dropped or decision.objects_dropped:
@@ -229,14 +267,15 @@ EXPLAINER_INTERFACE = NodeInterface(
             ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     outputs=[("luna/explanation", "luna_msgs/DecisionExplanation", "reliable, keep last 10")],
     params=[ParamSpec("decision_history", float, 30.0, "How long past decisions are kept to be explained.", "s",
-                      min=1.0),
-            ParamSpec("max_queue", int, 8, "Pending explanations beyond this drop the oldest.", min=1, max=1000),
+                      min=1.0, runtime=True),
+            ParamSpec("max_queue", int, 8, "Pending explanations beyond this drop the oldest.", min=1, max=1000,
+                      runtime=True),
             ParamSpec("max_tokens", int, 200, "Generated tokens per explanation with the student on an "
-                      "accelerator.", min=1, max=4096),
+                      "accelerator.", min=1, max=4096, runtime=True),
             ParamSpec("cpu_max_tokens", int, 96, "Generated tokens per explanation with the student on the CPU, "
-                      "where each token waits for the periodic decision.", min=1, max=4096),
+                      "where each token waits for the periodic decision.", min=1, max=4096, runtime=True),
             ParamSpec("max_time", float, 60.0, "Wall time per explanation before it is cut (the text then ends "
-                      "at its last complete sentence).", "s", min=0.1),
+                      "at its last complete sentence).", "s", min=0.1, runtime=True),
             *MODEL_PARAMS],
 )
 
@@ -278,7 +317,18 @@ class Explainer(LunaNode):
         exact = [d for d in candidates if abs(d.stamp - failure.decision_stamp) < 1e-3]
         return (exact or candidates or [None])[-1]
 
+    def _load_model(self) -> None:
+        """Load (or, in the composed process, look up) the shared model now, so that health says at once
+        whether explanations can be made."""
+        try:
+            self.shared.get(self.params)
+        except Exception:  # noqa: BLE001 - reported; retried at the next failure to explain
+            self.diagnostics.set_condition("model", ERROR, f"{self.shared.error}: failures cannot be explained")
+            return
+        self.diagnostics.clear("model")
+
     def _work(self) -> None:
+        self._load_model()
         while not self.stop.is_set():
             with self.queue_ready:
                 self.queue_ready.wait_for(lambda: self.queue or self.stop.is_set(), timeout=0.5)
@@ -293,11 +343,14 @@ class Explainer(LunaNode):
             self.diagnostics.set_condition("explanation", WARN, f"no decision known for the failure at "
                                                                 f"{failure.stamp:.2f} s")
             return
+        self._load_model()
+        if self.shared.system is None:
+            return
         try:
-            heuristic = self.shared.get(self.params)
-            budget = self.params["cpu_max_tokens"] if heuristic.on_cpu else self.params["max_tokens"]
-            explanation = heuristic.explain(decision, failure, stop=self.stop, max_tokens=budget,
-                                            max_time=self.params["max_time"])
+            system = self.shared.system
+            budget = self.params["cpu_max_tokens"] if system.on_cpu else self.params["max_tokens"]
+            explanation = system.explain(decision, failure, stop=self.stop, max_tokens=budget,
+                                         max_time=self.params["max_time"])
         except Exception as exc:  # noqa: BLE001 - keep serving later failures
             self.diagnostics.set_condition("explanation", ERROR, f"explanation failed: {exc}")
             return
@@ -320,9 +373,10 @@ class Explainer(LunaNode):
 
 
 def main(args=None) -> int:
-    """decision_inference + explainer in one process, sharing one model instance."""
+    """decision_inference + explainer in one process, sharing one model instance; the explainer is not
+    critical (one that cannot start leaves decisions running)."""
     shared = SharedHeuristic()
-    return run([lambda: DecisionInference(shared), lambda: Explainer(shared)], args)
+    return run([lambda: DecisionInference(shared)], args, optional=[lambda: Explainer(shared)])
 
 
 def main_explainer(args=None) -> int:

@@ -1,10 +1,13 @@
-"""Typed parameter declaration with validation at start-up.
+"""Typed parameter declaration with validation at start-up and at run time.
 
 Each node lists its parameters as ``ParamSpec``s (name, type, default, unit, range, description), in
 the spirit of Autoware's parameter schemas. ``declare_parameters`` declares them, checks every value
 (type, range, choices) and raises ``ParameterError`` naming the parameter, the node and the
 parameter file(s), so the node exits non-zero with a clear message instead of running misconfigured.
-The same specs render the parameter table of ``docs/nodes/<node>.md``.
+``check_runtime_change`` applies the same checks to a ``set_parameters`` request on a running node
+(``luna_nodes.base`` answers it): a parameter marked ``runtime`` is applied at once, any other only
+while a managed node is unconfigured (its next configure reads it). The same specs render the
+parameter table of ``docs/nodes/<node>.md``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class ParamSpec:
     max: float | None = None
     choices: tuple = ()
     item_type: type = str  # for lists
+    runtime: bool = False  # the node applies a new value while it runs (else: read at start-up / configure)
 
     @property
     def type_name(self) -> str:
@@ -91,6 +95,32 @@ def validate(spec: ParamSpec, value: Any) -> Any:
     return v
 
 
+def check_runtime_change(specs: Sequence[ParamSpec], changes: dict[str, Any], node_name: str,
+                         start_up_open: bool) -> dict[str, Any]:
+    """Validate a run-time change (name -> new value) against ``specs``; the values to apply, converted.
+
+    Raises ParameterError with the reason the change is refused: a value the start-up check would
+    refuse, or a parameter that is read only at start-up while that is no longer open (a managed node
+    past configure: ``start_up_open`` False). Names without a spec (rclpy's own, e.g. use_sim_time)
+    are not checked here and not returned.
+    """
+    by_name = {s.name: s for s in specs}
+    values: dict[str, Any] = {}
+    for name, value in changes.items():
+        spec = by_name.get(name)
+        if spec is None:
+            continue
+        try:
+            values[name] = validate(spec, value)
+        except ParameterError as exc:
+            raise ParameterError(f"node '{node_name}': {exc}") from None
+        if not spec.runtime and not start_up_open:
+            raise ParameterError(f"parameter '{name}' of node '{node_name}' is read at start-up only: set it in "
+                                 "the parameter file and restart the node (managed nodes: or deactivate and "
+                                 "clean up, set it, configure again)")
+    return values
+
+
 def declare_parameters(node, specs: Sequence[ParamSpec]) -> dict[str, Any]:
     """Declare ``specs`` on an rclpy node and return their validated values by name."""
     values: dict[str, Any] = {}
@@ -108,14 +138,15 @@ def declare_parameters(node, specs: Sequence[ParamSpec]) -> dict[str, Any]:
 
 def markdown_table(specs: Sequence[ParamSpec]) -> str:
     """The parameter table for docs/nodes/<node>.md."""
-    rows = ["| name | type | default | unit | range | description |", "|---|---|---|---|---|---|"]
+    rows = ["| name | type | default | unit | range | at run time | description |", "|---|---|---|---|---|---|---|"]
     for s in specs:
         rng = ""
         if s.min is not None or s.max is not None:
             rng = f"[{'' if s.min is None else s.min}, {'' if s.max is None else s.max}]"
         if s.choices:
             rng = " / ".join(str(c) for c in s.choices)
-        rows.append(f"| `{s.name}` | {s.type_name} | `{s.default!r}` | {s.unit} | {rng} | {s.description} |")
+        when = "applied" if s.runtime else "start-up only"
+        rows.append(f"| `{s.name}` | {s.type_name} | `{s.default!r}` | {s.unit} | {rng} | {when} | {s.description} |")
     return "\n".join(rows)
 
 

@@ -4,7 +4,8 @@ The planning algorithm is luna_core's (``make_planner``): the decision-guided Di
 default, or a baseline. This node only gathers inputs, applies the degraded modes and publishes:
 
 * decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term;
-* objects with non-finite fields: dropped (the rest are kept);
+* objects with unknown fields: ``usable_objects`` (an unknown size gets the class's default footprint, an
+  object without a usable position is left out, at most ``max_tracked_objects`` nearest the ego), diagnosed;
 * no lane graph or route yet, an empty lane graph, or stale odometry: a comfortable stop;
 * nothing feasible: the planner's least-bad trajectory, or its emergency brake (counted per mode in
   ``/diagnostics``: ``mode_<mode>`` values, and ``decision_flips``);
@@ -36,7 +37,7 @@ from luna_core.planning.fallback import comfortable_stop
 from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
                              TrafficLights)
 from luna_nodes import convert, markers, qos
-from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, run
+from luna_nodes.base import ERROR, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 
 FIRST_ODOMETRY_WAIT = 30.0  # s of wall time a sim-time cycle waits for the very first odometry
@@ -62,14 +63,17 @@ INTERFACE = NodeInterface(
         ParamSpec("time_budget", float, 0.4, "Search budget per cycle; the best trajectory found so far is "
                   "published when it runs out.", "s", min=0.01),
         ParamSpec("decision_timeout", float, 4.0, "A decision older than this (2 T_d) is ignored: fallback "
-                  "objective without the decision term.", "s", min=0.0),
-        ParamSpec("history_duration", float, 2.0, "Ego history passed to the planner.", "s", min=0.0, max=10.0),
+                  "objective without the decision term.", "s", min=0.0, runtime=True),
+        ParamSpec("history_duration", float, 2.0, "Ego history passed to the planner.", "s", min=0.0, max=10.0,
+                  runtime=True),
         ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a cycle waits for the "
-                  "odometry (and at decision instants the decision) of its own instant.", "s", min=0.0),
+                  "odometry (and at decision instants the decision) of its own instant.", "s", min=0.0,
+                  runtime=True),
         ParamSpec("decision_period", float, 2.0, "T_d of the decision node, for the lock-step wait; 0 = never "
-                  "wait for decisions.", "s", min=0.0),
+                  "wait for decisions.", "s", min=0.0, runtime=True),
         ParamSpec("max_input_age", float, 1.0, "Odometry older than this: publish a stop and report.", "s",
-                  min=0.01),
+                  min=0.01, runtime=True),
+        MAX_TRACKED_OBJECTS,
         ParamSpec("population", int, 128, "Diffusion-ES population (luna, diffusion-es).", min=4, max=4096),
         ParamSpec("gamma_p", float, 0.1, "Candidate-set threshold of Eq. 19.", min=0.0, max=1.0),
         ParamSpec("diffusion_model", str, "", "Folder of the diffusion prior; empty = the bundled default."),
@@ -95,7 +99,9 @@ class PlannerNode(LunaLifecycleNode):
         self.markers_pub = None
         inputs = MutuallyExclusiveCallbackGroup()  # inputs keep flowing while a cycle runs
         sub = lambda t, topic, cb, q: self.luna_subscription(t, topic, cb, q, callback_group=inputs)  # noqa: E731
-        sub(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR)
+        # Odometry has a group of its own: a huge objects message must not hold it up (issue 17).
+        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR,
+                               callback_group=MutuallyExclusiveCallbackGroup())
         sub(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration, qos.SENSOR)
         sub(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
         sub(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
@@ -165,18 +171,9 @@ class PlannerNode(LunaLifecycleNode):
                     break
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
-        objects = convert.msg_to_objects(msg)
-        # An object with a NaN field cannot be placed or forecast: it is dropped (the others are kept,
-        # so one bad track does not blind the planner) and the drop is reported until a clean message.
-        bad = [o.id for o in objects.objects if not o.is_finite()]
-        if bad:
-            objects.objects = [o for o in objects.objects if o.is_finite()]
-            self.diagnostics.increment("dropped_objects", len(bad))
-            self.diagnostics.set_condition("objects", WARN, f"dropped {len(bad)} object(s) with non-finite "
-                                                             f"fields: {', '.join(bad[:5])}")
-        else:
-            self.diagnostics.clear("objects")
-        self.objects = objects
+        with self.lock:
+            ego = self.history[-1] if self.history else None
+        self.objects = self.usable_objects_of(msg, (ego.x, ego.y) if ego is not None else None)
 
     def on_lights(self, msg: lm.TrafficLightStateArray) -> None:
         self.lights = convert.msg_to_lights(msg)
@@ -189,7 +186,6 @@ class PlannerNode(LunaLifecycleNode):
 
     def on_decision(self, msg: lm.DecisionDistribution) -> None:
         self.decision = convert.msg_to_decision(msg)  # raises (-> rejected, diagnosed) if invalid
-        self.diagnostics.clear("input luna/decision")  # a valid decision ends an earlier rejection
 
     # -- the planning cycle -------------------------------------------------------------------------
 

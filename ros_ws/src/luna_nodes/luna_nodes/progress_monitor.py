@@ -11,8 +11,11 @@ from luna_core.geometry import TOUCH_TOLERANCE
 from luna_core.holds import HoldParameters
 from luna_core.monitor import MonitorParameters, ProgressMonitor
 from luna_nodes import convert, qos
-from luna_nodes.base import WARN, LunaNode, run
+from luna_nodes.base import MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
+
+HOLD_PARAMS = ("hold_gap", "hold_headway", "hold_deceleration", "stopped_speed", "vru_distance", "vru_half_width",
+               "vru_crossing_time")
 
 INTERFACE = NodeInterface(
     name="progress_monitor",
@@ -30,28 +33,31 @@ INTERFACE = NodeInterface(
     params=[
         ParamSpec("decision_period", float, 2.0, "T_d: check period and collision window.", "s",
                   min=0.05, max=10.0),
-        ParamSpec("stall_window_cycles", int, 3, "H: decision cycles in the stall window.", min=1, max=1000),
+        ParamSpec("stall_window_cycles", int, 3, "H: decision cycles in the stall window.", min=1, max=1000,
+                  runtime=True),
         ParamSpec("stall_speed_threshold", float, 0.5, "v_th: mean speed below which the ego stalls.", "m/s",
-                  min=0.0),
+                  min=0.0, runtime=True),
         ParamSpec("max_sample_gap", float, 0.3, "How far a sample may be from the instant it stands for.", "s",
-                  min=0.01),
+                  min=0.01, runtime=True),
         ParamSpec("collision_tolerance", float, TOUCH_TOLERANCE, "Boxes this close count as touching.", "m",
-                  min=0.0),
+                  min=0.0, runtime=True),
         ParamSpec("failure_cooldown", float, 5.0, "A lasting stall or blocked ego, or a collision with the same "
-                  "object, is reported again only after this long.", "s", min=0.0),
+                  "object, is reported again only after this long.", "s", min=0.0, runtime=True),
         ParamSpec("hold_gap", float, 8.0, "A leader within this bumper gap of a standing ego holds it (plus the "
-                  "stopping distance while moving).", "m", min=0.0),
-        ParamSpec("hold_headway", float, 1.5, "Time gap per m/s of ego speed added to hold_gap.", "s", min=0.0),
+                  "stopping distance while moving).", "m", min=0.0, runtime=True),
+        ParamSpec("hold_headway", float, 1.5, "Time gap per m/s of ego speed added to hold_gap.", "s", min=0.0,
+                  runtime=True),
         ParamSpec("hold_deceleration", float, 3.0, "Braking assumed for the stopping distance.", "m/s^2",
-                  min=0.1),
+                  min=0.1, runtime=True),
         ParamSpec("stopped_speed", float, 0.2, "A leader no faster than this stands (blocked, if it lasts).", "m/s",
-                  min=0.0),
+                  min=0.0, runtime=True),
         ParamSpec("vru_distance", float, 15.0, "A pedestrian or cyclist this far ahead on or towards the ego path "
-                  "holds the ego.", "m", min=0.0),
+                  "holds the ego.", "m", min=0.0, runtime=True),
         ParamSpec("vru_half_width", float, 3.0, "Lateral offset from the ego axis counted as on the ego path.", "m",
-                  min=0.0),
+                  min=0.0, runtime=True),
         ParamSpec("vru_crossing_time", float, 3.0, "A VRU reaching the ego path within this long holds the ego.",
-                  "s", min=0.0),
+                  "s", min=0.0, runtime=True),
+        MAX_TRACKED_OBJECTS,
     ],
 )
 
@@ -59,24 +65,27 @@ INTERFACE = NodeInterface(
 class ProgressMonitorNode(LunaNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
-        p = self.params
-        self.monitor = ProgressMonitor(MonitorParameters(
-            decision_period=p["decision_period"], stall_window_cycles=p["stall_window_cycles"],
-            stall_speed_threshold=p["stall_speed_threshold"], max_sample_gap=p["max_sample_gap"],
-            collision_tolerance=p["collision_tolerance"],
-            holds=HoldParameters(**{k: p[k] for k in ("hold_gap", "hold_headway", "hold_deceleration",
-                                                      "stopped_speed", "vru_distance", "vru_half_width",
-                                                      "vru_crossing_time")})))
-        self.gate = FailureGate(p["failure_cooldown"])
+        self.monitor = ProgressMonitor(monitor_parameters(self.params))
+        self.gate = FailureGate(self.params["failure_cooldown"])
+        self.ego_xy: tuple[float, float] | None = None  # the latest odometry's position (the objects cap)
         self.publisher = self.luna_publisher(lm.FailureEvent, "luna/failure", qos.RELIABLE)
-        self.luna_subscription(Odometry, "localization/kinematic_state",
-                               lambda m: self.monitor.update_ego(convert.odometry_to_ego(m)), qos.SENSOR)
+        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR)
         self.luna_subscription(lm.TrackedObjects, "perception/objects",
-                               lambda m: self.monitor.update_objects(convert.msg_to_objects(m)), qos.SENSOR)
+                               lambda m: self.monitor.update_objects(self.usable_objects_of(m, self.ego_xy)),
+                               qos.SENSOR)
         self.luna_subscription(lm.SceneDescriptor, "luna/scene", self.on_scene, qos.RELIABLE)
         self.luna_subscription(lm.DecisionDistribution, "luna/decision",
                                lambda m: self.monitor.on_decision(convert.msg_to_decision(m)), qos.RELIABLE)
-        self.timer = self.create_periodic(p["decision_period"], self.tick)
+        self.timer = self.create_periodic(self.params["decision_period"], self.tick)
+
+    def apply_parameters(self, params: dict) -> None:
+        self.monitor.params = monitor_parameters(params)  # ValueError (refused) if MonitorParameters refuses
+        self.gate.cooldown = params["failure_cooldown"]
+
+    def on_odometry(self, msg: Odometry) -> None:
+        ego = convert.odometry_to_ego(msg)
+        self.monitor.update_ego(ego)
+        self.ego_xy = (ego.x, ego.y)
 
     def on_scene(self, msg: lm.SceneDescriptor) -> None:
         self.monitor.update_scene(convert.msg_to_scene(msg))
@@ -87,7 +96,8 @@ class ProgressMonitorNode(LunaNode):
             return
         event = self.monitor.check(now)
         d = self.monitor.diagnostics
-        for key in ("latency", "frames_checked", "objects_checked", "mean_speed", "dropped_objects", "hold"):
+        for key in ("latency", "frames_checked", "objects_checked", "mean_speed", "dropped_objects",
+                    "assumed_objects", "hold"):
             self.diagnostics.set_value(f"check_{key}" if key == "latency" else key, getattr(d, key))
         if event is None:
             self.diagnostics.clear("failure")
@@ -103,6 +113,15 @@ class ProgressMonitorNode(LunaNode):
                                        "stall" if admitted.stall else "",
                                        f"blocked behind the stopped {admitted.blocked_by}" if admitted.blocked else ""]))
         self.diagnostics.set_condition("failure", WARN, f"{what} under decision '{admitted.issued_decision}'")
+
+
+def monitor_parameters(params: dict) -> MonitorParameters:
+    return MonitorParameters(decision_period=params["decision_period"],
+                             stall_window_cycles=params["stall_window_cycles"],
+                             stall_speed_threshold=params["stall_speed_threshold"],
+                             max_sample_gap=params["max_sample_gap"],
+                             collision_tolerance=params["collision_tolerance"],
+                             holds=HoldParameters(**{k: params[k] for k in HOLD_PARAMS}))
 
 
 def main(args=None) -> int:

@@ -59,10 +59,10 @@ INTERFACE = NodeInterface(
         ParamSpec("timeout", float, 60.0, "Per request.", "s", min=0.1),
         ParamSpec("max_tokens", int, 512, "Reflection answer length.", min=16, max=32768),
         ParamSpec("backoff_base", float, 2.0, "First retry delay while the endpoint is down (doubles).", "s",
-                  min=0.0),
-        ParamSpec("backoff_max", float, 120.0, "Longest retry delay.", "s", min=0.0),
+                  min=0.0, runtime=True),
+        ParamSpec("backoff_max", float, 120.0, "Longest retry delay.", "s", min=0.0, runtime=True),
         ParamSpec("pairing_timeout", float, 120.0, "A failure without explanation after this long is dropped.",
-                  "s", min=1.0),
+                  "s", min=1.0, runtime=True),
         ParamSpec("hindsight_keep", float, 60.0, "How long perceived inputs are buffered for the hindsight "
                   "check (must cover the explanation's latency plus the 6 s horizon).", "s", min=10.0),
     ],

@@ -1,4 +1,8 @@
-"""scene_descriptor: builds xi_t (luna_core.scene) from the latest inputs at a fixed rate."""
+"""scene_descriptor: builds xi_t (luna_core.scene) from the latest inputs at a fixed rate.
+
+Objects follow ``usable_objects`` (an unknown size gets the class's default footprint; at most
+``max_tracked_objects`` nearest the ego), diagnosed; the description parameters apply at run time.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from nav_msgs.msg import Odometry
 
 from luna_core.scene import SceneConfig, SceneInputError, build_scene
 from luna_core.types import EgoState, LaneGraph, Route, TrackedObjects, TrafficLights
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+
 from luna_nodes import convert, qos
-from luna_nodes.base import ERROR, WARN, LunaNode, run
+from luna_nodes.base import ERROR, MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 
 INTERFACE = NodeInterface(
@@ -28,15 +34,16 @@ INTERFACE = NodeInterface(
     params=[
         ParamSpec("rate", float, 10.0, "Publication rate.", "Hz", min=0.1, max=100.0),
         ParamSpec("max_input_age", float, 0.5, "Odometry older than this (node clock) is stale: no scene "
-                  "is published and diagnostics report it.", "s", min=0.01),
+                  "is published and diagnostics report it.", "s", min=0.01, runtime=True),
         ParamSpec("near_junction_distance", float, 20.0, "d of CALMM-Drive: 'near a junction' threshold.",
-                  "m", min=0.0),
-        ParamSpec("vru_range", float, 30.0, "VRU field-of-view radius.", "m", min=0.0),
+                  "m", min=0.0, runtime=True),
+        ParamSpec("vru_range", float, 30.0, "VRU field-of-view radius.", "m", min=0.0, runtime=True),
         ParamSpec("vru_half_angle", float, math.radians(75.0), "VRU field-of-view half angle.", "rad",
-                  min=0.0, max=math.pi),
-        ParamSpec("max_objects", int, 12, "Cap on described objects (closest kept).", min=0, max=200),
+                  min=0.0, max=math.pi, runtime=True),
+        ParamSpec("max_objects", int, 12, "Cap on described objects (closest kept).", min=0, max=200, runtime=True),
         ParamSpec("max_object_distance", float, 80.0, "Vehicles and static objects further away are not "
-                  "described.", "m", min=0.0),
+                  "described.", "m", min=0.0, runtime=True),
+        MAX_TRACKED_OBJECTS,
     ],
 )
 
@@ -44,10 +51,7 @@ INTERFACE = NodeInterface(
 class SceneDescriptorNode(LunaNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
-        p = self.params
-        self.config = SceneConfig(near_junction_distance=p["near_junction_distance"], vru_range=p["vru_range"],
-                                  vru_half_angle=p["vru_half_angle"], max_objects=p["max_objects"],
-                                  max_object_distance=p["max_object_distance"])
+        self.config = scene_config(self.params)
         self.ego: EgoState | None = None
         self.objects: TrackedObjects | None = None
         self.lights: TrafficLights | None = None
@@ -55,13 +59,18 @@ class SceneDescriptorNode(LunaNode):
         self.graph: LaneGraph | None = None
         self.recent_decisions: list[str] = []
         self.publisher = self.luna_publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
-        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR)
+        # Odometry has a group of its own: a huge objects message must not hold it up (issue 17).
+        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR,
+                               callback_group=MutuallyExclusiveCallbackGroup())
         self.luna_subscription(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
         self.luna_subscription(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
         self.luna_subscription(lm.Route, "planning/route", self.on_route, qos.LATCHED)
         self.luna_subscription(lm.LaneGraph, "map/lane_graph", self.on_lane_graph, qos.LATCHED)
         self.luna_subscription(lm.DecisionDistribution, "luna/decision", self.on_decision, qos.RELIABLE)
-        self.timer = self.create_periodic(1.0 / p["rate"], self.tick)
+        self.timer = self.create_periodic(1.0 / self.params["rate"], self.tick)
+
+    def apply_parameters(self, params: dict) -> None:
+        self.config = scene_config(params)
 
     # -- inputs -------------------------------------------------------------------------------------
 
@@ -83,7 +92,8 @@ class SceneDescriptorNode(LunaNode):
         self.ego = ego
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
-        self.objects = convert.msg_to_objects(msg)
+        ego = self.ego
+        self.objects = self.usable_objects_of(msg, (ego.x, ego.y) if ego is not None else None)
 
     def on_lights(self, msg: lm.TrafficLightStateArray) -> None:
         self.lights = convert.msg_to_lights(msg)
@@ -128,6 +138,12 @@ class SceneDescriptorNode(LunaNode):
         self.diagnostics.set_value("described_objects", len(scene.objects))
         self.diagnostics.set_value("dropped_objects", len(scene.dropped_objects))
         self.diagnostics.increment("scenes_published")
+
+
+def scene_config(params: dict) -> SceneConfig:
+    return SceneConfig(near_junction_distance=params["near_junction_distance"], vru_range=params["vru_range"],
+                       vru_half_angle=params["vru_half_angle"], max_objects=params["max_objects"],
+                       max_object_distance=params["max_object_distance"])
 
 
 def main(args=None) -> int:

@@ -9,6 +9,10 @@ with its own clock instead. Publishers offer the recorded QoS (transient local f
 What cannot be played is skipped and reported, never fatal: topics whose type has no Python class
 here, messages that do not decode (damaged chunks), per-topic header stamps that step back; the damage
 the reader worked around (truncation, corrupt chunks) is reported alongside.
+
+With ``hold`` (``luna replay``'s lock step), bag time stops at every multiple of ``hold.period_ns``: the
+player publishes everything up to that instant and a ``/clock`` tick at it, calls ``hold.wait`` (e.g.
+until the decision of that instant is out), and goes on with the schedule shifted by the wait.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import rclpy
 from rclpy.duration import Duration
@@ -62,6 +67,15 @@ class PlayReport:
         return out
 
 
+class Hold(Protocol):
+    """Where and how long playback holds bag time (see the module docstring)."""
+
+    period_ns: int
+
+    def wait(self, instant_ns: int, stop: threading.Event) -> None:
+        """Return once playback may go on past ``instant_ns`` (bag time, ns)."""
+
+
 def _stamp_ns(msg: object) -> int | None:
     header = getattr(msg, "header", None)
     stamp = getattr(header, "stamp", None)
@@ -79,7 +93,8 @@ class Player:
 
     def __init__(self, node: Node, reader: BagReader, types: MessageTypes | None = None, rate: float = 1.0,
                  start_offset: float = 0.0, topics: list[str] | None = None, loop: bool = False,
-                 clock: str = "auto", clock_rate: float = 100.0, validate: bool = True) -> None:
+                 clock: str = "auto", clock_rate: float = 100.0, validate: bool = True,
+                 hold: Hold | None = None) -> None:
         if not rate > 0.0:
             raise ValueError(f"--rate must be positive, got {rate}")
         if start_offset < 0.0:
@@ -87,6 +102,7 @@ class Player:
         if clock not in ("auto", "generate", "bag", "off"):
             raise ValueError(f"clock mode {clock!r}: choose auto, generate, bag or off")
         self.node, self.reader, self.rate, self.loop = node, reader, rate, loop
+        self.hold = hold
         self.types = types or MessageTypes()
         self.validate = validate
         self.clock_period = 1.0 / clock_rate if clock_rate > 0 else float("inf")
@@ -105,6 +121,9 @@ class Player:
         self.start_ns = first + int(round(start_offset * 1e9))
         self.publishers: dict[str, object] = {}
         self.clock_pub = node.create_publisher(Clock, CLOCK, 10) if clock == "generate" else None
+        # Holding needs a /clock tick at the instant even when the bag's own clock is played.
+        self.hold_clock_pub = self.clock_pub or (node.create_publisher(Clock, CLOCK, 10)
+                                                 if hold is not None and clock == "bag" else None)
         self._last_stamp: dict[str, int] = {}
         self._last_clock = -1
 
@@ -195,11 +214,25 @@ class Player:
     def _play_once(self, stop: threading.Event, bar: tqdm) -> None:
         wall0 = time.monotonic()
         next_tick = wall0
+        next_hold = None
+        if self.hold is not None:
+            period = self.hold.period_ns
+            next_hold = -(-self.start_ns // period) * period  # the first multiple at or after the start
 
         def bag_now() -> int:
             return self.start_ns + int((time.monotonic() - wall0) * self.rate * 1e9)
 
         for msg in self.reader.messages(list(self.publishers), start_ns=self.start_ns):
+            while next_hold is not None and msg.timestamp > next_hold and not stop.is_set():
+                # Everything up to the instant is out: stop bag time there until the hold lets go.
+                if self._last_clock < next_hold and self.hold_clock_pub is not None:
+                    self.hold_clock_pub.publish(Clock(clock=_time_msg(next_hold)))
+                    self._last_clock = next_hold
+                held = time.monotonic()
+                self.hold.wait(next_hold, stop)
+                wall0 += time.monotonic() - held
+                next_tick = time.monotonic()
+                next_hold += self.hold.period_ns
             due = wall0 + (msg.timestamp - self.start_ns) / 1e9 / self.rate
             while not stop.is_set():
                 now = time.monotonic()
@@ -227,6 +260,8 @@ class Player:
             return
         self.publishers[msg.topic].publish(msg.data)
         self.report.published[msg.topic] += 1
+        if msg.topic == CLOCK:
+            self._last_clock = max(self._last_clock, msg.timestamp)  # a bag's clock carries its receive time
 
     def _check(self, msg: BagMessage) -> bool:
         msgtype = self.reader.topics[msg.topic].msgtype

@@ -6,7 +6,10 @@
 2. wait until every node of the topology is up (managed nodes: active, or failed for good) and the
    stack subscribes to the bag's input topics (never a fixed sleep);
 3. play the bag's inputs (``luna bag play`` semantics; recorded stack outputs are left out so they do
-   not collide with the live ones) while recording every topic on the graph into ``-o`` on bag time;
+   not collide with the live ones) while recording every topic on the graph into ``-o`` on bag time.
+   In lock step (the default when a decision_inference node runs) bag time stops at every decision
+   instant k T_d until the decision for it is out, so every T_d of the bag gets its decision however
+   slow the machine's forward pass is (a replay is about what the stack decides, not about timing);
 4. let the stack settle, stop it, finalise the bag, and write ``<out>/report/report.html`` (+ ``.md``,
    PNGs) with ``report.write_report``; the stack's log goes to ``<out>/report/stack.log``.
 """
@@ -23,6 +26,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
@@ -33,7 +37,7 @@ from .msgtypes import MessageTypes
 from .play import PlayReport, Player
 from .reader import BagError, BagReader
 from .record import Recorder, drain
-from .topics import is_replay_input
+from .topics import DECISION, SCENE, is_replay_input
 from .writer import BagExistsError, BagWriter, resolve_output
 
 #: Starts the stack, logging to the given file; the context manager stops it on exit.
@@ -48,12 +52,13 @@ class TopologyStack:
     topology: object  # luna_bringup.topology.Topology
     nodes: list[str]
     left_out: dict[str, list[str]]  # process -> its output topics the bag provides
+    params_dir: Path | None = None  # None: luna_bringup's config directory
 
     def __call__(self, log_path: Path) -> AbstractContextManager:
         from luna_bringup.supervisor import Supervisor
         from luna_bringup.topology import config_dir
 
-        return Supervisor(self.topology, config_dir(), use_sim_time=True,
+        return Supervisor(self.topology, self.params_dir or config_dir(), use_sim_time=True,
                           out=log_path.open("w", encoding="utf-8"))
 
 
@@ -74,8 +79,8 @@ def node_outputs(node_name: str) -> set[str]:
     return {"/" + topic.lstrip("/") for topic, _, _ in interface.outputs}
 
 
-def topology_stack(topology: Path | None = None, only: str = "", provided: set[str] = frozenset()
-                   ) -> TopologyStack:
+def topology_stack(topology: Path | None = None, only: str = "", provided: set[str] = frozenset(),
+                   params_dir: Path | None = None) -> TopologyStack:
     """Load the topology, leave out (unless ``only`` names processes) every process whose nodes publish
     a topic the bag provides (``provided``: e.g. the bag's lane graph replaces map_server, so two maps
     never compete), and check every command line now: a missing executable or a bad topology fails
@@ -94,10 +99,10 @@ def topology_stack(topology: Path | None = None, only: str = "", provided: set[s
                 left_out[process.name] = clash
         if left_out:
             spec = spec.select([p.name for p in spec.processes if p.name not in left_out])
-    check = Supervisor(spec, config_dir(), use_sim_time=True)
+    check = Supervisor(spec, params_dir or config_dir(), use_sim_time=True)
     for process in spec.processes:
         check.command(process)
-    return TopologyStack(spec, [n for p in spec.processes for n in p.nodes], left_out)
+    return TopologyStack(spec, [n for p in spec.processes for n in p.nodes], left_out, params_dir)
 
 
 class StackReadiness:
@@ -163,6 +168,101 @@ class StackReadiness:
         return [f"{n} ({self.failed.get(n, s)})" for n, s in self.states.items() if s != "ready"]
 
 
+class DecisionLockStep:
+    """The player's ``Hold`` for ``luna replay``: at each decision instant it waits until the decision
+    stamped at (or after) that instant is out; it does not wait when no scene is there to decide on
+    (the start of a bag), nor longer than ``timeout``.
+
+    The instants are the decision node's own (multiples of its ``decision_period``, read from the running
+    node). ``summary`` says how many instants got their decision and how long bag time was held.
+    """
+
+    SCENE_GRACE = 3.0  # s of wall time for the scene of an instant to show up before not waiting at all
+
+    def __init__(self, node: Node, period: float, timeout: float, max_scene_age: float) -> None:
+        import luna_msgs.msg as lm
+
+        from luna_nodes import qos
+
+        self.node, self.timeout, self.max_scene_age = node, timeout, max_scene_age
+        self.period_ns = int(round(period * 1e9))
+        self.held: list[tuple[int, float]] = []  # (instant ns, wall s waited)
+        self._decisions_ns: list[int] = []
+        self._scenes_ns: list[int] = []
+        self._lock = threading.Lock()
+        self._subs = [node.create_subscription(lm.DecisionDistribution, DECISION, self._on_decision, qos.RELIABLE),
+                      node.create_subscription(lm.SceneDescriptor, SCENE, self._on_scene, qos.RELIABLE)]
+
+    @staticmethod
+    def _ns(stamp) -> int:
+        return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+    def _on_decision(self, msg) -> None:
+        with self._lock:
+            self._decisions_ns.append(self._ns(msg.header.stamp))
+
+    def _on_scene(self, msg) -> None:
+        with self._lock:
+            self._scenes_ns.append(self._ns(msg.header.stamp))
+
+    def _decided(self, instant_ns: int) -> bool:
+        """A decision stamped in [instant, next instant) (1 us slack: the node's clock is a float)."""
+        with self._lock:
+            return any(instant_ns - 1000 <= d < instant_ns + self.period_ns - 1000 for d in self._decisions_ns)
+
+    def _has_scene_for(self, instant_ns: int) -> bool:
+        oldest = instant_ns - int(self.max_scene_age * 1e9)
+        with self._lock:
+            return any(oldest <= s <= instant_ns for s in self._scenes_ns)
+
+    def wait(self, instant_ns: int, stop: threading.Event) -> None:
+        started = time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < self.timeout:
+            if self._decided(instant_ns):
+                break
+            if time.monotonic() - started > self.SCENE_GRACE and not self._has_scene_for(instant_ns):
+                break  # nothing to decide on at this instant
+            time.sleep(0.005)
+        self.held.append((instant_ns, time.monotonic() - started))
+
+    def summary(self) -> str:
+        decided = [w for t, w in self.held if self._decided(t)]
+        missed = [t * 1e-9 for t, _ in self.held if not self._decided(t)]
+        line = (f"lock step on T_d = {self.period_ns * 1e-9:g} s: {len(decided)} of {len(self.held)} decision "
+                f"instants of the bag decided")
+        if decided:
+            line += f" (bag time held {np.median(decided):.1f} s median, {max(decided):.1f} s max for a decision)"
+        if missed:
+            line += (f"; none at bag time {', '.join(f'{t:.1f}' for t in missed[:5])} s (no scene to decide on, "
+                     f"or none within {self.timeout:g} s)")
+        return line
+
+    def close(self) -> None:
+        for sub in self._subs:
+            self.node.destroy_subscription(sub)
+
+
+def decision_parameters(node: Node, timeout: float = 10.0) -> dict | None:
+    """``decision_period`` and ``max_scene_age`` of the running decision_inference node (None: not running)."""
+    from rcl_interfaces.srv import GetParameters
+
+    names = ["decision_period", "max_scene_age"]
+    service = "/decision_inference/get_parameters"
+    client = node.create_client(GetParameters, service)
+    try:
+        if not client.wait_for_service(timeout_sec=timeout):
+            return None
+        future = client.call_async(GetParameters.Request(names=names))
+        deadline = time.monotonic() + timeout
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not future.done() or future.result() is None:
+            return None
+        return {n: v.double_value for n, v in zip(names, future.result().values)}
+    finally:
+        node.destroy_client(client)
+
+
 @dataclass
 class ReplayResult:
     output: Path
@@ -174,8 +274,10 @@ class ReplayResult:
 
 def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter | None = None,
            rate: float = 1.0, topics: list[str] | None = None, ready_timeout: float = 120.0,
-           settle: float = 3.0, progress: bool = True, stop: threading.Event | None = None) -> ReplayResult:
-    """Play ``bag`` through ``stack`` (None: a stack already running) and record everything into ``output``."""
+           settle: float = 3.0, progress: bool = True, stop: threading.Event | None = None,
+           lockstep: bool = True, lockstep_timeout: float = 120.0) -> ReplayResult:
+    """Play ``bag`` through ``stack`` (None: a stack already running) and record everything into ``output``;
+    with ``lockstep``, bag time waits at every decision instant for its decision (``DecisionLockStep``)."""
     stop = stop or threading.Event()
     reader = BagReader(bag)  # BagError for an unreadable bag, before anything starts
     if topics is None:
@@ -198,14 +300,27 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
 
     spinner = threading.Thread(target=spin, name="replay-recorder", daemon=True)
     spinner.start()
+    lock: DecisionLockStep | None = None
+    lock_notes: list[str] = []
     try:
-        player = Player(node, reader, rate=rate, topics=topics)
-        player.prepare()
         readiness = StackReadiness(node, list(getattr(stack, "nodes", [])))
         died: list[str] = []
         with (stack(report_dir / "stack.log") if stack else nullcontext()) as running:
             started = time.monotonic()
             not_ready = readiness.wait(ready_timeout, stop)
+            # Lock step needs a decision node: one this replay started and is ready, or (no stack of
+            # ours) one already running.
+            started_nodes = getattr(stack, "nodes", None)
+            deciding = started_nodes is None or ("decision_inference" in started_nodes and not any(
+                n.startswith("decision_inference ") for n in not_ready))
+            if lockstep:
+                found = decision_parameters(node) if deciding else None
+                if found is None:
+                    lock_notes.append("played in real time, not in lock step: no decision_inference node answered")
+                else:
+                    lock = DecisionLockStep(node, found["decision_period"], lockstep_timeout, found["max_scene_age"])
+            player = Player(node, reader, rate=rate, topics=topics, hold=lock)
+            player.prepare()
             left = max(1.0, ready_timeout - (time.monotonic() - started))
             missing = player.wait_for_subscribers(timeout=left, stop=stop)
             recorder.discover()
@@ -220,8 +335,10 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
             node.destroy_timer(timer)
             drain(executor, recorder)
             recorder.flush_pending()
-            died = [f"process {p.spec.name} exited with code {p.popen.returncode} during the replay"
-                    for p in getattr(running, "dead", lambda: [])()]
+            died = [f"{event} (during the replay)" for event in getattr(running, "events", [])]
+            if lock is not None:
+                lock_notes.append(lock.summary())
+                lock.close()
     finally:
         spinning.set()
         if spinner.is_alive():
@@ -236,7 +353,7 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
 
     notes = [f"process {p} not started: the bag provides its output {', '.join(t)}"
              for p, t in getattr(stack, "left_out", {}).items()]
-    notes += died + [f"node {n} was not ready when playback started" for n in not_ready]
+    notes += lock_notes + died + [f"node {n} was not ready when playback started" for n in not_ready]
     notes += [f"nothing in the stack subscribed to {t}" for t in missing]
     notes += [f"{t} not played: {why}" for t, why in player.report.skipped_topics.items()]
     notes += [f"{n} undecodable messages on {t} skipped" for t, n in player.report.undecodable.items()]
@@ -273,9 +390,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         with BagReader(args.bag) as reader:
             provided = set(args.topics or [t for t in reader.topics if is_replay_input(t)])
-        stack = None if args.no_stack else topology_stack(args.topology, args.only, provided)
+        stack = None if args.no_stack else topology_stack(args.topology, args.only, provided, args.params_dir)
         result = replay(Path(args.bag), output, storage, stack, args.rate, args.topics, args.ready_timeout,
-                        args.settle, progress=not args.quiet, stop=stop)
+                        args.settle, progress=not args.quiet, stop=stop, lockstep=not args.no_lockstep,
+                        lockstep_timeout=args.lockstep_timeout)
     except (BagError, ValueError) as err:
         print(f"luna replay: {err}", file=sys.stderr)
         return 2
@@ -297,6 +415,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "/rosout, /parameter_events and lifecycle transition events)")
     parser.add_argument("--no-stack", action="store_true", help="do not start the stack (one is running)")
     parser.add_argument("--topology", type=Path, help="topology file (default: luna_bringup's)")
+    parser.add_argument("--params-dir", type=Path, help="directory of <node>.yaml parameter files (default: "
+                        "luna_bringup's config)")
     parser.add_argument("--only", default="", help="comma-separated process or node names to start (default: "
                         "every process except those whose outputs the bag provides, e.g. map_server)")
     parser.add_argument("--ready-timeout", type=float, default=120.0,
@@ -304,5 +424,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "stack to subscribe to the inputs")
     parser.add_argument("--settle", type=float, default=3.0,
                         help="keep recording this long (s) after the last message")
+    parser.add_argument("--no-lockstep", action="store_true",
+                        help="play in real time (times --rate) even when decisions take longer than T_d: cycles "
+                        "that come due during a forward pass are skipped, as on a vehicle this slow")
+    parser.add_argument("--lockstep-timeout", type=float, default=120.0,
+                        help="in lock step, the longest (s) bag time waits at a decision instant")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)

@@ -123,6 +123,10 @@ def decisions(data: ReportData, out: Path) -> Section:
     if not msgs:
         sec.paragraphs.append(_absent(DECISION, "decision_inference"))
         return sec
+    # At their stamps (the instant each decides), not at receipt: a lock-step replay can receive a slow
+    # decision after bag time moved on.
+    msgs = sorted((((m.header.stamp.sec * 10**9 + m.header.stamp.nanosec - data.first_ns) / 1e9, m) for _, m in msgs),
+                  key=lambda tm: tm[0])
     t = np.array([m[0] for m in msgs])
     probs = np.zeros((len(msgs), len(ACTION_CODES)))
     for i, (_, m) in enumerate(msgs):
@@ -148,8 +152,8 @@ def decisions(data: ReportData, out: Path) -> Section:
     _save(fig, out / "decisions.png")
     sec.images.append("decisions.png")
     share = Counter(top)
-    sec.paragraphs.append(f"{len(msgs)} decisions from {t[0]:.1f} s to {t[-1]:.1f} s: the probability of each "
-                          "action (darker = likelier), circles on the most likely action; dashed lines mark "
+    sec.paragraphs.append(f"{len(msgs)} decisions stamped from {t[0]:.1f} s to {t[-1]:.1f} s: the probability of "
+                          "each action (darker = likelier), circles on the most likely action; dashed lines mark "
                           "failure events (red).")
     sec.tables.append((["action", "top action (share)", "mean probability"],
                        [[c, f"{share[c] / len(top):.0%}", f"{probs[:, i].mean():.3f}"]

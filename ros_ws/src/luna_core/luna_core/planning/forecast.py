@@ -18,7 +18,7 @@ import numpy as np
 
 from luna_core.lanes import LaneMap
 from luna_core.planning.scorer import ObjectBoxes
-from luna_core.types import ObjectClass, PlannerInput, TrafficLightPhase, TrackedObject
+from luna_core.types import ObjectClass, PlannerInput, TrafficLightPhase, TrackedObject, usable_objects
 
 FORECAST_RADIUS = 50.0  # m
 CLASS_CAPS = {ObjectClass.VEHICLE: 50, ObjectClass.PEDESTRIAN: 25, ObjectClass.BICYCLE: 10,
@@ -28,9 +28,10 @@ STOP_PHASES = (TrafficLightPhase.RED, TrafficLightPhase.YELLOW)
 
 
 def select_objects(planner_input: PlannerInput, radius: float = FORECAST_RADIUS) -> list[TrackedObject]:
-    """Finite objects within ``radius`` of the ego rear axle, nearest first, capped per class."""
+    """Objects (``usable_objects``: unknown sizes get default footprints) within ``radius`` of the ego rear
+    axle, nearest first, capped per class."""
     ego = planner_input.ego
-    objs = [o for o in planner_input.objects.objects if o.is_finite()]
+    objs = usable_objects(planner_input.objects.objects).objects
     dist = [math.hypot(o.x - ego.x, o.y - ego.y) for o in objs]
     order = sorted((d, objs[k].id, k) for k, d in enumerate(dist) if d <= radius)  # id breaks ties: deterministic
     kept: list[TrackedObject] = []

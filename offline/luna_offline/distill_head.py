@@ -1,0 +1,332 @@
+"""Stage 1 of ``luna-offline distill`` (``--stage head``): the DPP head on cached hidden states.
+
+On a CPU the language model's forward pass is the whole cost of distillation (SmolLM2-135M reads about
+200 tokens per second on one core), so stage 1 pays it once: for every training item and each of
+``--variants`` draws of K ~ U{K_min..K_max} retrieved examples (Eq. 13) the frozen student (base + LoRA
+adapters at their initialisation, which leave the base unchanged) computes h_{i*} (Eq. 14-16) exactly as
+``DualHeadStudent.predict`` does at run time, reusing the KV cache of the shared system prompt. The
+states are cached as safetensors shards (resumable: a rerun computes only what is missing). The head is
+then trained on the cache for many epochs with the KL term of Eq. 17-18 (L_LM is constant while the LM is
+frozen); the held-out items (K = ``--eval-k``) give the learning curve after every epoch.
+
+Output (under ``--out``)::
+
+    features/train-XXXXX.safetensors   h_{i*} (n, d), pi (n, 10); metadata: item ids and K per row
+    features/heldout-XXXXX.safetensors
+    head_state/                        head + AdamW moments (safetensors) + head_state.json (resume)
+    head_history.json, head_curves.png per epoch: training KL, held-out KL and top-action accuracy
+    data_curve.json                    held-out accuracy / KL of heads trained on 1/8..all of the cache
+    student/                           the stage-1 student (init adapters + trained head); stage 2
+                                       (``--stage joint --init <out>/student``) continues from it
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FEATURES = "features"
+HEAD_STATE = "head_state"
+SHARD_ROWS = 64  # rows per feature shard: a crash loses at most this much work
+
+
+@dataclass
+class HeadSettings:
+    """Stage-1 settings beyond ``DistillSettings`` (saved with the head state; resume needs the same)."""
+
+    variants: int = 1  # K draws per training item
+    eval_k: int = 3
+    head_epochs: int = 200
+    head_lr: float = 1e-3
+    head_batch: int = 64
+    head_weight_decay: float = 0.01
+    heldout_limit: int = 0  # held-out items to cache (0 = all)
+
+
+# ---- feature cache ------------------------------------------------------------------------------------
+def feature_plan(train_ids: Sequence[str], held_ids: Sequence[str], variants: int, eval_k: int, seed: int,
+                 k_min: int, k_max: int) -> dict[str, list[tuple[str, int]]]:
+    """(item id, K) rows to cache: ``variants`` seeded draws of K per training item; K = eval_k held out."""
+    rng = np.random.default_rng([seed, 7])
+    train = [(i, int(rng.integers(k_min, k_max + 1))) for _ in range(variants) for i in train_ids]
+    return {"train": train, "heldout": [(i, eval_k) for i in held_ids]}
+
+
+def _shards(folder: Path, split: str) -> list[Path]:
+    return sorted(folder.glob(f"{split}-*.safetensors"))
+
+
+def load_features(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
+    """All cached rows of ``split``: hidden (n, d), pi (n, 10), [(item id, K)]."""
+    from safetensors import safe_open
+
+    hidden, target, rows = [], [], []
+    for path in _shards(folder, split):
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+            hidden.append(f.get_tensor("hidden"))
+            target.append(f.get_tensor("target"))
+        rows += [(i, int(k)) for i, k in zip(json.loads(meta["ids"]), json.loads(meta["ks"]))]
+    if not hidden:
+        return torch.zeros(0, 0), torch.zeros(0, 10), []
+    return torch.cat(hidden), torch.cat(target), rows
+
+
+def _write_shard(folder: Path, split: str, index: int, hidden: list[torch.Tensor], target: list[np.ndarray],
+                 rows: list[tuple[str, int]]) -> None:
+    from safetensors.torch import save_file
+
+    tmp = folder / f".{split}-{index:05d}.tmp"
+    save_file({"hidden": torch.stack(hidden).float().contiguous(),
+               "target": torch.tensor(np.stack(target), dtype=torch.float32)}, str(tmp),
+              metadata={"ids": json.dumps([r[0] for r in rows]), "ks": json.dumps([r[1] for r in rows])})
+    tmp.replace(folder / f"{split}-{index:05d}.safetensors")
+
+
+def cache_features(student, plan: dict[str, list[tuple[str, int]]], items: dict, neighbours: dict,
+                   folder: Path, progress: bool = True) -> None:
+    """Compute and store h_{i*} for every planned row not yet cached (resumable by shard)."""
+    from tqdm.auto import tqdm
+
+    from luna_core.types import validate_distribution
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in plan.items():
+        done = sum(len(json.loads(_meta(p)["ids"])) for p in _shards(folder, split))
+        index = len(_shards(folder, split))
+        todo = rows[done:]
+        bar = tqdm(total=len(rows), initial=done, desc=f"h_i* {split}", unit="row", disable=not progress)
+        hidden, target, chunk = [], [], []
+        with torch.inference_mode():
+            for item_id, k in todo:
+                item = items[item_id]
+                fitted = student.encoder.fit(item.query, neighbours[item_id][:k])
+                h, _ = student._commitment_hidden(fitted)  # the run-time path, system-prompt KV reused
+                hidden.append(h.detach().to("cpu"))
+                target.append(validate_distribution(item.distribution))
+                chunk.append((item_id, k))
+                bar.update(1)
+                if len(chunk) == SHARD_ROWS:
+                    _write_shard(folder, split, index, hidden, target, chunk)
+                    index, hidden, target, chunk = index + 1, [], [], []
+        if chunk:
+            _write_shard(folder, split, index, hidden, target, chunk)
+        bar.close()
+
+
+def _meta(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.metadata()
+
+
+# ---- head training ------------------------------------------------------------------------------------
+def kl_and_accuracy(head, hidden: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
+    """Mean KL(pi || pi_hat) (Eq. 17) and top-action accuracy of ``head`` on cached rows."""
+    if len(hidden) == 0:
+        return math.nan, math.nan
+    with torch.no_grad():
+        log_q = torch.log_softmax(head(hidden), dim=-1)
+        kl = F.kl_div(log_q, target, reduction="batchmean")
+        acc = (log_q.argmax(-1) == target.argmax(-1)).float().mean()
+    return float(kl), float(acc)
+
+
+def _save_head_state(folder: Path, head, optimizer, epoch: int, history: list[dict], settings: dict) -> None:
+    """Head weights and AdamW moments as safetensors (no pickle), the rest as JSON; atomic by rename."""
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
+    moments, steps = {}, {}
+    for i, p in enumerate(head.parameters()):
+        st = optimizer.state.get(p)
+        if st:
+            moments[f"{i}.exp_avg"] = st["exp_avg"].contiguous()
+            moments[f"{i}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+            steps[str(i)] = float(st["step"])
+    save_file(moments or {"empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
+    (tmp / "head_state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "history": history,
+                                                     "settings": settings}))
+    old = folder.with_name(folder.name + ".old")
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    if old.exists():
+        import shutil
+
+        shutil.rmtree(old)
+
+
+def _load_head_state(folder: Path, head, optimizer) -> tuple[int, list[dict], dict]:
+    from safetensors.torch import load_file
+
+    state = json.loads((folder / "head_state.json").read_text())
+    head.load_state_dict(load_file(str(folder / "head.safetensors")))
+    moments = load_file(str(folder / "optimizer.safetensors"))
+    for i, p in enumerate(head.parameters()):
+        if str(i) in state["steps"]:
+            optimizer.state[p] = {"step": torch.tensor(state["steps"][str(i)]),
+                                  "exp_avg": moments[f"{i}.exp_avg"], "exp_avg_sq": moments[f"{i}.exp_avg_sq"]}
+    return state["epoch"], state["history"], state["settings"]
+
+
+def train_head(head, train: tuple[torch.Tensor, torch.Tensor], held: tuple[torch.Tensor, torch.Tensor],
+               settings: HeadSettings, seed: int, state_dir: Path | None = None, epochs: int | None = None,
+               progress: bool = True) -> list[dict]:
+    """Train ``head`` on cached (hidden, pi) rows; one history row per epoch (training KL, held-out KL and
+    accuracy). With ``state_dir`` it checkpoints every epoch and resumes from there: the shuffle of epoch
+    e depends only on (seed, e), so a resumed run gives the same head as an uninterrupted one."""
+    from tqdm.auto import tqdm
+
+    x, y = train
+    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.head_lr, weight_decay=settings.head_weight_decay)
+    start, history = 0, []
+    keys = {k: v for k, v in asdict(settings).items() if k != "head_epochs"}  # more epochs may follow
+    if state_dir is not None and (state_dir / "head_state.json").exists():
+        start, history, saved = _load_head_state(state_dir, head, optimizer)
+        if saved != keys:
+            raise ValueError(f"{state_dir} was trained with other head settings ({saved}); use another --out")
+    total = settings.head_epochs if epochs is None else epochs
+    for epoch in tqdm(range(start, total), initial=start, total=total, desc="head", unit="epoch",
+                      disable=not progress):
+        order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(x)))
+        losses = []
+        head.train()
+        for b in range(0, len(x), settings.head_batch):
+            idx = order[b:b + settings.head_batch]
+            log_q = torch.log_softmax(head(x[idx]), dim=-1)
+            loss = F.kl_div(log_q, y[idx], reduction="batchmean")
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()) * len(idx))
+        head.eval()
+        kl, acc = kl_and_accuracy(head, *held)
+        history.append({"epoch": epoch + 1, "train_kl": sum(losses) / len(x), "heldout_kl": kl,
+                        "heldout_accuracy": acc})
+        if state_dir is not None:
+            _save_head_state(state_dir, head, optimizer, epoch + 1, history, keys)
+    return history
+
+
+def data_curve(make_head, train: tuple[torch.Tensor, torch.Tensor], held: tuple[torch.Tensor, torch.Tensor],
+               settings: HeadSettings, seed: int, fractions: Sequence[float] = (0.125, 0.25, 0.5, 1.0)) -> list[dict]:
+    """Held-out KL / accuracy of heads trained on growing seeded subsets of the cache: a curve still rising
+    at 1.0 says more data would help; a flat one says capacity or label noise limits the student."""
+    out = []
+    n = len(train[0])
+    perm = torch.from_numpy(np.random.default_rng([seed, 11]).permutation(n))
+    for frac in fractions:
+        idx = perm[:max(1, int(round(frac * n)))]
+        head = make_head()
+        train_head(head, (train[0][idx], train[1][idx]), held, settings, seed, progress=False)
+        kl, acc = kl_and_accuracy(head, *held)
+        out.append({"fraction": frac, "rows": len(idx), "heldout_kl": kl, "heldout_accuracy": acc})
+    return out
+
+
+def plot_head_history(history: list[dict], curve: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    ep = [h["epoch"] for h in history]
+    axes[0].plot(ep, [h["train_kl"] for h in history], label="train")
+    axes[0].plot(ep, [h["heldout_kl"] for h in history], label="held out")
+    axes[0].set_title("KL(pi || pi_hat) (Eq. 17)", fontsize=9)
+    axes[1].plot(ep, [100 * h["heldout_accuracy"] for h in history])
+    axes[1].set_title("held-out top-action accuracy (%)", fontsize=9)
+    for ax in axes[:2]:
+        ax.set_xlabel("epoch")
+    if curve:
+        rows = [c["rows"] for c in curve]
+        axes[2].plot(rows, [100 * c["heldout_accuracy"] for c in curve], marker="o", label="accuracy (%)")
+        ax2 = axes[2].twinx()
+        ax2.plot(rows, [c["heldout_kl"] for c in curve], marker="s", color="tab:red", label="KL")
+        axes[2].set_xscale("log")
+        axes[2].set_title("held out vs training rows (data curve)", fontsize=9)
+        axes[2].set_xlabel("training rows")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress: bool = True) -> Path:
+    """Stage 1 end to end (module docstring); ``settings`` is the run's ``DistillSettings``."""
+    from luna_core.memory import MemoryBank
+    from luna_core.student import DualHeadStudent, StudentConfig
+    from luna_offline.distill import DistillError, retrieve_examples, split_group, split_items, subset
+
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(settings.seed)
+    bank = MemoryBank.open(settings.bank)
+    try:
+        train, held = split_items(list(bank), settings.heldout_fraction)
+        train = subset(train, settings.limit, settings.seed)
+        held = subset(held, head_settings.heldout_limit, settings.seed)
+        if not train:
+            raise DistillError(f"memory bank {settings.bank} has no teacher items with a distribution for training")
+        _, all_held = split_items(list(bank), settings.heldout_fraction)
+        exclude = {it.id for it in all_held}
+        groups: dict[str, set[str]] = {}
+        for it in bank.items:
+            groups.setdefault(split_group(it.id), set()).add(it.id)
+        k_need = max(settings.k_max, head_settings.eval_k)
+        # Training examples never come from the item's own scenario nor a held-out one; held-out items
+        # retrieve from the training items only (as ``evaluate`` does).
+        neighbours = {it.id: retrieve_examples(bank, it, k_need, exclude | groups[split_group(it.id)])
+                      for it in train}
+        neighbours.update({it.id: retrieve_examples(bank, it, k_need, exclude) for it in held})
+    finally:
+        bank.close()
+    items = {it.id: it for it in [*train, *held]}
+    plan = feature_plan([it.id for it in train], [it.id for it in held], head_settings.variants,
+                        head_settings.eval_k, settings.seed, settings.k_min, settings.k_max)
+    config = StudentConfig(base_model=settings.base_model, max_context_tokens=settings.max_context_tokens,
+                           device="cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu")
+    student = DualHeadStudent.from_base(config, prompts)
+    t0 = time.process_time()
+    cache_features(student, plan, items, neighbours, out / FEATURES, progress)
+    feature_cpu = time.process_time() - t0
+    x, y, rows = load_features(out / FEATURES, "train")
+    hx, hy, _ = load_features(out / FEATURES, "heldout")
+    if [r for r in rows] != plan["train"][:len(rows)]:
+        raise DistillError(f"{out / FEATURES} holds rows of another plan (bank, seed or K settings changed); "
+                           "use another --out")
+    x, hx = x.to(student.device), hx.to(student.device)
+    y, hy = y.to(student.device), hy.to(student.device)
+    t0 = time.process_time()
+    history = train_head(student.head, (x, y), (hx, hy), head_settings, settings.seed, out / HEAD_STATE,
+                         progress=progress)
+    head_cpu = time.process_time() - t0
+
+    def fresh_head():
+        torch.manual_seed(settings.seed)
+        return type(student.head)(student.head.net[0].in_features, student.config.head_hidden,
+                                  student.config.num_actions).to(student.device)
+
+    curve = data_curve(fresh_head, (x, y), (hx, hy), head_settings, settings.seed) if len(hx) else []
+    (out / "head_history.json").write_text(json.dumps(history))
+    (out / "data_curve.json").write_text(json.dumps({"curve": curve, "feature_cpu_s": feature_cpu,
+                                                     "head_cpu_s": head_cpu, "train_rows": len(x),
+                                                     "heldout_rows": len(hx)}, indent=2))
+    plot_head_history(history, curve, out / "head_curves.png")
+    student.eval()
+    return student.save_pretrained(out / "student")

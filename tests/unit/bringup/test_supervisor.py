@@ -1,0 +1,122 @@
+"""The supervisor's restart policy on real processes (short Python scripts standing in for nodes): a
+process that dies is restarted with back-off while the others keep running; a non-critical one is left
+down after the limit, a critical one never; only an explicit stop ends the stack (issue 17)."""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from luna_bringup.supervisor import Supervisor, run_until_stopped
+from luna_bringup.topology import ProcessSpec, RestartPolicy, Topology, TopologyError, load_topology
+
+CRASH = "import sys; print('up', flush=True); sys.exit(3)"
+SERVE = "import time; print('up', flush=True); time.sleep(600)"
+
+
+@dataclass
+class ScriptSupervisor(Supervisor):
+    """Runs a Python one-liner per process instead of a node executable."""
+
+    scripts: dict[str, str] = field(default_factory=dict)
+
+    def command(self, spec: ProcessSpec) -> list[str]:
+        return [sys.executable, "-c", self.scripts[spec.name]]
+
+
+def supervisor(scripts: dict[str, str], critical: dict[str, bool], policy: RestartPolicy) -> ScriptSupervisor:
+    specs = [ProcessSpec(name, "none", name, [name], critical=critical.get(name, True)) for name in scripts]
+    return ScriptSupervisor(Topology(specs, restart=policy), out=io.StringIO(), poll_period=0.02, scripts=scripts)
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_dying_non_critical_process_is_restarted_with_backoff_then_left_down_the_others_untouched():
+    sup = supervisor({"planner": SERVE, "reflection_client": CRASH}, {"reflection_client": False},
+                     RestartPolicy(delay=0.1, max_delay=0.4, limit=3, window=60.0))
+    with sup:
+        planner_pid = sup.processes[0].popen.pid
+        reflection = sup.processes[1]
+        wait_until(lambda: reflection.given_up)
+        assert len(reflection.restarts) == 3
+        gaps = [b - a for a, b in zip(reflection.restarts, reflection.restarts[1:])]
+        assert gaps[1] > gaps[0] * 1.5, f"the delay grows with each restart: {gaps}"
+        assert sup.processes[0].popen.poll() is None and sup.processes[0].popen.pid == planner_pid
+        assert sup.processes[0].restarts == []
+    log = sup.out.getvalue()
+    assert "process reflection_client exited with code 3; restarting it in 0.1 s (restart 1 within 60 s), " \
+           "the others keep running" in log
+    assert "3 restarts within 60 s: left down (not critical, the stack keeps running without it)" in log
+
+
+def test_a_critical_process_is_restarted_beyond_the_limit_with_the_delay_capped():
+    sup = supervisor({"planner": CRASH}, {}, RestartPolicy(delay=0.05, max_delay=0.1, limit=1, window=60.0))
+    with sup:
+        wait_until(lambda: len(sup.processes[0].restarts) >= 4)
+        assert not sup.processes[0].given_up
+    assert "restarting it in 0.1 s (restart 4 within 60 s)" in sup.out.getvalue()
+
+
+def test_restarts_outside_the_window_do_not_count():
+    policy = RestartPolicy(delay=1.0, max_delay=8.0, limit=2, window=60.0)
+    assert [policy.backoff(n) for n in range(5)] == [1.0, 2.0, 4.0, 8.0, 8.0]
+    sup = supervisor({"reflection_client": CRASH}, {"reflection_client": False}, policy)
+    sup.poll_period = 3600.0  # the watcher stays idle: check() is driven by hand, with made-up times
+    with sup:
+        p = sup.processes[0]
+        p.popen.wait()
+        p.restarts = [0.0, 1.0]  # two restarts, long ago: the limit of 2 is not reached
+        sup.check(now=100.0)
+        assert not p.given_up and p.restart_at == pytest.approx(101.0)
+        p.restarts = [50.0, 60.0]
+        p.restart_at = None
+        sup.check(now=100.0)
+        assert p.given_up
+
+
+def test_only_an_explicit_stop_ends_the_stack_and_a_process_left_down_sets_the_exit_code():
+    sup = supervisor({"planner": SERVE, "reflection_client": CRASH}, {"reflection_client": False},
+                     RestartPolicy(delay=0.05, max_delay=0.05, limit=2, window=60.0))
+    started = time.monotonic()
+    code = run_until_stopped(sup, lambda: sup.processes and sup.processes[1].given_up
+                             and time.monotonic() - started > 1.0, poll=0.05)
+    assert code == 1
+    log = sup.out.getvalue()
+    assert "left down after the restart limit: reflection_client" in log
+    assert "restarts while running: {'reflection_client': 2}" in log
+    assert all(p.popen.poll() is not None for p in sup.processes), "stop leaves nothing running"
+
+
+def test_restart_policy_and_criticality_are_read_from_the_topology(tmp_path):
+    topology = load_topology()
+    assert {p.name: p.critical for p in topology.processes}["reflection_client"] is False
+    assert {p.name: p.critical for p in topology.processes}["planner"] is True
+    assert topology.restart == RestartPolicy(delay=0.2, max_delay=8.0, limit=5, window=60.0)
+    assert topology.select(["planner"]).restart == topology.restart
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("processes: [{name: a, executable: a}]\nrestart: {delay: -1}\n")
+    with pytest.raises(TopologyError, match="restart delays and window must be numbers >= 0"):
+        load_topology(bad)
+    bad.write_text("processes: [{name: a, executable: a, critical: maybe}]\n")
+    with pytest.raises(TopologyError, match="critical must be true or false"):
+        load_topology(bad)
+
+
+def test_a_process_with_invalid_parameters_is_not_restarted_and_an_empty_stack_ends():
+    # Exit code 2 is a node's "invalid parameter" (luna_nodes.base.run): a restart would fail the same way.
+    sup = supervisor({"map_server": "import sys; sys.exit(2)"}, {}, RestartPolicy(delay=0.05, limit=5))
+    code = run_until_stopped(sup, lambda: False, poll=0.05)
+    assert code == 1
+    assert sup.processes[0].restarts == [] and sup.processes[0].given_up
+    log = sup.out.getvalue()
+    assert "process map_server exited with code 2 (invalid parameters): not restarted" in log
+    assert "every process is left down: nothing left to supervise" in log

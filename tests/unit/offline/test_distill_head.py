@@ -1,0 +1,98 @@
+"""Stage 1 of distillation (``--stage head``): cached h_{i*} of the frozen base and the DPP head trained on
+them; resumes give identical results; the cached states are the run-time ``predict`` states."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from luna_core.student import DualHeadStudent
+from luna_core.student.head import DecisionHead
+from luna_offline.distill import DistillSettings, distill
+from luna_offline.distill_head import (FEATURES, HeadSettings, feature_plan, load_features, run_head_stage,
+                                       train_head)
+from tests.unit.core.test_student_support import PROMPTS, memory_item
+from tests.unit.offline.test_distill import make_bank
+
+torch.set_num_threads(1)
+
+
+def rows(n: int, d: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    y = torch.softmax(3 * x[:, :10], dim=-1)  # a learnable soft target
+    return x, y
+
+
+def head(d: int = 16) -> DecisionHead:
+    torch.manual_seed(0)
+    return DecisionHead(d, 32, 10)
+
+
+def test_head_training_resumed_from_its_checkpoint_is_identical(tmp_path):
+    settings = HeadSettings(head_epochs=4, head_batch=8)
+    train, held = rows(40), rows(12, seed=1)
+    straight = head()
+    full = train_head(straight, train, held, settings, seed=3, state_dir=tmp_path / "a", progress=False)
+    resumed = head()
+    train_head(resumed, train, held, settings, seed=3, state_dir=tmp_path / "b", epochs=2, progress=False)
+    again = head()  # a new process: fresh weights, everything comes from the checkpoint
+    history = train_head(again, train, held, settings, seed=3, state_dir=tmp_path / "b", progress=False)
+    assert history == full and [h["epoch"] for h in history] == [1, 2, 3, 4]
+    for a, b in zip(straight.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
+    assert full[-1]["train_kl"] < full[0]["train_kl"]
+    with pytest.raises(ValueError, match="other head settings"):
+        train_head(head(), train, held, HeadSettings(head_epochs=5, head_batch=8, head_lr=0.1), 3,
+                   tmp_path / "b", progress=False)
+
+
+def test_feature_plan_draws_k_per_variant_and_evaluates_at_eval_k():
+    plan = feature_plan(["a", "b", "c"], ["h"], variants=2, eval_k=3, seed=0, k_min=0, k_max=3)
+    assert [i for i, _ in plan["train"]] == ["a", "b", "c", "a", "b", "c"]
+    assert {k for _, k in plan["train"]} <= {0, 1, 2, 3} and plan["heldout"] == [("h", 3)]
+    assert plan == feature_plan(["a", "b", "c"], ["h"], 2, 3, 0, 0, 3)
+
+
+@pytest.mark.slow  # loads the real base model and runs ~12 short forward passes: ~40 s on two cores
+def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path):
+    bank = make_bank(tmp_path / "bank", 10)
+    out = tmp_path / "run"
+    settings = DistillSettings(bank=bank, out=str(out), k_min=0, k_max=1, heldout_fraction=0.3, seed=0,
+                               max_context_tokens=1024, device="cpu")
+    hs = HeadSettings(head_epochs=3, head_batch=4, eval_k=1)
+    final = run_head_stage(settings, hs, PROMPTS, progress=False)
+    x, y, done = load_features(out / FEATURES, "train")
+    _, _, held = load_features(out / FEATURES, "heldout")
+    assert len(done) + len(held) == 10 and held and all(k == 1 for _, k in held)
+    history = json.loads((out / "head_history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3] and np.isfinite(history[-1]["heldout_kl"])
+    curve = json.loads((out / "data_curve.json").read_text())
+    assert [c["fraction"] for c in curve["curve"]] == [0.125, 0.25, 0.5, 1.0]
+    # The cached state is the one predict computes at run time: the saved student reproduces the head's
+    # output on it.
+    student = DualHeadStudent.from_pretrained(final, PROMPTS, device="cpu")
+    j = next(n for n, (_, k) in enumerate(done) if k == 0)  # seed 0 draws K = 0 for some item
+    item = next(memory_item(i) for i in range(10) if f"m{i}" == done[j][0])
+    p, _ = student.predict(item.query, [])
+    with torch.no_grad():
+        q = torch.softmax(student.head(x[j:j + 1]), -1)[0].double().numpy()
+    assert np.allclose(p, q / q.sum(), atol=1e-5)
+    # A rerun with more epochs reuses the cache (shards untouched) and continues the head's history.
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / FEATURES).iterdir()}
+    run_head_stage(settings, HeadSettings(head_epochs=5, head_batch=4, eval_k=1), PROMPTS, progress=False)
+    assert [h["epoch"] for h in json.loads((out / "head_history.json").read_text())] == [1, 2, 3, 4, 5]
+    assert {p.name: p.stat().st_mtime_ns for p in (out / FEATURES).iterdir()} == stamps
+    with pytest.raises(ValueError, match="other head settings"):
+        run_head_stage(settings, HeadSettings(head_epochs=6, head_batch=4, eval_k=1, head_lr=0.5), PROMPTS,
+                       progress=False)
+    # Stage 2 (--stage joint --init) continues from the stage-1 student.
+    joint = DistillSettings(bank=bank, out=str(tmp_path / "joint"), init=str(final), max_steps=1, batch_size=1,
+                            grad_accum=1, k_min=0, k_max=1, heldout_fraction=0.3, max_context_tokens=1024,
+                            device="cpu")
+    second = distill(joint, prompts=PROMPTS, progress=False)
+    assert [h["step"] for h in json.loads((tmp_path / "joint" / "history.json").read_text())] == [1]
+    assert DualHeadStudent.from_pretrained(second, PROMPTS, device="cpu").config.base_model == "smollm2-135m-instruct"
