@@ -1,6 +1,6 @@
 """Issue 12's planning rules against hand-computed values: the decision's speed interval is latched at
 its stamp and capped at the speed limit, warm starts never exceed the limit, progress is normalised by
-the best feasible progress of PDM-Closed's proposals, a* does not flip on near-ties under one decision,
+the best feasible progress of the proposals (PDM-Closed), a* does not flip on near-ties under one decision,
 and the published tail stops behind a car the scored horizon never reached."""
 
 from __future__ import annotations
@@ -126,8 +126,7 @@ def test_warm_starts_never_exceed_the_speed_limit(prior) -> None:
     forecast = ObjectBoxes.empty(81)
     ctx = ScoringContext(lane_map(g), paths["K"].centerline, ObjectBoxes.empty(41), 13.0)
     group_paths = [paths["K"], paths["L"]]
-    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, ["AK", "AL"], group_paths, CFG,
-                           _scores([50.0], [1.0]), dec)
+    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, ["AK", "AL"], group_paths, CFG, dec)
     warm = pl._warm_starts(["AK", "AL"], group_paths, ego, forecast, 80, pin.vehicle, obj)
     for w in warm:
         speed = np.hypot(*np.diff(w[..., :2], axis=1).transpose(2, 0, 1)) / 0.5  # between waypoints
@@ -144,21 +143,32 @@ def _scores(raw_progress: list[float], multiplicative: list[float]) -> ProposalS
                           np.array(multiplicative), ones, ones, np.full(m, np.inf))
 
 
-def test_progress_is_normalised_by_pdm_closeds_best_feasible_proposal() -> None:
+def test_progress_is_normalised_by_the_best_feasible_proposal_as_pdm_closed_does() -> None:
     ego = EgoState(0.0, 0.0, 0.0, 0.0, 10.0)
     g = road()
     paths = reference_paths(g, Route(0.0, ["A"]), ego, ahead=200.0)
     ctx = ScoringContext(lane_map(g), paths["K"].centerline, ObjectBoxes.empty(41), 15.0)
-    # PDM-Closed's proposals made 20, 40 and (infeasible) 60 m: the reference is 40 m, fixed for the call.
-    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], [paths["K"]], CFG,
-                           _scores([20.0, 40.0, 60.0], [1.0, 1.0, 0.0]))
-    assert obj.progress_reference == 40.0
+
+    def objective() -> PlannerObjective:
+        return PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], [paths["K"]], CFG)
+
+    # The proposals (the first batch) made 20, 40 and (infeasible) 60 m: the reference is 40 m, fixed.
+    obj = objective()
+    obj._set_reference(_scores([20.0, 40.0, 60.0], [1.0, 1.0, 0.0]))
+    assert obj.reference == 40.0 and obj.min_progress == -math.inf
     # A member making 30 m scores (5 * 0.75 + 5 + 2 + 4) / 16; one making 55 m gains nothing over 40 m.
-    np.testing.assert_allclose(obj.weighted(_scores([30.0, 55.0], [1.0, 1.0])), [(5 * 0.75 + 11) / 16, 1.0])
-    # Nothing feasible moves: the floor (half of a gentle 1 m/s^2 start to the limit over 4 s).
-    still = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], [paths["K"]], CFG,
-                             _scores([0.0], [1.0]))
-    assert still.progress_reference == pytest.approx(0.5 * (10 * 4 + 0.5 * 16))
+    np.testing.assert_allclose(obj.j_gen(_scores([30.0, 55.0], [1.0, 1.0])), [(5 * 0.75 + 11) / 16, 1.0])
+    # No proposal feasible: PDM-Closed normalises by the best of all (50 m), and a member must make 20 % of
+    # it: one crawling 5 m is not a way through; 12 m is.
+    obj = objective()
+    obj._set_reference(_scores([30.0, 50.0], [0.0, 0.0]))
+    assert obj.reference == 50.0 and obj.min_progress == pytest.approx(10.0)
+    j = obj.j_gen(_scores([5.0, 12.0], [1.0, 1.0]))
+    assert j[0] == 0.0 and j[1] == pytest.approx((5 * 12 / 50 + 11) / 16)
+    # Nothing moves: the floor (half of a gentle 1 m/s^2 start to the limit over 4 s), no threshold.
+    obj = objective()
+    obj._set_reference(_scores([0.0], [1.0]))
+    assert obj.reference == pytest.approx(0.5 * (10 * 4 + 0.5 * 16)) and obj.min_progress == -math.inf
 
 
 # ---- consistency and the published tail -----------------------------------------------------------

@@ -26,8 +26,8 @@ Each call (``plan`` / ``plan_detailed``):
 
 J_gen is the shared PDM-style scorer (``planning.scorer``, nuPlan's CLS weights: the speed limit counts
 4) on LQR + bicycle rollouts over 40 steps of 0.1 s. Progress is normalised as PDM-Closed normalises it,
-by the best feasible progress of PDM-Closed's proposal set (IDM along the route centreline), scored
-first and fixed for the call (``PlannerObjective``). The published trajectory is the chosen member for
+by the best feasible progress of the proposals (the warm starts, scored first) and fixed for the call
+(``PlannerObjective``). The published trajectory is the chosen member for
 the scored 4 s and an IDM continuation along the action's lane behind the forecast objects for the rest
 of the 8 s, so no part of it drives through an object the scorer never saw.
 
@@ -60,7 +60,7 @@ from luna_core.planning.forecast import FORECAST_RADIUS, constant_velocity_forec
 from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following, select,
                                            speed_interval)
 from luna_core.planning.pdm_closed import emergency_brake_trajectory
-from luna_core.planning.proposals import ProposalSet, idm_proposals, idm_rollout, stopping_trajectory
+from luna_core.planning.proposals import idm_proposals, idm_rollout, stopping_trajectory
 from luna_core.planning.reference_paths import OffMapError, ReferencePath, reference_paths
 from luna_core.planning.scorer import (CLS_WEIGHTS, PROGRESS_EPSILON, ObjectBoxes, ProposalScores, ScorerWeights,
                                        ScoringContext, score_proposals)
@@ -174,6 +174,7 @@ class PlanResult:
 
 PROGRESS_FLOOR_ACCELERATION = 1.0  # m/s^2 of the ideal start the progress floor is half of
 PREVIOUS_PLAN_TOLERANCE = 1.0  # m: the last plan is kept as a warm start only if the ego is this close to it
+MAKING_PROGRESS_RATIO = 0.2  # nuPlan's ego_is_making_progress threshold (share of the reference progress)
 
 
 def progress_floor(speed: float, speed_limit: float, horizon: float) -> float:
@@ -199,19 +200,21 @@ class ScoredBatch(Evaluation):
 class PlannerObjective:
     """The ``PopulationObjective`` of one planning call: tracking + J_gen shared, J_dec per group.
 
-    Progress is normalised as PDM-Closed normalises it: by the best progress of PDM-Closed's own
-    proposal set (IDM along the route centreline at offsets x fractions of the speed limit, scored
-    before the search: ``reference_scores``) among the feasible ones, fixed for the call so that members
-    scored in different Diffusion-ES batches stay comparable and the reference does not depend on C_t.
-    A member that makes more progress than the best car-following proposal gains nothing by it (a
-    sampled trajectory closing in on a braking lead is not rewarded over keeping the IDM gap).
-    Every scored batch is kept for the least-bad fallback.
+    Progress is normalised as PDM-Closed normalises it, by the best progress of its proposal set
+    among the feasible ones (if none is feasible, by the best of all): here the warm starts, the first
+    batch every search scores (IDM proposals along each candidate's lane at speeds inside its interval,
+    PDM-Closed's own proposals in the J_gen-only search, and the last plan). The reference is fixed
+    then, so members scored in later Diffusion-ES batches stay comparable, and a member making more
+    progress than the best proposal gains nothing by it (a sampled trajectory closing in on a braking
+    lead is not rewarded over keeping the IDM gap). When no proposal is feasible, a member must also
+    make 20 % of the best proposal's progress to count as feasible (nuPlan's ego_is_making_progress
+    threshold): crawling until the 4 s horizon no longer reaches the unavoidable problem is not a way
+    through it. Every scored batch is kept for the least-bad fallback.
     """
 
     def __init__(self, ego: EgoState, seed: np.ndarray, waypoint_dt: float, ctx: ScoringContext,
                  weights: ScorerWeights, groups: list[str], paths: list[ReferencePath],
-                 config: ObjectiveConfig, reference_scores: ProposalScores,
-                 decision: DecisionInForce | None = None) -> None:
+                 config: ObjectiveConfig, decision: DecisionInForce | None = None) -> None:
         self.ego = ego
         self.origin = (ego.x, ego.y, ego.heading)
         self.seed = seed
@@ -225,12 +228,9 @@ class PlannerObjective:
         # V^k from the speed at the decision's stamp, as far into Stop's ramp as the decision's age.
         self.reference_speed = decision.reference_speed if decision is not None else ego.velocity
         self.elapsed = max(ego.stamp - decision.stamp, 0.0) if decision is not None else 0.0
-        feasible = reference_scores.raw_progress[reference_scores.multiplicative > 0]
-        best = float(feasible.max()) if len(feasible) else 0.0
-        # No feasible proposal that moves: a reference of ~0 would give every member full progress, and a
-        # creeping or reversing trajectory would score like one that drives on; the floor is used then.
-        self.progress_reference = best if best > PROGRESS_EPSILON else \
-            progress_floor(ego.velocity, ctx.speed_limit, config.horizon_steps * config.dt)
+        self.progress_floor = progress_floor(ego.velocity, ctx.speed_limit, config.horizon_steps * config.dt)
+        self.progress_reference: float | None = None  # m, set by the first batch (the warm starts)
+        self.min_progress = -math.inf  # m a member must make to be feasible (only when no proposal is)
         self.batches: list[ScoredBatch] = []
 
     def map_poses(self, poses: np.ndarray, steps: int) -> np.ndarray:
@@ -253,15 +253,36 @@ class PlannerObjective:
             if len(idx):
                 batch.tracked = idx
                 batch.scores = score_proposals(states[idx], self.ctx, self.weights)
-                batch.j_gen[idx] = batch.scores.multiplicative * self.weighted(batch.scores)
+                if self.progress_reference is None:
+                    self._set_reference(batch.scores)
+                batch.j_gen[idx] = self.j_gen(batch.scores)
         self.batches.append(batch)
         return batch
 
+    def _set_reference(self, proposals: ProposalScores) -> None:
+        feasible = proposals.multiplicative > 0
+        progress = proposals.raw_progress[feasible] if feasible.any() else proposals.raw_progress
+        best = float(progress.max())
+        # Nothing that moves: a reference of ~0 would give every member full progress, and a creeping or
+        # reversing trajectory would score like one that drives on; the floor is used then.
+        self.progress_reference = best if best > PROGRESS_EPSILON else self.progress_floor
+        if not feasible.any() and best > PROGRESS_EPSILON:
+            self.min_progress = MAKING_PROGRESS_RATIO * best
+
+    def j_gen(self, s: ProposalScores) -> np.ndarray:
+        """J_gen of scored members: the multiplicative terms (and the making-progress threshold when no
+        proposal is feasible) times the weighted terms."""
+        return s.multiplicative * (s.raw_progress >= self.min_progress) * self.weighted(s)
+
     def weighted(self, s: ProposalScores) -> np.ndarray:
         """The weighted terms of J_gen with progress normalised by the call's reference."""
-        progress = np.clip(s.raw_progress / self.progress_reference, 0.0, 1.0)
+        progress = np.clip(s.raw_progress / self.reference, 0.0, 1.0)
         w = self.weights
         return (w.progress * progress + w.ttc * s.ttc + w.comfort * s.comfort + w.speed_limit * s.speed_limit) / w.total
+
+    @property
+    def reference(self) -> float:
+        return self.progress_floor if self.progress_reference is None else self.progress_reference
 
     def group_terms(self, group: int, evaluation: Evaluation, rows: np.ndarray) -> dict[str, np.ndarray]:
         action = self.groups[group]
@@ -415,21 +436,15 @@ class DecisionGuidedPlanner:
         ctx = ScoringContext(lm, keep.centerline, forecast, keep.speed_limit, planner_input.vehicle,
                              c.objective.dt)
         hist, seed = history_from_states(planner_input.ego_history, self.prior.config)
-        # PDM-Closed's own proposals: the progress reference of every member, and the fallback's last resort.
-        proposals = idm_proposals(ego, keep.centerline, full_forecast, offsets=c.fallback_offsets,
-                                  target_speeds=tuple(f * keep.speed_limit for f in c.fallback_speed_fractions),
-                                  steps=steps_out, simulate_steps=c.objective.horizon_steps, dt=c.objective.dt,
-                                  vehicle=planner_input.vehicle)
-        proposal_scores = score_proposals(proposals.states, ctx, c.scorer_weights)
         objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, ctx, c.scorer_weights, groups,
-                                     group_paths, c.objective, proposal_scores, decision)
+                                     group_paths, c.objective, decision)
         warm = self._warm_starts(groups, group_paths, ego, full_forecast, steps_out, planner_input.vehicle, objective)
         gen = torch.Generator().manual_seed(c.search.seed * 1_000_003 + self.calls)
         search = diffusion_es(self.prior, hist, seed, warm, objective, c.search, deadline, gen, self.clock, self.timer)
         if search.budget_cut:
             reasons.append(f"time budget {budget * 1e3:.0f} ms: {search.budget_cut}")
         return self._select(search, groups, probs, group_paths, mode, reasons, objective, ego, paths, full_forecast,
-                            start, budget, decision, planner_input, (proposals, proposal_scores))
+                            start, budget, decision, planner_input)
 
     def _local_lanes(self, graph: LaneGraph, ego: EgoState) -> LaneMap:
         """The lane map of the lanes within reach of this cycle's trajectories.
@@ -524,7 +539,10 @@ class DecisionGuidedPlanner:
                      forecast: ObjectBoxes, steps: int, vehicle: VehicleParameters,
                      objective: PlannerObjective) -> list[np.ndarray]:
         """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals),
-        the previous cycle's plan first (so consecutive cycles can keep a manoeuvre).
+        then the previous cycle's plan (so consecutive cycles can keep a manoeuvre). It comes last: the
+        best member wins ties by scoring order, and a plan made for the last cycle's forecast must not
+        win them over the IDM proposals of this one (a constant-speed plan behind a lead that has begun
+        to brake scores as well as the proposals that brake with it until it is too late).
 
         IDM proposals run once per reference path for all the groups that share it (one vectorised
         rollout over every target speed), then each group blends its own lateral profiles. Target
@@ -564,7 +582,7 @@ class DecisionGuidedPlanner:
         out = []
         for g, (action, path) in enumerate(zip(groups, group_paths)):
             d0 = float(path.lateral_offset(np.array([ego.x, ego.y])))
-            parts = [] if previous is None else [previous]
+            parts = []
             if action and action[0] == "S":
                 for decel in np.linspace(1.0, 4.0, c.warm_speeds):
                     stop = stopping_trajectory(ego, path.centerline, float(decel), steps, dt)
@@ -575,6 +593,8 @@ class DecisionGuidedPlanner:
                 poses, velocity = rollouts[g]
                 for off, tb in plans[g][1]:
                     parts.append(blended_poses(poses, velocity, d0, off, tb, dt))
+            if previous is not None:
+                parts.append(previous)
             out.append(_to_waypoints(np.concatenate(parts), origin, every)[:, : self.prior.config.num_waypoints])
         return out
 
@@ -584,7 +604,7 @@ class DecisionGuidedPlanner:
                 mode: str, reasons: list[str],
                 objective: PlannerObjective, ego: EgoState, paths: dict[str, ReferencePath],
                 forecast: ObjectBoxes, start: float, budget: float, decision: DecisionInForce | None,
-                planner_input: PlannerInput, pdm: tuple[ProposalSet, ProposalScores]) -> PlanResult:
+                planner_input: PlannerInput) -> PlanResult:
         c = self.config
         steps_out = int(round(c.output_horizon / c.objective.dt))
         t = np.arange(steps_out + 1) * c.objective.dt
@@ -621,7 +641,7 @@ class DecisionGuidedPlanner:
         if chosen is not None and candidates[chosen].j_gen > 0.0:
             return self._finish(candidates[chosen].trajectory, candidates[chosen].action or None, mode, reasons,
                                 candidates, start, budget, stamp, search, flipped)
-        return self._fallback(objective, pdm, ego, paths, forecast, t, reasons, candidates, start, budget, stamp,
+        return self._fallback(objective, ego, paths, forecast, t, reasons, candidates, start, budget, stamp,
                               search, planner_input.vehicle)
 
     def _hysteresis(self, idx: int, eq22: np.ndarray, actions: list[str], decision: DecisionInForce | None) -> int:
@@ -635,8 +655,8 @@ class DecisionGuidedPlanner:
             return keep
         return idx
 
-    def _fallback(self, objective: PlannerObjective, pdm: tuple[ProposalSet, ProposalScores], ego: EgoState,
-                  paths: dict[str, ReferencePath], forecast: ObjectBoxes, t: np.ndarray, reasons: list[str],
+    def _fallback(self, objective: PlannerObjective, ego: EgoState, paths: dict[str, ReferencePath],
+                  forecast: ObjectBoxes, t: np.ndarray, reasons: list[str],
                   candidates: list[CandidateResult], start: float, budget: float, stamp: float | None,
                   search: ESResult, vehicle: VehicleParameters) -> PlanResult:
         """PDM-Closed's answer when nothing is feasible: the least-bad trajectory among the searched members
@@ -644,14 +664,19 @@ class DecisionGuidedPlanner:
         PDM-Closed's own pick among its proposals), and its emergency brake for an imminent at-fault
         collision at low speed."""
         c = self.config
-        proposals, scores = pdm
+        keep = paths["K"]
+        proposals = idm_proposals(ego, keep.centerline, forecast, offsets=c.fallback_offsets,
+                                  target_speeds=tuple(f * keep.speed_limit for f in c.fallback_speed_fractions),
+                                  steps=len(t) - 1, simulate_steps=c.objective.horizon_steps, dt=c.objective.dt,
+                                  vehicle=vehicle)
+        scores = score_proposals(proposals.states, objective.ctx, c.scorer_weights)
         proposal_keys = scores.no_at_fault_collision * (1.0 + objective.weighted(scores))
         k = int(np.argmax(proposal_keys))
         least = objective.least_bad()
         if least is not None and least[1] > proposal_keys[k]:
             waypoints, _, t_fault = least
             poses = objective.map_poses(waypoints[None], len(t) - 1)[0]
-            traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), paths["K"], forecast, vehicle)
+            traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), keep, forecast, vehicle)
             what = "the least-bad searched trajectory (no at-fault collision, best weighted score)"
         else:
             if proposal_keys[k] <= 0.0:
@@ -659,7 +684,7 @@ class DecisionGuidedPlanner:
             t_fault = float(scores.time_to_at_fault_collision[k])
             # The proposal runs along its offset path from the ego's foot point there; published, it
             # starts at the ego and eases onto that path (as the warm starts do).
-            d0 = float(paths["K"].lateral_offset(np.array([ego.x, ego.y]))) - float(proposals.offsets[k])
+            d0 = float(keep.lateral_offset(np.array([ego.x, ego.y]))) - float(proposals.offsets[k])
             poses = blended_poses(proposals.poses[k][None], proposals.velocity[k][None], d0, 0.0,
                                   c.keep_blend_times[-1], c.objective.dt)[0]
             traj = Trajectory(ego.stamp, t, poses[:, 0], poses[:, 1], wrap_angle(poses[:, 2]),
