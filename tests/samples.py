@@ -70,7 +70,7 @@ def decision() -> T.DecisionDistribution:
 
 
 def failure() -> T.FailureEvent:
-    return T.FailureEvent(14.0, "AK", 13.0, ["veh-1", "cone"], True)
+    return T.FailureEvent(14.0, "AK", 13.0, ["veh-1", "cone"], True, "parked-3", {"veh-1": "ACTIVE_FRONT"})
 
 
 def explanation() -> T.DecisionExplanation:

@@ -8,7 +8,8 @@ Output directory layout::
                                                 by mode, decisions), written atomically; a rerun
                                                 skips the ones present (resume)
     timings/<planner>/<mode>/<scenario>.json    wall and CPU seconds of that run (not a metric file)
-    per_scenario.csv    one row per run: status, CLS, every metric's score
+    per_scenario.csv    one row per run: status, CLS, every metric's score, the collisions (every
+                        contact, as the progress monitor reports them) and the at-fault ones
     per_metric.csv      per planner x mode x metric: mean score over the scenarios
     summary.csv / summary.md   Table III layout: planners (the expert log replay first) x
                         NR-CLS, NR-SR, R-CLS, R-SR; the Markdown adds the failures, wall time and
@@ -314,12 +315,16 @@ def _fmt(v: float) -> str:
 def write_reports(cfg: EvalConfig, results: list[dict[str, Any]], planners: list[str]) -> list[dict[str, Any]]:
     """per_scenario.csv, per_metric.csv and summary.csv; returns the summary table rows."""
     out = cfg.out_dir
-    header = ["planner", "mode", "scenario", "scenario_type", "status", "score", *METRIC_NAMES, "error"]
+    # Every contact (what the progress monitor reports) beside the at-fault ones (what the score counts).
+    header = ["planner", "mode", "scenario", "scenario_type", "status", "score", *METRIC_NAMES, "collisions",
+              "at_fault_collisions", "error"]
     rows = [header]
     for r in results:
         m = r.get("metrics", {})
+        counts = m.get("no_ego_at_fault_collisions", {}).get("statistics", {})
         rows.append([r["planner"], r["mode"], r["scenario"], r.get("scenario_type", ""), r["status"],
                      f"{r['score']:.6f}", *[f"{m[k]['score']:.6f}" if k in m else "" for k in METRIC_NAMES],
+                     counts.get("number_of_collisions", ""), counts.get("number_of_at_fault_collisions", ""),
                      r.get("error", "")])
     write_atomic(out / "per_scenario.csv", _csv(rows))
 

@@ -53,7 +53,7 @@ class OracleDecisionSource(SceneDecisionSource):
 
     def reset(self) -> None:
         self.decisions.clear()
-        self.lights.clear()
+        self.scenes.clear()
         self.scene_errors.clear()
 
     def decision_for(self, scene: SceneDescriptor, planner_input: PlannerInput) -> DecisionDistribution | None:

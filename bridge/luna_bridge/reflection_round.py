@@ -1,29 +1,35 @@
-"""``luna-bridge reflect``: a reflection round (LUNA-AD Sec. III-E, Sec. IV-D) in process.
+"""``luna-bridge reflect``: reflection rounds that measure their gain (LUNA-AD Sec. III-E and IV-D,
+Table V's last two rows; LeapVAD Sec. III-E and Table VIII: the memory growing round after round).
 
-The round, like the paper's:
+Round 0 evaluates the stack with the source bank: the row without reflection items. Round r = 1..R:
 
-1. **Deploy**: the stack (the student deciding every T_d through ``HeuristicSystem`` with K retrieved
-   memory items, the decision-guided planner ``luna``) drives a set of scenarios in the closed-loop
-   simulator.
+1. **Deploy**: the stack (the student deciding every T_d with K items retrieved from the bank of round
+   r - 1, the decision-guided planner; ``luna_bridge.stack_planner``, as ``luna-bridge eval`` builds it)
+   drives the reflection split in the closed-loop simulator (non-reactive unless ``--reactive``).
+   The reflection split is scenarios in neither the training suite nor the evaluation set, like the
+   paper's Reduced-Val14: ``luna-bridge generate-suite --splits reflect`` (seed base 4000; see
+   docs/reflection.md).
 2. **Detect**: each run is replayed through the progress monitor exactly as the ``progress_monitor``
-   node sees it (odometry and object frames at 10 Hz, the scene descriptor's light phase, the issued
-   decisions; a check every T_d; SAT collisions, Eq. 23 stalls; the failure gate's cooldown).
+   node sees it (odometry and object frames at 10 Hz, the scene descriptors, the issued decisions; a
+   check every T_d; collisions, Eq. 23 stalls, blocked; the failure gate's cooldown).
 3. **Explain**: the student explains the decision executed when each failure happened (Eq. 25-28),
-   with the context that decision was made with.
-4. **Reflect**: every (failure, explanation) goes through the durable outbox to the reflection LLM
-   (the in-process default model, or an OpenAI-compatible endpoint); valid revised answers become
-   reflection memory items in a COPY of the memory bank (``<out>/memory_bank``); the source bank is
-   never written.
-5. **Evaluate**: the same stack with the updated bank drives the evaluation set (the deployment set by
-   default); the nuPlan closed-loop metrics before and after are tabulated.
+   with the context that decision was made with; its latency is recorded.
+4. **Reflect**: the hindsight observation of each failed decision is cut from the run's log by the
+   ``HindsightRecorder`` the ``reflection_client`` node uses; each request goes through the durable
+   outbox to the ``ReflectionSystem``: the hindsight check (every alternative rolled out against what
+   happened, with the teacher's machinery) writes the grounded revision, or an OpenAI-compatible LLM
+   (``--endpoint``) writes it if its answer agrees with the check; nothing unchecked is written. The
+   items go into the round's COPY of the bank (``round_<r>/memory_bank``); no source bank is written.
+5. **Evaluate**: the stack with the round's bank drives the evaluation set with ``luna-bridge eval``'s
+   machinery (``--eval-set standard``, or ``--eval-suite``), NR and R by default.
 
-Outputs in ``<out>``: ``memory_bank/`` (the updated copy), ``outbox/`` (the reflection journal),
-``reflections.jsonl`` (every failure with its explanation and outcome), ``per_scenario.csv``,
-``summary.json``, ``summary.md`` and ``before_after.png``.
-
-By default the planner searches under a wall-clock budget, so two runs of one scenario differ slightly
-even with the same bank; ``--planner-option deterministic=true`` (full search, no budget) makes the
-before/after comparison depend on the memory bank only.
+Outputs in ``<out>``: ``rounds.md`` / ``rounds.json`` (the table: failures found, revisions written,
+normal, no grounded revision, rejected, the bank, NR/R CLS per suite per round), and per round
+``round_<r>/``: ``memory_bank/``, ``outbox/`` (the reflection journal, with every hindsight
+observation), ``reflections.jsonl`` (each failure, its explanation, the verdict and the outcome),
+``deploy.csv`` (per deployed scenario) and ``eval/<suite>/`` (the evaluation's files: per_scenario.csv,
+summary.md, one result per run). A rerun resumes: finished rounds are read back, evaluations skip the
+runs on disk; an interrupted round is refused (remove its folder to redo it).
 """
 
 from __future__ import annotations
@@ -37,66 +43,74 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
 from luna_core.failure_gate import FailureGate
+from luna_core.hindsight import HindsightConfig, HindsightError, HindsightObservation, HindsightRecorder
 from luna_core.monitor import MonitorParameters, ProgressMonitor
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
 from luna_core.scene import SceneInputError, build_scene
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, PlannerInput, ReflectionResult,
-                             TrafficLightPhase)
+                             SceneDescriptor)
 
-from luna_bridge.metrics import aggregate, score_log
+from luna_bridge.metrics import score_log
 from luna_bridge.scenario import SIM_DT, Scenario, SimulationLog
+from luna_bridge.stack_planner import StackConfigError, StackSettings
 
 log = logging.getLogger(__name__)
 
-BANK_DIR, OUTBOX_DIR = "memory_bank", "outbox"
+BANK_DIR, OUTBOX_DIR, ROUND_FILE = "memory_bank", "outbox", "round.json"
+EVAL_PLANNER = "luna"
 
 
 class ReflectionRoundError(RuntimeError):
-    """The round cannot run (missing student or bank, an output folder from an earlier round, ...)."""
+    """The rounds cannot run (missing student or bank, an interrupted round, a bad option, ...)."""
+
+
+@dataclass(frozen=True)
+class EvalPart:
+    """One suite of the evaluation set: every ``every``-th scenario (the first ``limit`` of them)."""
+
+    suite: str
+    every: int = 1
+    expect_count: int | None = None
+    limit: int | None = None
 
 
 @dataclass(frozen=True)
 class RoundConfig:
     out_dir: Path
-    student: str = ""  # student folder; "" = the bundled default (models/student)
-    memory_bank: str = ""  # source bank, copied to <out>/memory_bank; "" = the bundled default
-    device: str | None = None  # torch device; None = CUDA when present
-    k: int = 3  # retrieved items per decision
-    gamma_p: float = 0.1
-    explanation_max_tokens: int = 200
-    # Reflection LLM: "" = the in-process model; else an OpenAI-compatible base URL.
+    rounds: int = 2
+    stack: StackSettings = field(default_factory=StackSettings)  # student, SOURCE bank, K, T_d, search
+    evaluation: tuple[EvalPart, ...] = ()  # empty: no evaluation (deploy and reflect only)
+    eval_modes: tuple[bool, ...] = (False, True)
+    eval_workers: int = 1
+    explanation_max_tokens: int = 0  # 0 = the heuristic system's budget (shorter on the CPU)
+    # Reflection LLM: "" = the hindsight check writes the revision; else an OpenAI-compatible base URL.
     endpoint: str = ""
-    model: str = "smollm2-135m-instruct"
+    model: str = ""
     api_key_env: str = ""  # NAME of the environment variable with the key (never the key)
     timeout: float = 60.0  # s per reflection request
     reflection_max_tokens: int = 512
     endpoint_wait: float = 0.0  # s to keep retrying an unreachable endpoint before evaluating anyway
     backoff_base: float = 1.0
     backoff_max: float = 30.0
-    # Closed loop.
+    # Deployment in closed loop.
     reactive: bool = False
-    planner: str = "luna"
-    planner_options: dict[str, Any] = field(default_factory=dict)
     replan_every: int = 5  # simulation steps (0.1 s) between planner calls
-    decision_every: int = 20  # steps between decisions: T_d = decision_every * 0.1 s = 2.0 s
-    # Progress monitor (node defaults).
+    # Progress monitor (node defaults) and hindsight.
     stall_window_cycles: int = 3
     stall_speed_threshold: float = 0.5
     failure_cooldown: float = 5.0
-
-    @property
-    def decision_period(self) -> float:
-        return self.decision_every * SIM_DT
+    hindsight: HindsightConfig = field(default_factory=HindsightConfig)
 
     def monitor_parameters(self) -> MonitorParameters:
-        return MonitorParameters(decision_period=self.decision_period, stall_window_cycles=self.stall_window_cycles,
+        return MonitorParameters(decision_period=self.stack.decision_period,
+                                 stall_window_cycles=self.stall_window_cycles,
                                  stall_speed_threshold=self.stall_speed_threshold)
 
 
@@ -107,20 +121,20 @@ class RoundConfig:
 
 class SceneDecisionSource:
     """The simulator's decision source: xi_t from the planner input (as ``scene_descriptor`` builds it),
-    then ``HeuristicSystem.decide``. Records every decision and the light phase of every scene, which
-    the progress monitor needs afterwards."""
+    then ``HeuristicSystem.decide``. Records every decision and every scene, which the progress
+    monitor and the hindsight check need afterwards (the scene says what held the ego)."""
 
     def __init__(self, heuristic: Any) -> None:
         self.heuristic = heuristic
         self.decisions: list[DecisionDistribution] = []
-        self.lights: list[tuple[float, TrafficLightPhase]] = []
+        self.scenes: list[SceneDescriptor] = []
         self.scene_errors: list[str] = []
 
     def reset(self) -> None:
         """A new scenario: forget the records, the recent actions of the prompt and the retrieved items
         the heuristic system would keep (its retrieval margin), so a run does not depend on the last."""
         self.decisions.clear()
-        self.lights.clear()
+        self.scenes.clear()
         self.scene_errors.clear()
         self.heuristic.reset()
 
@@ -132,7 +146,7 @@ class SceneDecisionSource:
         except SceneInputError as exc:  # no decision this cycle: the planner runs its fallback objective
             self.scene_errors.append(f"t={planner_input.time:.1f}s: {exc}")
             return None
-        self.lights.append((scene.stamp, scene.traffic_light))
+        self.scenes.append(scene)
         decision = self.decision_for(scene, planner_input)
         if decision is not None:
             self.decisions.append(decision)
@@ -144,14 +158,14 @@ class SceneDecisionSource:
 
 
 def detect_failures(sim_log: SimulationLog, decisions: Sequence[DecisionDistribution],
-                    lights: Sequence[tuple[float, TrafficLightPhase]], params: MonitorParameters,
+                    scenes: Sequence[SceneDescriptor], params: MonitorParameters,
                     cooldown: float) -> list[FailureEvent]:
     """The failures the ``progress_monitor`` node would publish for this run: every input fed by stamp,
     ``check`` every T_d from the first full period on, debounced by the failure gate."""
     monitor = ProgressMonitor(params)
     gate = FailureGate(cooldown)
-    for stamp, phase in lights:
-        monitor.update_light(stamp, phase)
+    for scene in scenes:
+        monitor.update_scene(scene)
     for d in decisions:
         monitor.on_decision(d)
     every = max(1, int(round(params.decision_period / SIM_DT)))
@@ -168,6 +182,23 @@ def detect_failures(sim_log: SimulationLog, decisions: Sequence[DecisionDistribu
     return failures
 
 
+def hindsight_recorder(sim_log: SimulationLog, scenes: Sequence[SceneDescriptor],
+                       config: HindsightConfig) -> HindsightRecorder:
+    """The ``HindsightRecorder`` the ``reflection_client`` node keeps, fed with the whole run's log (the
+    perceived objects and lights of every step, the scenes, the map and the route)."""
+    scenario = sim_log.scenario
+    recorder = HindsightRecorder(config, scenario.vehicle, keep=math.inf)
+    recorder.set_map(scenario.lane_graph)
+    recorder.set_route(scenario.route)
+    for ego, objects, lights in zip(sim_log.ego, sim_log.objects, sim_log.lights):
+        recorder.update_ego(ego)
+        recorder.update_objects(objects)
+        recorder.update_lights(lights)
+    for scene in scenes:
+        recorder.update_scene(scene)
+    return recorder
+
+
 def executed_decision(decisions: Sequence[DecisionDistribution], failure: FailureEvent) -> DecisionDistribution | None:
     """The decision the failure names (by its stamp), or None if the failure had no decision in force."""
     if not failure.issued_decision:
@@ -177,7 +208,7 @@ def executed_decision(decisions: Sequence[DecisionDistribution], failure: Failur
 
 @dataclass
 class RunRecord:
-    """One closed-loop run of the stack and what the monitor found in it."""
+    """One closed-loop deployment run, what the monitor found in it and what reflection needs of it."""
 
     scenario: str
     scenario_type: str
@@ -190,6 +221,9 @@ class RunRecord:
     wall_time: float
     reflection_retrievals: int = 0  # decisions whose retrieved context held a reflection item
     explanations: list[DecisionExplanation] = field(default_factory=list)
+    observations: list[HindsightObservation | None] = field(default_factory=list)  # one per explanation
+    earlier: list[list[tuple[DecisionDistribution, HindsightObservation]]] = field(default_factory=list)  # same
+    hindsight_errors: list[str] = field(default_factory=list)
     unexplained: int = 0  # failures with no decision in force (nothing to explain)
 
     @property
@@ -200,30 +234,42 @@ class RunRecord:
     def stalls(self) -> int:
         return sum(1 for f in self.failures if f.stall)
 
+    @property
+    def blocked(self) -> int:
+        return sum(1 for f in self.failures if f.blocked)
 
-def run_stack(scenario: Scenario, planner: Any, heuristic: Any, config: RoundConfig,
-              explain: bool) -> RunRecord:
-    """Drive ``scenario`` with the stack, score it, detect failures and (``explain``) explain them."""
+
+def deploy_run(scenario: Scenario, stack: Any, config: RoundConfig) -> RunRecord:
+    """Drive ``scenario`` with the stack, score it, detect the failures, explain them and cut the
+    hindsight observation of each failed decision."""
     from luna_bridge.sim import SimulationConfig, simulate
 
     started = time.perf_counter()
-    source = SceneDecisionSource(heuristic)
-    sim_log = simulate(scenario, planner, reactive=config.reactive, decision_source=source,
+    source: SceneDecisionSource = stack.decision_source
+    sim_log = simulate(scenario, stack, reactive=config.reactive, decision_source=source,
                        config=SimulationConfig(replan_every=config.replan_every,
-                                               decision_every=config.decision_every))
+                                               decision_every=config.stack.decision_every))
     score = score_log(sim_log)
-    failures = detect_failures(sim_log, source.decisions, source.lights, config.monitor_parameters(),
+    failures = detect_failures(sim_log, source.decisions, source.scenes, config.monitor_parameters(),
                                config.failure_cooldown)
+    heuristic = source.heuristic
     record = RunRecord(scenario.name, scenario.scenario_type, score.score, score.error, failures,
                        len(source.decisions), len(source.scene_errors), sim_log.planner_failures, 0.0,
                        _reflection_retrievals(source.decisions, heuristic.bank))
-    if explain:
-        for failure in failures:
-            decision = executed_decision(source.decisions, failure)
-            if decision is None:
-                record.unexplained += 1
-                continue
-            record.explanations.append(heuristic.explain(decision, failure))
+    recorder = hindsight_recorder(sim_log, source.scenes, config.hindsight) if failures else None
+    for failure in failures:
+        decision = executed_decision(source.decisions, failure)
+        if decision is None:
+            record.unexplained += 1
+            continue
+        record.explanations.append(heuristic.explain(decision, failure,
+                                                     max_tokens=config.explanation_max_tokens or None))
+        try:
+            record.observations.append(recorder.observation(failure.decision_stamp))
+        except HindsightError as exc:  # the request says so; nothing is written for it
+            record.observations.append(None)
+            record.hindsight_errors.append(f"t={failure.stamp:.1f}s: {exc}")
+        record.earlier.append(recorder.earlier(source.decisions, failure))
     record.wall_time = time.perf_counter() - started
     return record
 
@@ -235,13 +281,18 @@ def _reflection_retrievals(decisions: Sequence[DecisionDistribution], bank: Any)
                if any(i in bank and bank.get(i).source == "reflection" for i in d.retrieved_ids))
 
 
-def run_phase(name: str, scenarios: Sequence[Scenario], planner: Any, heuristic: Any, config: RoundConfig,
-              explain: bool) -> list[RunRecord]:
+def deploy(scenarios: Sequence[Scenario], settings: StackSettings, config: RoundConfig, name: str) -> list[RunRecord]:
+    from luna_bridge.stack_planner import make_stack_planner
+
+    try:
+        stack = make_stack_planner(EVAL_PLANNER, None, settings)
+    except StackConfigError as exc:
+        raise ReflectionRoundError(str(exc)) from None
     records = []
     bar = tqdm(scenarios, desc=name, unit="scn")
     for scenario in bar:
         bar.set_postfix_str(scenario.name[:40])
-        records.append(run_stack(scenario, planner, heuristic, config, explain))
+        records.append(deploy_run(scenario, stack, config))
         bar.set_postfix(failures=sum(len(r.failures) for r in records))
     return records
 
@@ -283,58 +334,17 @@ def reflect_all(system: ReflectionSystem, outbox: Outbox, config: RoundConfig,
 
 
 def make_reflection_llm(config: RoundConfig) -> Any:
-    if config.endpoint:
-        from luna_core.llm import EndpointConfig, OpenAIChatModel
-        return OpenAIChatModel(EndpointConfig(model=config.model, base_url=config.endpoint,
-                                              api_key_env=config.api_key_env or None, timeout=config.timeout,
-                                              max_retries=0))  # the outbox retries, with backoff
-    from luna_core.llm import TransformersChatModel
-    return TransformersChatModel(config.model, device=config.device, num_threads=None)
-
-
-# --------------------------------------------------------------------------------------------------
-# The round
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RoundReport:
-    deployed: list[RunRecord]
-    before: list[RunRecord]  # the evaluation set with the bank as it was (the deployment runs if same set)
-    after: list[RunRecord]
-    reflections: list[ReflectionOutcome]
-    bank_path: Path
-    bank_version_before: int
-    bank_version_after: int
-    wall_time: float = 0.0
-    planner_deterministic: bool = False  # no wall-clock budget: before/after differ only by the bank
-
-    @property
-    def counts(self) -> dict[str, int]:
-        answered = [o.result for o in self.reflections if o.result is not None]
-        return {
-            "scenarios_deployed": len(self.deployed),
-            "failures": sum(len(r.failures) for r in self.deployed),
-            "collisions": sum(r.collisions for r in self.deployed),
-            "stalls": sum(r.stalls for r in self.deployed),
-            "explanations": sum(len(r.explanations) for r in self.deployed),
-            "unexplained_failures": sum(r.unexplained for r in self.deployed),
-            "reflection_requests": len(self.reflections),
-            "reflections": len(answered),
-            "normal_answers": sum(1 for r in answered if r.normal and not r.error),
-            "rejected_answers": sum(1 for r in answered if r.error),
-            "new_memory_items": sum(1 for r in answered if r.memory_item_id),
-            "pending_in_outbox": sum(1 for o in self.reflections if o.result is None),
-            "scenarios_evaluated": len(self.after),
-            "failures_before": sum(len(r.failures) for r in self.before),
-            "failures_after": sum(len(r.failures) for r in self.after),
-            "decisions_after": sum(r.decisions for r in self.after),
-            "decisions_after_using_reflections": sum(r.reflection_retrievals for r in self.after),
-        }
+    """The reflection LLM, or None: the hindsight check writes the revision."""
+    if not config.endpoint:
+        return None
+    from luna_core.llm import EndpointConfig, OpenAIChatModel
+    return OpenAIChatModel(EndpointConfig(model=config.model, base_url=config.endpoint,
+                                          api_key_env=config.api_key_env or None, timeout=config.timeout,
+                                          max_retries=0))  # the outbox retries, with backoff
 
 
 def copy_bank(source: Path, target: Path) -> None:
-    """Copy the source bank for this round (the writer lock and cached indexes stay behind)."""
+    """Copy a bank for a round (the writer lock and cached indexes stay behind)."""
     _check_bank_copy(source, target)
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("writer.lock", "index-hnsw-*"))
 
@@ -349,84 +359,171 @@ def _check_bank_copy(source: Path, target: Path) -> None:
         raise ReflectionRoundError("the round's bank copy cannot be the source bank")
 
 
-def load_heuristic(config: RoundConfig, bank: Any) -> Any:
-    from luna_core.assets import resolve
-    from luna_core.heuristic import HeuristicConfig, HeuristicSystem
-    from luna_core.prompts import PromptManager
-    from luna_core.student import DualHeadStudent
-
-    try:
-        folder = resolve(config.student, "student")
-    except FileNotFoundError as exc:
-        raise ReflectionRoundError(f"{exc} (give --student)") from None
-    student = DualHeadStudent.from_pretrained(folder, device=config.device)
-    return HeuristicSystem(student, PromptManager(), bank,
-                           HeuristicConfig(k=config.k, gamma_p=config.gamma_p,
-                                           explanation_max_tokens=config.explanation_max_tokens))
+# --------------------------------------------------------------------------------------------------
+# Rounds
+# --------------------------------------------------------------------------------------------------
 
 
-def _same_set(a: Sequence[Scenario], b: Sequence[Scenario]) -> bool:
-    return [s.name for s in a] == [s.name for s in b]
+@dataclass
+class RoundResult:
+    """What one round found, wrote and scored (round 0: the source bank, evaluated only)."""
+
+    round: int
+    bank: str
+    bank_items: int = 0
+    reflection_items: int = 0
+    counts: dict[str, Any] = field(default_factory=dict)
+    evaluation: dict[str, dict[str, Any]] = field(default_factory=dict)  # suite -> NR/R CLS, SR, runs
+    wall_time: float = 0.0
 
 
-def run_round(deploy: Sequence[Scenario], evaluate: Sequence[Scenario] | None, config: RoundConfig) -> RoundReport:
-    """Deploy, detect, explain, reflect into a copy of the bank, evaluate (see the module docstring)."""
-    from luna_core.assets import resolve
+def round_counts(records: Sequence[RunRecord], outcomes: Sequence[ReflectionOutcome]) -> dict[str, Any]:
+    answered = [o.result for o in outcomes if o.result is not None]
+    latencies = [e.latency for r in records for e in r.explanations]
+    return {
+        "scenarios": len(records),
+        "failures": sum(len(r.failures) for r in records),
+        "collisions": sum(r.collisions for r in records),
+        "stalls": sum(r.stalls for r in records),
+        "blocked": sum(r.blocked for r in records),
+        "explanations": len(latencies),
+        "unexplained": sum(r.unexplained for r in records),
+        "explanation_latency_mean_s": round(sum(latencies) / len(latencies), 2) if latencies else None,
+        "explanation_latency_max_s": round(max(latencies), 2) if latencies else None,
+        "action_names_repaired": sum(e.names_repaired for r in records for e in r.explanations),
+        "no_hindsight_observation": sum(len(r.hindsight_errors) for r in records),
+        "requests": len(outcomes),
+        "written": sum(1 for r in answered if r.memory_item_id),
+        "normal": sum(1 for r in answered if r.normal),
+        "no_grounded_revision": sum(1 for r in answered if not r.normal and not r.memory_item_id and not r.error),
+        "rejected": sum(1 for r in answered if r.error),
+        "pending": sum(1 for o in outcomes if o.result is None),
+        "decisions": sum(r.decisions for r in records),
+        "decisions_using_reflections": sum(r.reflection_retrievals for r in records),
+        "deploy_cls": round(100.0 * sum(r.score for r in records) / len(records), 2) if records else None,
+    }
+
+
+def evaluate_bank(bank: Path, config: RoundConfig, out: Path, command: str) -> dict[str, dict[str, Any]]:
+    """The stack with ``bank`` on the evaluation set (``luna-bridge eval``'s runs, resumable): per suite
+    the NR / R CLS and success rate, the scenario count and the decisions that used reflection items."""
+    from luna_bridge.evaluate import EvalConfig, EvaluationError, mode_name, run_evaluation
+
+    settings = replace(config.stack, memory_bank=str(bank))
+    table: dict[str, dict[str, Any]] = {}
+    for part in config.evaluation:
+        name = Path(part.suite).name
+        cfg = EvalConfig(suite=part.suite, planners=[EVAL_PLANNER], modes=config.eval_modes,
+                         workers=config.eval_workers, out_dir=out / name, expect_count=part.expect_count,
+                         limit=part.limit, every=part.every, replan_every=config.replan_every, stack=settings)
+        try:
+            summary = run_evaluation(cfg, command=command, progress=True)
+        except EvaluationError as exc:
+            raise ReflectionRoundError(str(exc)) from None
+        row = next(e for e in summary.table if e["planner"] == EVAL_PLANNER)
+        used = 0
+        for reactive in config.eval_modes:
+            for result in (out / name / "scenarios" / EVAL_PLANNER / mode_name(reactive)).glob("*.json"):
+                used += json.loads(result.read_text(encoding="utf-8")).get("decisions", {}).get(
+                    "using_reflection_items", 0)
+        table[name] = {**{k: row[k] for k in ("NR-CLS", "NR-SR", "R-CLS", "R-SR") if k in row},
+                       "scenarios": summary.scenario_count, "decisions_using_reflections": used,
+                       "failed_runs": len(summary.failures)}
+    return table
+
+
+def _bank_sizes(path: Path) -> tuple[int, int]:
     from luna_core.memory.bank import MemoryBank
-    from luna_core.llm import LLMConfigError
-    from luna_core.planning.factory import PlannerConfigError, make_planner
+
+    with MemoryBank.open(path) as bank:
+        return len(bank), sum(1 for i in bank if i.source == "reflection")
+
+
+def reflect_round(r: int, deploy_set: Sequence[Scenario], previous_bank: Path, config: RoundConfig,
+                  llm: Any) -> RoundResult:
+    """Deploy with ``previous_bank``, reflect into a copy of it (``round_<r>/memory_bank``), write the
+    round's files; the evaluation comes after (``run_rounds``)."""
+    from luna_core.memory.bank import MemoryBank
     from luna_core.prompts import PromptManager
 
     started = time.perf_counter()
-    if not deploy:
-        raise ReflectionRoundError("no deployment scenarios")
-    evaluate = list(evaluate) if evaluate else list(deploy)
-    out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        source_bank = resolve(config.memory_bank, "memory_bank")
-    except FileNotFoundError as exc:
-        raise ReflectionRoundError(f"{exc} (give --memory-bank)") from None
-    bank_path = out / BANK_DIR
-    _check_bank_copy(source_bank, bank_path)
-    try:  # configuration errors surface before any simulation runs
-        planner = make_planner(config.planner, config.planner_options)
-        reflection_llm = make_reflection_llm(config)
-    except (PlannerConfigError, LLMConfigError) as exc:
-        raise ReflectionRoundError(str(exc)) from None
-    copy_bank(source_bank, bank_path)
+    folder = Path(config.out_dir) / f"round_{r}"
+    bank_path = folder / BANK_DIR
+    copy_bank(previous_bank, bank_path)
+    records = deploy(deploy_set, replace(config.stack, memory_bank=str(previous_bank)), config, f"round {r}: deploy")
     bank = MemoryBank.open(bank_path, writable=True)
-    outbox = Outbox(out / OUTBOX_DIR)
+    outbox = Outbox(folder / OUTBOX_DIR)
     try:
-        version_before = int(bank.version)
-        heuristic = load_heuristic(config, bank)
-
-        deployed = run_phase("deploy", deploy, planner, heuristic, config, explain=True)
-        before = deployed if _same_set(deploy, evaluate) else \
-            run_phase("evaluate (before)", evaluate, planner, heuristic, config, explain=False)
-
         requests = []
-        for record in deployed:
-            for explanation in record.explanations:
+        for record in records:
+            for explanation, observation, earlier in zip(record.explanations, record.observations, record.earlier):
                 failure = next(f for f in record.failures if f.stamp == explanation.failure_stamp)
-                request = ReflectionRequest.from_events(explanation, failure)
+                request = ReflectionRequest.from_events(explanation, failure, observation, earlier)
                 outbox.put(request)
-                requests.append(request)
+                requests.append((record.scenario, request))
         results: dict[str, ReflectionResult] = {}
         if requests:
-            system = ReflectionSystem(reflection_llm, PromptManager(), bank,
-                                      ReflectionConfig(max_tokens=config.reflection_max_tokens))
+            system = ReflectionSystem(llm, PromptManager(), bank, ReflectionConfig(
+                max_tokens=config.reflection_max_tokens, hindsight=config.hindsight))
             results = reflect_all(system, outbox, config)
-        outcomes = [ReflectionOutcome(r, results.get(r.id)) for r in requests]
-
-        after = run_phase("evaluate (after)", evaluate, planner, heuristic, config, explain=False)
-        report = RoundReport(deployed, before, after, outcomes, bank_path, version_before, int(bank.version),
-                             planner_deterministic=bool(config.planner_options.get("deterministic", False)))
+        outcomes = [ReflectionOutcome(q, results.get(q.id)) for _, q in requests]
     finally:
         outbox.close()
         bank.close()
-    report.wall_time = time.perf_counter() - started
-    return report
+    _write_round_files(folder, records, [(s, o) for (s, _), o in zip(requests, outcomes)])
+    items, reflections = _bank_sizes(bank_path)
+    result = RoundResult(r, str(bank_path), items, reflections, round_counts(records, outcomes),
+                         wall_time=time.perf_counter() - started)
+    _write_json(folder / ROUND_FILE, asdict(result))
+    return result
+
+
+def run_rounds(deploy_set: Sequence[Scenario], config: RoundConfig, command: str = "") -> list[RoundResult]:
+    """Round 0 (the source bank evaluated), then ``config.rounds`` reflection rounds (module docstring).
+    Finished rounds are read back from ``round_<r>/round.json``; evaluations resume run by run."""
+    from luna_core.assets import resolve
+    from luna_core.llm import LLMConfigError
+
+    if not deploy_set:
+        raise ReflectionRoundError("no deployment scenarios")
+    if config.rounds < 1:
+        raise ReflectionRoundError(f"--rounds must be >= 1, got {config.rounds}")
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        source_bank = resolve(config.stack.memory_bank, "memory_bank")
+    except FileNotFoundError as exc:
+        raise ReflectionRoundError(f"{exc} (give --memory-bank)") from None
+    if not (source_bank / "manifest.json").exists():
+        raise ReflectionRoundError(f"no memory bank at {source_bank} (manifest.json missing)")
+    try:  # configuration errors surface before any simulation runs
+        llm = make_reflection_llm(config)
+    except LLMConfigError as exc:
+        raise ReflectionRoundError(str(exc)) from None
+    results = []
+    items, reflections = _bank_sizes(source_bank)
+    zero = RoundResult(0, str(source_bank), items, reflections)
+    previous = source_bank
+    for r in range(config.rounds + 1):
+        started = time.perf_counter()
+        folder = out / f"round_{r}"
+        if r == 0:
+            result = zero
+        elif (folder / ROUND_FILE).exists():
+            result = RoundResult(**json.loads((folder / ROUND_FILE).read_text(encoding="utf-8")))
+        elif folder.exists():
+            raise ReflectionRoundError(f"{folder} is an interrupted round (no {ROUND_FILE}): remove it to redo it")
+        else:
+            result = reflect_round(r, deploy_set, previous, config, llm)
+        if config.evaluation:
+            result.evaluation = evaluate_bank(Path(result.bank), config, folder / "eval", command)
+        result.wall_time += time.perf_counter() - started
+        if r:  # round 0 is the source bank: nothing of it is stored but the summary
+            _write_json(folder / ROUND_FILE, asdict(result))
+        results.append(result)
+        previous = Path(result.bank)
+    write_summary(results, config, command)
+    return results
 
 
 # --------------------------------------------------------------------------------------------------
@@ -434,97 +531,89 @@ def run_round(deploy: Sequence[Scenario], evaluate: Sequence[Scenario] | None, c
 # --------------------------------------------------------------------------------------------------
 
 
-def _cls(value: float) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{100.0 * value:.1f}"
-
-
-def summary_markdown(report: RoundReport, command: str = "") -> str:
-    c = report.counts
-    lines = ["# Reflection round", ""]
-    if command:
-        lines += [f"Command: `{command}`", ""]
-    lines += ["| count | value |", "|---|---:|"]
-    lines += [f"| {k.replace('_', ' ')} | {v} |" for k, v in c.items()]
-    lines += [f"| memory bank version | {report.bank_version_before} -> {report.bank_version_after} |", ""]
-    before = {r.scenario: r for r in report.before}
-    lines += ["| scenario | type | CLS before | CLS after | failures before | failures after |",
-              "|---|---|---:|---:|---:|---:|"]
-    for r in report.after:
-        b = before.get(r.scenario)
-        lines.append(f"| {r.scenario} | {r.scenario_type} | {_cls(b.score) if b else '-'} | {_cls(r.score)} | "
-                     f"{len(b.failures) if b else '-'} | {len(r.failures)} |")
-    agg_b = aggregate(r.score for r in report.before)
-    agg_a = aggregate(r.score for r in report.after)
-    lines += ["", "| evaluation set | scenarios | CLS (0-100) | success rate (%) | failures |",
-              "|---|---:|---:|---:|---:|",
-              f"| before reflection | {agg_b.count} | {agg_b.cls:.1f} | {agg_b.success_rate:.1f} | "
-              f"{c['failures_before']} |",
-              f"| after reflection | {agg_a.count} | {agg_a.cls:.1f} | {agg_a.success_rate:.1f} | "
-              f"{c['failures_after']} |", "",
-              f"Updated memory bank: `{report.bank_path}`. Wall time {report.wall_time:.0f} s. "
-              + ("The planner ran in deterministic mode (no wall-clock budget): the runs before and after "
-                 "differ only by the memory bank." if report.planner_deterministic else
-                 "The planner searched under a wall-clock budget: part of any before/after difference is "
-                 "run-to-run noise (`--planner-option deterministic=true` removes it).")]
-    return "\n".join(lines) + "\n"
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, allow_nan=False, default=str) + "\n", encoding="utf-8")
 
 
 def _failure_json(f: FailureEvent) -> dict[str, Any]:
     return {"stamp": f.stamp, "issued_decision": f.issued_decision, "decision_stamp": f.decision_stamp,
-            "colliding_ids": list(f.colliding_ids), "stall": f.stall}
+            "colliding_ids": list(f.colliding_ids), "collision_kinds": dict(f.collision_kinds), "stall": f.stall,
+            "blocked_by": f.blocked_by}
 
 
-def write_outputs(report: RoundReport, out: Path, command: str = "") -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "reflections.jsonl").open("w", encoding="utf-8") as f:
-        for o in report.reflections:
-            rec = {"request": asdict(o.request),
-                   "result": None if o.result is None else {
-                       "normal": o.result.normal, "revised_answer": o.result.revised_answer,
-                       "memory_item_id": o.result.memory_item_id, "error": o.result.error}}
-            f.write(json.dumps(rec) + "\n")
-    with (out / "per_scenario.csv").open("w", newline="", encoding="utf-8") as f:
+def _write_round_files(folder: Path, records: Sequence[RunRecord],
+                       outcomes: Sequence[tuple[str, ReflectionOutcome]]) -> None:
+    with (folder / "reflections.jsonl").open("w", encoding="utf-8") as f:
+        for scenario, o in outcomes:
+            request = {k: v for k, v in asdict(o.request).items() if k != "observation"}  # in the outbox
+            result = None if o.result is None else {
+                "normal": o.result.normal, "revised_answer": o.result.revised_answer,
+                "memory_item_id": o.result.memory_item_id, "error": o.result.error, "hindsight": o.result.hindsight}
+            f.write(json.dumps({"scenario": scenario, "request": request, "result": result}) + "\n")
+    with (folder / "deploy.csv").open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["phase", "scenario", "type", "cls", "collisions", "stalls", "decisions",
-                    "decisions_using_reflections", "scene_errors", "planner_failures", "explanations", "wall_time_s",
-                    "error"])
-        for phase, records in (("deploy", report.deployed), ("after", report.after)) + \
-                (() if report.before is report.deployed else (("before", report.before),)):
-            for r in records:
-                w.writerow([phase, r.scenario, r.scenario_type, f"{r.score:.4f}", r.collisions, r.stalls,
-                            r.decisions, r.reflection_retrievals, r.scene_errors, r.planner_failures,
-                            len(r.explanations), f"{r.wall_time:.1f}", r.score_error])
-    summary = {"command": command, "counts": report.counts, "bank": str(report.bank_path),
-               "bank_version_before": report.bank_version_before, "bank_version_after": report.bank_version_after,
-               "before": asdict(aggregate(r.score for r in report.before)),
-               "after": asdict(aggregate(r.score for r in report.after)), "wall_time": report.wall_time,
-               "failures": {r.scenario: [_failure_json(f) for f in r.failures] for r in report.deployed}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(summary_markdown(report, command), encoding="utf-8")
-    plot_before_after(report, out / "before_after.png")
+        w.writerow(["scenario", "type", "cls", "collisions", "collision_kinds", "stalls", "blocked", "decisions",
+                    "decisions_using_reflections", "scene_errors", "planner_failures", "explanations",
+                    "explanation_latency_s", "no_hindsight", "wall_time_s", "error"])
+        for r in records:
+            kinds = " ".join(f"{i}:{k}" for f_ in r.failures for i, k in f_.collision_kinds.items())
+            w.writerow([r.scenario, r.scenario_type, f"{r.score:.4f}", r.collisions, kinds, r.stalls, r.blocked,
+                        r.decisions, r.reflection_retrievals, r.scene_errors, r.planner_failures,
+                        len(r.explanations), " ".join(f"{e.latency:.1f}" for e in r.explanations),
+                        "; ".join(r.hindsight_errors), f"{r.wall_time:.1f}", r.score_error])
+    _write_json(folder / "failures.json", {r.scenario: [_failure_json(f) for f in r.failures] for r in records})
 
 
-def plot_before_after(report: RoundReport, path: Path) -> None:
-    import matplotlib
+def _cls(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.2f}"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
 
-    before = {r.scenario: r.score for r in report.before}
-    names = [r.scenario for r in report.after]
-    x = np.arange(len(names))
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names) + 2.0), 3.5))
-    ax.bar(x - 0.2, [100.0 * before.get(n, math.nan) for n in names], 0.4, label="before reflection")
-    ax.bar(x + 0.2, [100.0 * r.score for r in report.after], 0.4, label="after reflection")
-    ax.set_xticks(x, names, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("CLS (0-100)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7)
-    ax.set_title("Reflection round: closed-loop score per scenario")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def summary_markdown(results: Sequence[RoundResult], config: RoundConfig, command: str = "") -> str:
+    suites = [Path(p.suite).name for p in config.evaluation]
+    lines = ["# Reflection rounds", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    by = f"the LLM at {config.endpoint} (agreeing with hindsight)" if config.endpoint else "the hindsight check"
+    lines += [f"Stack: {config.stack.describe()}; deployment {'reactive' if config.reactive else 'non-reactive'}; "
+              f"reflection by {by}.", ""]
+    header = ["round", "bank items (reflection)", "failures (coll. / stall / blocked)", "written", "normal",
+              "no grounded revision", "rejected"]
+    for s in suites:
+        header += [f"{s} NR-CLS", f"{s} R-CLS"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for res in results:
+        c = res.counts
+        row = [str(res.round), f"{res.bank_items} ({res.reflection_items})"]
+        if res.round == 0:
+            row += ["-"] * 5
+        else:
+            row += [f"{c['failures']} ({c['collisions']} / {c['stalls']} / {c['blocked']})", str(c["written"]),
+                    str(c["normal"]), str(c["no_grounded_revision"]), str(c["rejected"])]
+        for s in suites:
+            e = res.evaluation.get(s, {})
+            row += [_cls(e.get("NR-CLS")), _cls(e.get("R-CLS"))]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Round 0 is the source bank (no reflection item written by these rounds): Table V's row without "
+              "reflection; each later row evaluates that round's bank. Per round: `round_<r>/deploy.csv`, "
+              "`reflections.jsonl` (each verdict), `eval/<suite>/per_scenario.csv`."]
+    explained = [res.counts for res in results if res.round and res.counts.get("explanations")]
+    if explained:
+        lines += ["", "| round | explanations | latency mean / max (s) | names repaired | decisions using reflection "
+                  "items (deploy / eval) |", "|---|---:|---:|---:|---:|"]
+        for res in results[1:]:
+            c = res.counts
+            used_eval = sum(e.get("decisions_using_reflections", 0) for e in res.evaluation.values())
+            lines.append(f"| {res.round} | {c['explanations']} | {_cls(c['explanation_latency_mean_s'])} / "
+                         f"{_cls(c['explanation_latency_max_s'])} | {c['action_names_repaired']} | "
+                         f"{c['decisions_using_reflections']} / {used_eval} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(results: Sequence[RoundResult], config: RoundConfig, command: str) -> None:
+    out = Path(config.out_dir)
+    (out / "rounds.md").write_text(summary_markdown(results, config, command), encoding="utf-8")
+    _write_json(out / "rounds.json", {"command": command, "rounds": [asdict(r) for r in results]})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -546,49 +635,58 @@ def load_scenarios(suite: str, limit: int | None, every: int) -> list[Scenario]:
     return [load_entry(source, loader) for _name, source, loader in refs]
 
 
+def evaluation_parts(eval_set: str | None, eval_suite: str | None, every: int,
+                     limit: int | None) -> tuple[EvalPart, ...]:
+    from luna_bridge.evaluate import EVALUATION_SETS
+
+    if eval_set:
+        return tuple(EvalPart(s, e, n, limit) for s, e, n in EVALUATION_SETS[eval_set])
+    return (EvalPart(eval_suite, every, None, limit),) if eval_suite else ()
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("reflect", help="a reflection round: deploy, reflect on failures, re-evaluate",
+    from luna_bridge.evaluate import EVALUATION_SETS, MODES
+
+    p = subparsers.add_parser("reflect", help="reflection rounds: deploy, reflect on failures in hindsight, evaluate",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", required=True, help="deployment scenarios: a suite name or a folder of scenario files")
-    p.add_argument("--eval-suite", default=None, help="evaluation scenarios (default: the deployment set)")
-    p.add_argument("--limit", type=int, default=None, help="first N scenarios of each set")
-    p.add_argument("--every", type=int, default=1, help="every N-th scenario of each sorted set")
-    p.add_argument("--out", type=Path, required=True, help="output folder (must not hold an earlier round)")
-    p.add_argument("--student", default="", help="student folder (default: the bundled models/student)")
-    p.add_argument("--memory-bank", default="", help="source memory bank, copied (default: models/memory_bank)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    p.add_argument("--k", type=int, default=3, help="retrieved memory items per decision (K)")
-    p.add_argument("--explanation-tokens", type=int, default=200)
-    p.add_argument("--endpoint", default="",
-                   help="OpenAI-compatible base URL of the reflection LLM (default: $LUNA_REFLECTION_ENDPOINT, "
-                        "else the in-process model)")
-    p.add_argument("--model", default="", help="reflection model name (default: $LUNA_REFLECTION_MODEL, "
-                                                "else smollm2-135m-instruct)")
-    p.add_argument("--api-key-env", default="", help="NAME of the environment variable holding the API key")
-    p.add_argument("--timeout", type=float, default=60.0, help="s per reflection request")
-    p.add_argument("--reflection-tokens", type=int, default=512)
-    p.add_argument("--endpoint-wait", type=float, default=60.0,
-                   help="s to keep retrying an unreachable endpoint; what is left stays in <out>/outbox")
-    p.add_argument("--reactive", action="store_true", help="IDM agents instead of log replay")
-    p.add_argument("--planner-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="option of the luna planner (e.g. time_budget=0.4, population=64); repeatable")
-    p.add_argument("--replan-every", type=int, default=5, help="simulation steps between planner calls")
-    p.add_argument("--decision-every", type=int, default=20, help="simulation steps between decisions (T_d/0.1 s)")
+    p.add_argument("--suite", required=True, help="the reflection split: a suite name or a folder of scenario files "
+                                                  "(generate-suite --splits reflect writes <out>/reflect)")
+    p.add_argument("--limit", type=int, default=None, help="first N scenarios of the reflection split")
+    p.add_argument("--every", type=int, default=1, help="every N-th scenario of the sorted reflection split")
+    p.add_argument("--rounds", type=int, default=2, help="reflection rounds after round 0 (default 2)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (a rerun resumes it)")
+    ev = p.add_mutually_exclusive_group()
+    ev.add_argument("--eval-set", choices=sorted(EVALUATION_SETS), default=None,
+                    help="the evaluation set of every round (standard: the results tables' set)")
+    ev.add_argument("--eval-suite", default=None, help="or one suite (name or folder) to evaluate on")
+    p.add_argument("--eval-every", type=int, default=1, help="with --eval-suite: every N-th scenario")
+    p.add_argument("--eval-limit", type=int, default=None,
+                   help="first N scenarios of each evaluated suite (smoke runs)")
+    p.add_argument("--mode", choices=sorted(MODES), default="both", help="evaluation mode(s)")
+    p.add_argument("--workers", type=int, default=1, help="evaluation worker processes")
+    p.add_argument("--reactive", action="store_true", help="deploy with IDM agents instead of log replay")
+    stack = p.add_argument_group("the stack (as luna-bridge eval's luna planner)")
+    stack.add_argument("--student", default="", help="student folder (default: the bundled models/student)")
+    stack.add_argument("--memory-bank", default="", help="source memory bank, copied (default: models/memory_bank)")
+    stack.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    stack.add_argument("--k", type=int, default=3, help="retrieved memory items per decision (K)")
+    stack.add_argument("--decision-every", type=int, default=20, help="simulation steps between decisions (T_d/0.1 s)")
+    stack.add_argument("--replan-every", type=int, default=5, help="simulation steps between planner calls")
+    stack.add_argument("--population", type=int, default=128, help="Diffusion-ES members per action")
+    stack.add_argument("--iterations", type=int, default=2, help="renoise-denoise rounds")
+    stack.add_argument("--time-budget", type=float, default=0.0, help="s per planning call; 0 = deterministic")
+    stack.add_argument("--explanation-tokens", type=int, default=0,
+                       help="tokens per explanation (default: the student's budget, 96 on the CPU)")
+    llm = p.add_argument_group("reflection LLM (optional: without it the hindsight check writes the revision)")
+    llm.add_argument("--endpoint", default="", help="OpenAI-compatible base URL (default: $LUNA_REFLECTION_ENDPOINT)")
+    llm.add_argument("--model", default="", help="model name at the endpoint (default: $LUNA_REFLECTION_MODEL)")
+    llm.add_argument("--api-key-env", default="", help="NAME of the environment variable holding the API key")
+    llm.add_argument("--timeout", type=float, default=60.0, help="s per reflection request")
+    llm.add_argument("--reflection-tokens", type=int, default=512)
+    llm.add_argument("--endpoint-wait", type=float, default=60.0,
+                     help="s to keep retrying an unreachable endpoint; what is left stays in the round's outbox")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 beside other jobs)")
     p.set_defaults(func=run)
-
-
-def _planner_options(pairs: Sequence[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ReflectionRoundError(f"--planner-option {pair!r}: expected KEY=VALUE")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -596,25 +694,30 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from luna_bridge.evaluate import MODES
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, args.threads))
     command = "luna-bridge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
+        try:
+            stack = StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
+                                  decision_every=args.decision_every, population=args.population,
+                                  iterations=args.iterations, time_budget=args.time_budget, device=args.device)
+        except StackConfigError as exc:
+            raise ReflectionRoundError(str(exc)) from None
         config = RoundConfig(
-            out_dir=args.out, student=args.student, memory_bank=args.memory_bank, device=args.device, k=args.k,
-            explanation_max_tokens=args.explanation_tokens,
+            out_dir=args.out, rounds=args.rounds, stack=stack,
+            evaluation=evaluation_parts(args.eval_set, args.eval_suite, args.eval_every, args.eval_limit),
+            eval_modes=MODES[args.mode], eval_workers=args.workers, explanation_max_tokens=args.explanation_tokens,
             endpoint=args.endpoint or os.environ.get("LUNA_REFLECTION_ENDPOINT", ""),
-            model=args.model or os.environ.get("LUNA_REFLECTION_MODEL", "") or "smollm2-135m-instruct",
-            api_key_env=args.api_key_env, timeout=args.timeout, reflection_max_tokens=args.reflection_tokens,
-            endpoint_wait=args.endpoint_wait, reactive=args.reactive,
-            planner_options=_planner_options(args.planner_option), replan_every=args.replan_every,
-            decision_every=args.decision_every)
-        deploy = load_scenarios(args.suite, args.limit, args.every)
-        evaluate = load_scenarios(args.eval_suite, args.limit, args.every) if args.eval_suite else None
-        report = run_round(deploy, evaluate, config)
+            model=args.model or os.environ.get("LUNA_REFLECTION_MODEL", ""), api_key_env=args.api_key_env,
+            timeout=args.timeout, reflection_max_tokens=args.reflection_tokens, endpoint_wait=args.endpoint_wait,
+            reactive=args.reactive, replan_every=args.replan_every)
+        deploy_set = load_scenarios(args.suite, args.limit, args.every)
+        run_rounds(deploy_set, config, command)
     except ReflectionRoundError as exc:
         print(f"luna-bridge reflect: {exc}", file=sys.stderr)
         return 2
-    write_outputs(report, args.out, command)
-    print((args.out / "summary.md").read_text(encoding="utf-8"))
+    print((args.out / "rounds.md").read_text(encoding="utf-8"))
     return 0

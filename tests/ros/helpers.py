@@ -149,6 +149,63 @@ class Probe:
         self.node.destroy_node()
 
 
+class StalledCarTraffic:
+    """What the stack perceives, published as the stack would (for the reflection's hindsight): a straight
+    two-lane road (map and route, latched), the ego in the right lane, a stalled car at x = 40 m in that
+    lane and a car driving alongside the ego in the left lane at 8 m/s (odometry and objects at 10 Hz).
+    ``ego_x(t)`` / ``ego_v(t)`` give the ego's motion, t in s since the first frame (default: 8 m/s from
+    x = 0). Executing AK there stalls behind the stalled car and a lane change collides: in hindsight,
+    braking is the revision."""
+
+    def __init__(self, probe: Probe, ego_x=lambda t: 8.0 * t, ego_v=lambda t: 8.0) -> None:
+        import luna_msgs.msg as lm
+        from nav_msgs.msg import Odometry
+
+        from luna_core import types as T
+        from luna_core.lanes import make_lane
+        from luna_nodes import convert as C
+        from luna_nodes import qos
+
+        self.probe, self.ego_x, self.ego_v = probe, ego_x, ego_v
+        self.odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        self.objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
+        lanes = probe.publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED)
+        route = probe.publisher(lm.Route, "planning/route", qos.LATCHED)
+        graph = T.LaneGraph()
+        graph.add(make_lane("a0", [[-50, 0], [600, 0]], 3.5, 15.0, "A", left_neighbor="a1"))
+        graph.add(make_lane("a1", [[-50, 3.5], [600, 3.5]], 3.5, 15.0, "A", right_neighbor="a0"))
+        for p in (self.odom, self.objects, lanes, route):
+            wait_for_subscribers(p, timeout=120.0)
+        lanes.publish(C.lane_graph_to_msg(graph))
+        route.publish(C.route_to_msg(T.Route(0.0, ["A"])))
+        self.t0 = self.now()
+
+    def now(self) -> float:
+        return self.probe.node.get_clock().now().nanoseconds * 1e-9
+
+    def frame(self) -> None:
+        """Publish one frame at the node clock's now."""
+        from luna_core import types as T
+        from luna_nodes import convert as C
+
+        now = self.now()
+        t = now - self.t0
+        self.odom.publish(C.ego_to_odometry(T.EgoState(now, self.ego_x(t), 0.0, 0.0, self.ego_v(t))))
+        self.objects.publish(C.objects_to_msg(T.TrackedObjects(now, [
+            T.TrackedObject("stalled", T.ObjectClass.VEHICLE, 40.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9),
+            T.TrackedObject("beside", T.ObjectClass.VEHICLE, 8.0 * t + 1.0, 3.5, 0.0, 8.0, 0.0, 4.5, 1.9)])))
+
+    def drive(self, seconds: float, events=()) -> None:
+        """Publish 10 Hz frames for ``seconds``; ``events`` are (time after t0, callable) run once each."""
+        pending = sorted(events, key=lambda e: e[0])
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.frame()
+            while pending and pending[0][0] <= self.now() - self.t0:
+                pending.pop(0)[1]()
+            self.probe.spin_for(0.1)
+
+
 def set_parameters(probe: Probe, node_name: str, timeout: float = 30.0, **values) -> list:
     """``set_parameters`` on a running node, one call per parameter; the SetParametersResult of each."""
     from rclpy.parameter import Parameter

@@ -50,3 +50,34 @@ def test_stalled_ego_touching_an_object_yields_failure_with_decision(tmp_path, r
         probe.close()
         out = stop_process(proc)
     assert proc.returncode == 0, out
+
+
+def test_standing_behind_a_stopped_car_in_the_scene_is_reported_as_blocked_not_as_a_stall(tmp_path, ros_context):
+    proc = start_node("progress_monitor", "progress_monitor",
+                      {"decision_period": 0.2, "stall_window_cycles": 3, "failure_cooldown": 30.0}, tmp_path)
+    probe = Probe(ros_context)
+    try:
+        failures = probe.collect(lm.FailureEvent, "luna/failure", qos.RELIABLE)
+        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        scenes = probe.publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+        for p in (odom, scenes):
+            wait_for_subscribers(p)
+        clock = probe.node.get_clock()
+        # The scene descriptor sees a stopped car 0.5 m ahead of the ego's bumper in the ego lane.
+        parked = T.ObjectDescription("parked-1", T.ObjectClass.VEHICLE, 0.5 + (5.176 + 4.5) / 2, 0.0, 0.0, 0.0,
+                                     4.5, 1.9, "same lane")
+        for i in range(60):  # 3 s at 20 Hz, standing still
+            now = clock.now().nanoseconds * 1e-9
+            odom.publish(C.ego_to_odometry(T.EgoState(now, 0.0, 0.0, 0.0, 0.0)))
+            if i % 2 == 0:
+                scenes.publish(C.scene_to_msg(T.SceneDescriptor(now, T.RoadSection.NORMAL_MULTI_LANE, 1, 1,
+                                                                objects=[parked])))
+            probe.spin_for(0.05)
+        probe.wait(lambda: failures, 10.0, "a failure event")
+        events = [C.msg_to_failure(f) for f in failures]
+        assert all(e.blocked_by == "parked-1" and not e.stall and not e.colliding_ids for e in events)
+        assert len(events) == 1  # once per cooldown
+    finally:
+        probe.close()
+        out = stop_process(proc)
+    assert proc.returncode == 0, out

@@ -1,15 +1,19 @@
 """Issue 6, Show 4: the reflection endpoint is down, the requests wait in the persistent outbox and are
-sent when it comes back; and requests in the outbox survive the node being killed.
+sent when it comes back; and requests in the outbox survive the node being killed. Issue 16: the node
+buffers what was perceived, cuts the hindsight observation of the failed decision once its 6 s horizon
+has passed, and the LLM's revision is written only because it agrees with the hindsight check.
 
-Real parts: the ``reflection_client`` node in its own process over DDS, the openai client inside it
-speaking HTTP to a real server on 127.0.0.1, the durable outbox journal and a real MiniLM memory bank.
-The server is a small stdlib ``http.server`` speaking the OpenAI chat-completions API with a fixed,
-valid reflection answer: a fake LLM, because no reasoning model can run here (hence "fake_llm" in the
-test names). Before it starts, nothing listens on the port (connection refused).
+Real parts: the ``reflection_client`` node in its own process over DDS (map, route, odometry and
+objects published to it as the stack would), the openai client inside it speaking HTTP to a real server
+on 127.0.0.1, the durable outbox journal and a real MiniLM memory bank. The server is a small stdlib
+``http.server`` speaking the OpenAI chat-completions API and answering with the decision the prompt
+names as best: a fake LLM, because no reasoning model can run here (hence "fake_llm" in the test
+names). Before it starts, nothing listens on the port (connection refused).
 """
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,24 +33,33 @@ from luna_core import types as T
 from luna_core.memory.bank import MemoryBank, stored_version
 from luna_core.memory.journal import scan
 from luna_core.prompts import PromptManager
-from luna_core.prompts.parsers import action_set_of
-from luna_core.reflection import Outbox
+from luna_core.reflection import Outbox, audit_reflections
 from luna_nodes import convert as C
 from luna_nodes import qos
 from tests import samples
 from tests.heuristic_fixtures import make_bank
-from tests.ros.helpers import Probe, ros_env, stop_process, wait_for_subscribers
+from tests.ros.helpers import Probe, StalledCarTraffic, ros_env, stop_process, wait_for_subscribers
 
 KEY_ENV, SECRET = "LUNA_TEST_REFLECTION_KEY", "sk-test-not-a-real-key-5f3a"
 
 
-class FakeLLMServer:
-    """OpenAI chat-completions on 127.0.0.1:<port>: answers every request with one revised decision and
-    records what it received."""
+def _answer(code: str) -> str:
+    return f"Recommended decisions: {code}\nExplanations:\n- {code}: slow down, the gap ahead is closing."
 
-    def __init__(self, port: int, answer: str) -> None:
+
+def _follow_the_hindsight(prompt: str) -> str:
+    """The fake LLM's answer: the decision the prompt names as the best one in hindsight."""
+    return _answer(re.search(r"is ([A-Z]{2}): rank it first", prompt).group(1))
+
+
+class FakeLLMServer:
+    """OpenAI chat-completions on 127.0.0.1:<port>: answers every request with a revision ranking first the
+    decision the prompt names as best in hindsight, and records what it received."""
+
+    def __init__(self, port: int) -> None:
         self.requests: list[dict] = []
         self.auth: list[str] = []
+        self.answers: list[str] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -57,6 +70,8 @@ class FakeLLMServer:
                     return
                 server.requests.append(body)
                 server.auth.append(self.headers.get("Authorization", ""))
+                answer = _follow_the_hindsight(body["messages"][-1]["content"])
+                server.answers.append(answer)
                 data = json.dumps({
                     "id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion", "created": int(time.time()),
                     "model": body["model"],
@@ -100,17 +115,19 @@ def _start_client(tmp_path: Path, bank: Path, port: int) -> subprocess.Popen:
 
 
 def _events(stamp: float, collision: bool):
-    query = PromptManager().decision_query(samples.scene())
-    failure = T.FailureEvent(stamp, "AK", stamp - 0.5, ["veh-1"] if collision else [], not collision)
+    """A failure under AK at ``stamp`` (its decision 0.5 s earlier) and its explanation."""
+    query = PromptManager().decision_query(samples.scene())  # action set AK, AL, CK, CL, DK, DL, SK
+    failure = T.FailureEvent(stamp, "AK", stamp - 0.5, ["stalled"] if collision else [], not collision)
     explanation = T.DecisionExplanation(stamp + 1.0, stamp - 0.5, stamp, query, ["AK", "CK"],
                                         "Recommended decisions: AK,CK\nExplanations:\n- AK: the road is free.")
     return failure, explanation
 
 
-def _answer() -> str:
-    allowed = action_set_of(PromptManager().decision_query(samples.scene()))
-    code = "DK" if "DK" in allowed else allowed[0]
-    return f"Recommended decisions: {code}\nExplanations:\n- {code}: slow down, the gap ahead is closing."
+def _publish(failures, explanations, failure, explanation, explanation_first: bool = False) -> None:
+    pair = [lambda: failures.publish(C.failure_to_msg(failure)),
+            lambda: explanations.publish(C.explanation_to_msg(explanation))]
+    for send in (pair[::-1] if explanation_first else pair):
+        send()
 
 
 def _queued(tmp_path: Path) -> list[dict]:
@@ -140,14 +157,18 @@ def test_fake_llm_endpoint_down_requests_wait_in_outbox_and_drain_when_it_return
         explanations = probe.publisher(lm.DecisionExplanation, "luna/explanation", qos.RELIABLE)
         for p in (failures, explanations):
             wait_for_subscribers(p, timeout=120.0)
-        collision, stall = _events(10.0, collision=True), _events(20.0, collision=False)
-        failures.publish(C.failure_to_msg(collision[0]))
-        explanations.publish(C.explanation_to_msg(collision[1]))
-        explanations.publish(C.explanation_to_msg(stall[1]))  # before its failure: paired all the same
-        failures.publish(C.failure_to_msg(stall[0]))
+        traffic = StalledCarTraffic(probe)
+        collision, stall = _events(traffic.t0 + 1.0, collision=True), _events(traffic.t0 + 1.5, collision=False)
+        # Paired at once, queued only when the 6 s after each decision have been observed.
+        traffic.drive(3.0, [(1.1, lambda: _publish(failures, explanations, *collision)),
+                            (1.6, lambda: _publish(failures, explanations, *stall, explanation_first=True))])
+        assert _queued(tmp_path) == []  # paired, but their horizons have not been observed yet
+        traffic.drive(5.0)
 
         # Down: both requests are in the journal on disk, retried with backoff, and the node says so.
         probe.wait(lambda: len(_queued(tmp_path)) == 2, 30.0, "two requests in the outbox journal")
+        assert all(r["observation"] is not None and {"stalled", "beside"} <= set(r["observation"]["objects"]["ids"])
+                   for r in _queued(tmp_path))
         probe.wait(lambda: any(_endpoint_warning(s) for s in diagnostics), 30.0, "the endpoint warning")
         probe.wait(lambda: any("attempt 3" in s.message for s in diagnostics), 30.0, "a third attempt")
         warning = next(s for s in diagnostics if _endpoint_warning(s))
@@ -158,13 +179,14 @@ def test_fake_llm_endpoint_down_requests_wait_in_outbox_and_drain_when_it_return
         assert node.poll() is None and results == []
         assert stored_version(bank_path) == len(seed_ids)
 
-        server = FakeLLMServer(port, _answer())
+        server = FakeLLMServer(port)
         probe.wait(lambda: len(results) == 2, 60.0, "two reflection results once the endpoint is back")
         probe.wait(lambda: any(v.data == len(seed_ids) + 2 for v in versions), 30.0, "memory version +2")
         for msg in results:
             r = C.msg_to_reflection(msg)
             assert not r.error and not r.normal and r.memory_item_id
-        assert sorted(C.msg_to_reflection(m).failure_stamp for m in results) == [10.0, 20.0]
+        assert sorted(C.msg_to_reflection(m).failure_stamp for m in results) == \
+            pytest.approx([traffic.t0 + 1.0, traffic.t0 + 1.5])
         probe.wait(lambda: diagnostics[-1].level == DiagnosticStatus.OK, 10.0, "the endpoint condition cleared")
         assert _queued(tmp_path) == []
     finally:
@@ -174,18 +196,21 @@ def test_fake_llm_endpoint_down_requests_wait_in_outbox_and_drain_when_it_return
             server.close()
     assert node.returncode == 0, output
     assert SECRET not in output, "the API key must never be logged"
-    # What the endpoint received: Eq. 29's Q_refl (original query, explanation, failure), the key as a
-    # bearer token from the environment, the configured model.
+    # What the endpoint received: Eq. 29's Q_refl (original query, explanation, failure) and the hindsight
+    # outcomes, the key as a bearer token from the environment, the configured model.
     assert server is not None and len(server.requests) == 2
     assert server.auth == [f"Bearer {SECRET}"] * 2
     texts = [" ".join(m["content"] for m in r["messages"]) for r in server.requests]
     assert all(r["model"] == "fake-reasoner" for r in server.requests)
-    assert any("collided with object(s) veh-1" in t for t in texts)
+    assert any("collided with object(s) stalled" in t for t in texts)
     assert all("[Traffic state]" in t and "Recommended decisions: AK,CK" in t for t in texts)
+    assert all("- CL: collides with beside" in t and "- AK: " in t for t in texts)
+    assert all(a.startswith(("Recommended decisions: DK", "Recommended decisions: SK")) for a in server.answers)
     with MemoryBank.open(bank_path) as bank:
         new = [i for i in bank if i.source == "reflection"]
         assert len(bank) == len(seed_ids) + 2 and len(new) == 2
-        assert all(i.distribution is None and i.answer == _answer() for i in new)
+        assert sorted(i.answer for i in new) == sorted(server.answers) and all(i.distribution is None for i in new)
+        assert audit_reflections(bank, tmp_path / "outbox") == (2, [])
     assert len(Outbox(tmp_path / "outbox")) == 0
 
 
@@ -202,14 +227,14 @@ def test_fake_llm_requests_in_outbox_survive_a_killed_node(tmp_path, ros_context
         explanations = probe.publisher(lm.DecisionExplanation, "luna/explanation", qos.RELIABLE)
         for p in (failures, explanations):
             wait_for_subscribers(p, timeout=120.0)
-        failure, explanation = _events(10.0, collision=True)
-        failures.publish(C.failure_to_msg(failure))
-        explanations.publish(C.explanation_to_msg(explanation))
+        traffic = StalledCarTraffic(probe)
+        collision = _events(traffic.t0 + 1.0, collision=True)
+        traffic.drive(8.0, [(1.1, lambda: _publish(failures, explanations, *collision))])
         probe.wait(lambda: len(_queued(tmp_path)) == 1, 30.0, "the request in the outbox journal")
         os.killpg(node.pid, signal.SIGKILL)  # no shutdown path runs
         node.communicate(timeout=30)
 
-        server = FakeLLMServer(port, _answer())
+        server = FakeLLMServer(port)
         restarted = _start_client(tmp_path, bank_path, port)
         versions = probe.collect(UInt64, "luna/memory/version", qos.LATCHED)  # latched: no race with the send
         probe.wait(lambda: any(v.data == len(seed_ids) + 1 for v in versions), 120.0,

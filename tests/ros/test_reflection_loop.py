@@ -1,9 +1,11 @@
-"""Issue 6 end to end over DDS: a scripted collision -> failure event -> explanation -> reflection
-(served by the in-process SmolLM2) -> a new memory item that a later retrieval returns.
+"""Issues 6 and 16 end to end over DDS: a scripted collision -> failure event -> explanation -> the
+reflection client's hindsight check on what it perceived after the failed decision -> a grounded
+revision in the bank (retrievable), or none when the executed decision was as good as any; never
+anything unsafe in hindsight (the audit).
 
-Real nodes (progress_monitor, decision_stack, reflection_client), real models, a real memory bank.
-The reflection endpoint down and back, and a restart with requests in the outbox, are in
-tests/ros/test_reflection_endpoint.py.
+Real nodes (progress_monitor, decision_stack, reflection_client), real models (an untrained student:
+its decision is arbitrary, so both verdicts are possible), a real memory bank. The reflection endpoint
+down and back, and a restart with requests in the outbox, are in tests/ros/test_reflection_endpoint.py.
 """
 
 import subprocess
@@ -12,16 +14,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nav_msgs.msg import Odometry
 
 import luna_msgs.msg as lm
-from luna_core import types as T
 from luna_core.memory.bank import MemoryBank
+from luna_core.reflection import audit_reflections
 from luna_nodes import convert as C
 from luna_nodes import qos
 from tests import samples
 from tests.heuristic_fixtures import make_bank, make_student_dir
-from tests.ros.helpers import Probe, ros_env, stop_process, wait_for_subscribers
+from tests.ros.helpers import Probe, StalledCarTraffic, ros_env, stop_process, wait_for_subscribers
 
 
 def _start(exe: str, params: dict, tmp_path: Path, env: dict) -> subprocess.Popen:
@@ -33,7 +34,7 @@ def _start(exe: str, params: dict, tmp_path: Path, env: dict) -> subprocess.Pope
 
 
 @pytest.mark.slow
-def test_collision_reflection_adds_a_retrievable_memory_item(tmp_path, ros_context):
+def test_collision_reflection_is_grounded_in_hindsight_and_leaves_nothing_unsafe_in_the_bank(tmp_path, ros_context):
     bank_path, seed_ids = make_bank(tmp_path)
     student = make_student_dir(tmp_path)
     env = ros_env({"LUNA_DATA": str(tmp_path / "data")})
@@ -46,9 +47,10 @@ def test_collision_reflection_adds_a_retrievable_memory_item(tmp_path, ros_conte
         # (which yields to pending decisions) needs gaps between them to generate its tokens.
         _start("decision_stack", {"decision_inference": {"ros__parameters": {**model, "memory_poll_period": 0.5,
                                                                             "decision_period": 2.0}},
-                                  "explainer": {"ros__parameters": {**model, "max_tokens": 12}}}, tmp_path, env),
+                                  "explainer": {"ros__parameters": {**model, "cpu_max_tokens": 12}}}, tmp_path, env),
         _start("reflection_client", {"reflection_client": {"ros__parameters": {
-            "memory_bank": str(bank_path), "max_tokens": 48, "backoff_base": 0.5}}}, tmp_path, env),
+            "memory_bank": str(bank_path), "outbox": str(tmp_path / "outbox"), "backoff_base": 0.5}}},
+               tmp_path, env),
     ]
     probe = Probe(ros_context)
     outputs = []
@@ -58,38 +60,39 @@ def test_collision_reflection_adds_a_retrievable_memory_item(tmp_path, ros_conte
                                  qos.LATCHED)
         decisions = probe.collect(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
         scenes = probe.publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
-        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
-        objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
-        for p in (scenes, odom, objects):
-            wait_for_subscribers(p, timeout=120.0)
-        car = T.TrackedObject("car-9", T.ObjectClass.VEHICLE, 4.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
-        far = T.TrackedObject("car-9", T.ObjectClass.VEHICLE, 60.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
-        crash = {"now": False}  # the collision starts once a decision exists (it is what gets explained)
+        wait_for_subscribers(scenes, timeout=120.0)
+        # The ego stands 8.7 m behind the stalled car until a decision exists, then drives into it at 8 m/s.
+        go = {"at": None}
+        traffic = StalledCarTraffic(probe, ego_x=lambda t: 25.0 + 8.0 * max(0.0, t - (go["at"] or t)),
+                                    ego_v=lambda t: 8.0 if go["at"] is not None else 0.0)
 
-        def drive():  # the ego rear axle at the origin, its box overlapping car-9 ahead once crashing
-            now = probe.node.get_clock().now().nanoseconds * 1e-9
-            scene = samples.scene()
-            scene.stamp = now
+        def drive():
+            scene = samples.scene()  # what the student decides on (the scene descriptor is not under test)
+            scene.stamp = traffic.now()
             scenes.publish(C.scene_to_msg(scene))
-            odom.publish(C.ego_to_odometry(T.EgoState(now, 0.0, 0.0, 0.0, 2.0)))
-            objects.publish(C.objects_to_msg(T.TrackedObjects(now, [car if crash["now"] else far])))
-            probe.spin_for(0.1)
+            traffic.drive(0.1)
 
         probe.wait(lambda: drive() or decisions, 240.0, "a decision")
-        crash["now"] = True
-        probe.wait(lambda: drive() or reflections, 600.0, "a reflection result")
+        go["at"] = traffic.now() - traffic.t0
+        probe.wait(lambda: drive() or reflections, 600.0, "a reflection result")  # 6 s of hindsight first
         result = C.msg_to_reflection(reflections[0])
+        # The hindsight check ran (an error would say why not) and never says 'normal' after a collision.
         assert not result.error, result.error
         assert not result.normal, "'normal' is not allowed after a collision"
-        assert result.memory_item_id and result.memory_version > len(seed_ids)
-        probe.wait(lambda: any(v.data == result.memory_version for v in versions), 30.0, "the new memory version")
+        if result.memory_item_id:  # the executed decision was unsafe in hindsight: a grounded revision
+            assert result.memory_version > len(seed_ids)
+            probe.wait(lambda: any(v.data == result.memory_version for v in versions), 30.0,
+                       "the new memory version")
     finally:
         probe.close()
         outputs = [stop_process(p, timeout=120) for p in procs]
     with MemoryBank.open(bank_path) as bank:
-        item = bank.get(result.memory_item_id)
-        assert item.source == "reflection" and item.distribution is None
-        assert item.answer.startswith("Recommended decisions:")
-        hits = [i.id for i, _ in bank.retrieve(item.query, k=len(bank))]
-        assert item.id in hits, "the reflection item must be retrievable"
+        checked, findings = audit_reflections(bank, tmp_path / "outbox")
+        assert findings == [] and checked == (1 if result.memory_item_id else 0)
+        if result.memory_item_id:
+            item = bank.get(result.memory_item_id)
+            assert item.source == "reflection" and item.distribution is None
+            assert not item.answer.startswith("Recommended decisions: AK")  # never "accelerate into it"
+            hits = [i.id for i, _ in bank.retrieve(item.query, k=len(bank))]
+            assert item.id in hits, "the reflection item must be retrievable"
     assert all(p.returncode == 0 for p in procs), outputs

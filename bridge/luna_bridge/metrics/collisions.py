@@ -1,13 +1,11 @@
 """no_ego_at_fault_collisions with nuPlan's collision classification.
 
 At the first step a track's box overlaps the ego footprint the collision is classified (later
-overlaps with the same track are ignored: a collision is counted once):
-
-* STOPPED_EGO: ego speed <= 0.05 m/s (not at fault);
-* STOPPED_TRACK: track speed <= 0.05 m/s (at fault);
-* ACTIVE_REAR: the track centre is behind the ego, more than 150 deg off its heading (not at fault);
-* ACTIVE_FRONT: the ego's front edge intersects the track box (at fault);
-* ACTIVE_LATERAL: otherwise; at fault only if the ego straddles lanes or leaves the lanes then.
+overlaps with the same track are ignored: a collision is counted once) by
+``luna_core.collision_kinds``, the rules the progress monitor also uses for its reports:
+STOPPED_EGO and ACTIVE_REAR are not at fault, STOPPED_TRACK and ACTIVE_FRONT are, ACTIVE_LATERAL is at
+fault only if the ego straddles lanes or leaves the lanes then. The statistics count every collision
+(``number_of_collisions``, what the monitor reports as I_coll) beside the at-fault ones.
 
 Score: the product over track groups of max(0, 1 - n_at_fault / (threshold + 1)), thresholds 0 for
 vehicles and VRUs (one collision scores 0) and 1 for static objects (one collision scores 0.5).
@@ -18,29 +16,19 @@ Box overlap is ``luna_core.geometry`` (SAT; touching counts as a collision, as s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 
-from luna_core.geometry import boxes_overlap, proposals_vs_objects
-from luna_core.types import ObjectClass, wrap_angle
+from luna_core.collision_kinds import CollisionType, at_fault, collision_type
+from luna_core.geometry import proposals_vs_objects
+from luna_core.types import ObjectClass
 
 from luna_bridge.metrics.frames import LogFrames, in_common_or_connected_lanes
 from luna_bridge.metrics.result import MetricResult, series
 
-STOPPED_SPEED = 0.05  # m/s
-BEHIND_ANGLE = np.deg2rad(150.0)
 THRESHOLD_VRU = 0
 THRESHOLD_VEHICLE = 0
 THRESHOLD_OBJECT = 1
-
-
-class CollisionType(str, Enum):
-    STOPPED_EGO = "STOPPED_EGO"
-    STOPPED_TRACK = "STOPPED_TRACK"
-    ACTIVE_REAR = "ACTIVE_REAR"
-    ACTIVE_FRONT = "ACTIVE_FRONT"
-    ACTIVE_LATERAL = "ACTIVE_LATERAL"
 
 
 @dataclass(frozen=True)
@@ -70,18 +58,9 @@ def overlap_matrix(frames: LogFrames) -> np.ndarray:
 
 def classify(frames: LogFrames, k: int, j: int) -> CollisionType:
     """nuPlan's collision type of ego at step ``k`` with track ``j``."""
-    if frames.speed[k] <= STOPPED_SPEED:
-        return CollisionType.STOPPED_EGO
-    if float(np.hypot(*frames.track_velocity[k, j])) <= STOPPED_SPEED:
-        return CollisionType.STOPPED_TRACK
-    rel = frames.track_pose[k, j, :2] - frames.rear_axle[k]
-    if abs(float(wrap_angle(np.arctan2(rel[1], rel[0]) - frames.heading[k]))) > BEHIND_ANGLE:
-        return CollisionType.ACTIVE_REAR
-    c = frames.corners[k]
-    front_edge = np.stack([c[0], c[3], c[3], c[0]])  # a zero-width box: the front bumper segment
-    if bool(boxes_overlap(front_edge, frames.track_corners()[k, j], backend="numpy")):
-        return CollisionType.ACTIVE_FRONT
-    return CollisionType.ACTIVE_LATERAL
+    return collision_type(frames.corners[k], frames.rear_axle[k], float(frames.heading[k]), float(frames.speed[k]),
+                          frames.track_corners()[k, j], frames.track_pose[k, j, :2],
+                          float(np.hypot(*frames.track_velocity[k, j])))
 
 
 def find_collisions(frames: LogFrames) -> list[Collision]:
@@ -95,9 +74,7 @@ def find_collisions(frames: LogFrames) -> list[Collision]:
             continue
         collided.add(int(j))
         kind = classify(frames, int(k), int(j))
-        at_fault = kind in (CollisionType.STOPPED_TRACK, CollisionType.ACTIVE_FRONT) or (
-            kind is CollisionType.ACTIVE_LATERAL and not lane_ok[k])
-        out.append(Collision(int(k), frames.track_ids[j], frames.track_class[j], kind, bool(at_fault)))
+        out.append(Collision(int(k), frames.track_ids[j], frames.track_class[j], kind, at_fault(kind, bool(lane_ok[k]))))
     return out
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from luna_core.collision_kinds import BEHIND_ANGLE
 from luna_core.geometry import proposals_vs_objects
 from luna_core.types import ObjectClass, box_corners, wrap_angle
 
-from luna_bridge.metrics.collisions import BEHIND_ANGLE, Collision
+from luna_bridge.metrics.collisions import Collision
 from luna_bridge.metrics.frames import LogFrames, in_common_or_connected_lanes
 from luna_bridge.metrics.result import MetricResult, series
 

@@ -126,6 +126,26 @@ def test_teacher_collects_frames_from_a_scenario_file_through_the_factory(tmp_pa
     assert "names no scenario file" in result.failures[0].reason
 
 
+def test_a_slow_lane_change_moves_sideways_no_faster_than_it_moves_on():
+    from luna_core.action_outcomes import ActionScorerConfig, rollout
+    from luna_core.planning.reference_paths import reference_paths
+    from luna_core.planning.scorer import ObjectBoxes
+
+    cfg = ActionScorerConfig()
+    scenario = two_lane_road([])
+    k = int(round(2.0 / cfg.dt))
+    lateral = {}
+    for speed in (1.0, 10.0):
+        ego = EgoState(0.0, 0.0, 0.0, 0.0, speed)
+        paths = reference_paths(scenario.lane_graph, scenario.route, ego, ahead=120.0)
+        roll = rollout(ego, ["CL"], paths, ObjectBoxes.empty(cfg.steps + 1), scenario.vehicle, cfg)
+        lateral[speed] = (float(roll.poses[0, k, 1]), bool(roll.on_target_lane[0, -1]))
+    # 10 m/s: the 4 s blend is half-way after 2 s (1.75 m of the 3.5 m) and done within the horizon.
+    assert lateral[10.0][0] == pytest.approx(1.75, abs=0.05) and lateral[10.0][1]
+    # 1 m/s: 2 m travelled of the 12 m the blend needs, so far less sideways; not done in 6 s.
+    assert lateral[1.0][0] < 0.5 and not lateral[1.0][1]
+
+
 def test_on_policy_frames_carry_the_closed_loop_state_and_the_teacher_labels_from_it(tmp_path, scorer):
     """DAgger frames (``luna-offline frames --on-policy``): the states a planner visits, labelled from there."""
     from luna_offline.cli import main

@@ -90,6 +90,7 @@ def test_eval_table_failures_and_resume(suite: Path, tmp_path: Path) -> None:
     assert "| planner | NR-CLS | NR-SR | R-CLS | R-SR |" in md and "c_broken" in md and "Wall time" in md
     rows = (tmp_path / "out" / "per_scenario.csv").read_text().splitlines()
     assert len(rows) == 1 + 24
+    assert rows[0].endswith(",collisions,at_fault_collisions,error")  # every contact beside the at-fault ones
     result = json.loads((tmp_path / "out" / "scenarios" / "idm" / "reactive" / "a_lead_near.json").read_text())
     assert result["status"] == "ok" and len(result["metrics"]["time_to_collision_within_bound"]["time_series"]) == 21
 

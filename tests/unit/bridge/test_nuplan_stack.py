@@ -76,9 +76,9 @@ def test_the_stack_config_builds_the_bundled_decision_source_and_it_decides(sour
     assert d.candidate_set and all(d.probabilities[T.ACTION_INDEX[c]] >= 0.1 for c in d.candidate_set)
     bank = source.heuristic.bank
     assert len(bank) > 0 and len(d.retrieved_ids) == 1 and d.retrieved_ids[0] in bank  # from the bundled bank
-    assert source.lights and not source.scene_errors
+    assert source.scenes and not source.scene_errors
     source.reset()  # a new scenario: nothing of the last one is kept
-    assert (source.decisions, source.lights, source.scene_errors) == ([], [], [])
+    assert (source.decisions, source.scenes, source.scene_errors) == ([], [], [])
 
 
 def test_bad_artifact_paths_and_settings_are_named(source, tmp_path: Path) -> None:
@@ -220,4 +220,4 @@ def test_devkit_stack_planner_decides_every_half_second_on_real_devkit_objects()
         T.validate_distribution(d.probabilities)
     planner.initialize(PlannerInitialization(["rb1", "rbc1", "rb2"], StateSE2(X0 + 250, Y0, 0.0),
                                              FakeMap(SemanticMapLayer)))
-    assert made.decisions == [] and made.lights == []  # a new scenario starts without the last one's records
+    assert made.decisions == [] and made.scenes == []  # a new scenario starts without the last one's records

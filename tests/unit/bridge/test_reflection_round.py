@@ -9,18 +9,25 @@ import pytest
 
 from luna_bridge import cli
 from luna_bridge.reflection_round import (ReflectionRoundError, RoundConfig, copy_bank, detect_failures,
-                                          executed_decision, reflect_all)
+                                          executed_decision, hindsight_recorder, reflect_all)
 from luna_bridge.sim import simulate
 from luna_core.llm import EndpointConfig, OpenAIChatModel
 from luna_core.memory.bank import MemoryBank, stored_version
 from luna_core.memory.embedders import MiniLMEmbedder
+from luna_core.hindsight import HindsightConfig
 from luna_core.monitor import MonitorParameters
 from luna_core.planning.factory import make_planner
 from luna_core.prompts import PromptManager
-from luna_core.reflection import Outbox, ReflectionRequest, ReflectionSystem
+from luna_core.reflection import Outbox, ReflectionSystem
+from luna_core.scene import build_scene
 from luna_core.types import ACTION_CODES, DecisionDistribution, MemoryItem, TrafficLightPhase
 from tests import samples
 from tests.scenario_samples import blocked_lane_scenario, rear_end_scenario
+from tests.unit.core.test_reflection import _request as grounded_request
+
+
+# The monitor at T_d = 0.5 s, H = 10 (these logs are built around it; the default is T_d = 2 s, H = 3).
+HALF_SECOND = MonitorParameters(decision_period=0.5, stall_window_cycles=10)
 
 
 def _decisions(duration: float, code: str = "CK") -> list[DecisionDistribution]:
@@ -29,8 +36,14 @@ def _decisions(duration: float, code: str = "CK") -> list[DecisionDistribution]:
     return [DecisionDistribution(float(t), p) for t in np.arange(0.0, duration, 0.5)]
 
 
-def _lights(duration: float, phase: TrafficLightPhase) -> list[tuple[float, TrafficLightPhase]]:
-    return [(float(t), phase) for t in np.arange(0.0, duration, 0.5)]
+def _scenes(log, phase: TrafficLightPhase, every: int = 5) -> list:
+    """The scene descriptor every T_d of a run, as the decision source builds it, under light ``phase``."""
+    scenes = []
+    for ego, objects in list(zip(log.ego, log.objects))[::every]:
+        scene = build_scene(ego, objects, None, log.scenario.route, log.scenario.lane_graph)
+        scene.traffic_light = phase
+        scenes.append(scene)
+    return scenes
 
 
 @pytest.fixture(scope="module")
@@ -47,35 +60,52 @@ def blocked_log():
 
 def test_collision_is_reported_once_per_cooldown_with_the_decision_in_force(rear_end_log):
     decisions = _decisions(3.0)
-    failures = detect_failures(rear_end_log, decisions, _lights(3.0, TrafficLightPhase.GREEN), MonitorParameters(decision_period=0.5, stall_window_cycles=10),
-                               cooldown=5.0)
+    failures = detect_failures(rear_end_log, decisions, _scenes(rear_end_log, TrafficLightPhase.GREEN),
+                               HALF_SECOND, cooldown=5.0)
     assert len(failures) == 1
     f = failures[0]
     assert f.colliding_ids == ["rear"] and not f.stall
+    assert f.collision_kinds == {"rear": "ACTIVE_REAR"}  # the metrics do not count it at fault either
     assert f.issued_decision == "CK"
     # The decision issued about T_d before the check is the one explained.
     assert executed_decision(decisions, f).stamp == pytest.approx(f.decision_stamp)
     assert f.stamp - f.decision_stamp == pytest.approx(0.5)
     # Without the gate's cooldown the overlap is reported at every check while it lasts.
-    repeated = detect_failures(rear_end_log, decisions, _lights(3.0, TrafficLightPhase.GREEN), MonitorParameters(decision_period=0.5, stall_window_cycles=10),
-                               cooldown=0.0)
+    repeated = detect_failures(rear_end_log, decisions, _scenes(rear_end_log, TrafficLightPhase.GREEN),
+                               HALF_SECOND, cooldown=0.0)
     assert len(repeated) > 1 and all(r.colliding_ids == ["rear"] for r in repeated)
 
 
-def test_stall_behind_a_parked_car_is_a_failure_only_under_a_permissive_light(blocked_log):
+def test_standing_behind_a_parked_car_is_blocked_not_a_stall_and_nothing_under_a_red_light(blocked_log):
     speeds = np.array([e.velocity for e in blocked_log.ego])
     assert speeds[-30:].max() < 0.5, "the IDM ego should stand behind the parked car"
-    green = detect_failures(blocked_log, _decisions(12.0, "SK"), _lights(12.0, TrafficLightPhase.GREEN),
-                            MonitorParameters(decision_period=0.5, stall_window_cycles=10), cooldown=5.0)
-    assert green and all(f.stall and not f.colliding_ids for f in green)
+    green = detect_failures(blocked_log, _decisions(12.0, "SK"), _scenes(blocked_log, TrafficLightPhase.GREEN),
+                            HALF_SECOND, cooldown=5.0)
+    assert green and all(f.blocked_by == "parked" and not f.stall and not f.colliding_ids for f in green)
     assert green[0].issued_decision == "SK"
-    red = detect_failures(blocked_log, _decisions(12.0, "SK"), _lights(12.0, TrafficLightPhase.RED),
-                          MonitorParameters(decision_period=0.5, stall_window_cycles=10), cooldown=5.0)
+    red = detect_failures(blocked_log, _decisions(12.0, "SK"), _scenes(blocked_log, TrafficLightPhase.RED),
+                          HALF_SECOND, cooldown=5.0)
     assert red == []
+    # Without the scene descriptor (no decision source) nothing is known to hold the ego: a stall.
+    blind = detect_failures(blocked_log, _decisions(12.0, "SK"), [], HALF_SECOND, cooldown=5.0)
+    assert blind and all(f.stall for f in blind)
+
+
+def test_the_blocked_run_seen_in_hindsight_from_its_log_never_asks_to_accelerate(blocked_log):
+    from luna_core.hindsight import hindsight_check
+    from luna_core.prompts import allowed_actions
+
+    scenes = _scenes(blocked_log, TrafficLightPhase.GREEN)
+    failure = detect_failures(blocked_log, _decisions(12.0, "SK"), scenes, HALF_SECOND, cooldown=5.0)[0]
+    observation = hindsight_recorder(blocked_log, scenes, HindsightConfig()).observation(failure.decision_stamp)
+    assert "parked" in observation.objects.ids and observation.scene is not None
+    for executed in ("SK", "AK"):
+        verdict = hindsight_check(observation, allowed_actions(observation.scene), executed)
+        assert "AK" not in verdict.listed and "AK" in verdict.unsafe
 
 
 def test_failure_before_any_decision_has_nothing_to_explain(rear_end_log):
-    failures = detect_failures(rear_end_log, [], _lights(3.0, TrafficLightPhase.NONE), MonitorParameters(decision_period=0.5, stall_window_cycles=10), 5.0)
+    failures = detect_failures(rear_end_log, [], _scenes(rear_end_log, TrafficLightPhase.NONE), HALF_SECOND, 5.0)
     assert failures and failures[0].issued_decision == ""
     assert executed_decision([], failures[0]) is None
 
@@ -120,7 +150,7 @@ def test_unreachable_endpoint_leaves_requests_in_the_outbox(source_bank, tmp_pat
     config = RoundConfig(out_dir=tmp_path, endpoint_wait=0.3, backoff_base=0.1, backoff_max=0.1)
     with MemoryBank.open(target, writable=True) as bank:
         outbox = Outbox(tmp_path / "outbox")
-        outbox.put(ReflectionRequest.from_events(samples.explanation(), samples.failure()))
+        outbox.put(grounded_request())  # a revision is due: the LLM is asked to write it
         results = reflect_all(ReflectionSystem(llm, PromptManager(), bank), outbox, config)
         assert results == {} and len(outbox) == 1
         outbox.close()
@@ -132,8 +162,8 @@ def test_command_reports_bad_input_clearly(tmp_path, capsys):
     code = cli.main(["reflect", "--suite", "no-such-suite", "--out", str(tmp_path / "o")])
     assert code == 2 and "unknown suite 'no-such-suite'" in capsys.readouterr().err
     code = cli.main(["reflect", "--suite", "synthetic-hard", "--limit", "1", "--out", str(tmp_path / "o"),
-                     "--planner-option", "population"])
-    assert code == 2 and "expected KEY=VALUE" in capsys.readouterr().err
+                     "--rounds", "0"])
+    assert code == 2 and "--rounds must be >= 1" in capsys.readouterr().err
     code = cli.main(["reflect", "--suite", "synthetic-hard", "--limit", "1", "--out", str(tmp_path / "o"),
                      "--memory-bank", str(tmp_path / "missing")])
     assert code == 2 and "no memory bank" in capsys.readouterr().err
@@ -146,6 +176,6 @@ def test_configuration_errors_stop_the_round_before_it_drives(source_bank, tmp_p
     code = cli.main(base + ["--out", str(tmp_path / "a"), "--endpoint", "http://127.0.0.1:9/v1",
                             "--api-key-env", "LUNA_TEST_NO_SUCH_KEY"])
     assert code == 2 and "LUNA_TEST_NO_SUCH_KEY" in capsys.readouterr().err
-    code = cli.main(base + ["--out", str(tmp_path / "b"), "--planner-option", "warp_speed=9"])
-    assert code == 2 and "unknown option(s) ['warp_speed']" in capsys.readouterr().err
+    code = cli.main(base + ["--out", str(tmp_path / "b"), "--population", "2"])
+    assert code == 2 and "population >= 4" in capsys.readouterr().err
     assert not (tmp_path / "a" / "memory_bank").exists() and not (tmp_path / "b" / "memory_bank").exists()

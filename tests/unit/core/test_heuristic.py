@@ -123,3 +123,19 @@ def test_reset_forgets_the_previous_items(system):
     assert ids(fast) == first  # kept within the margin
     sticky.reset()  # a new episode: the exact top K again
     assert ids(fast) == [item.id for item, _ in system.bank.retrieve(system.prompts.decision_query(fast), 2)] != first
+
+
+def test_explanation_ends_at_a_sentence_names_no_action_wrongly_and_reports_its_latency(system):
+    from luna_core.prompts.parsers import action_name_errors
+
+    decision = system.decide(samples.scene())
+    assert system.on_cpu and system.explanation_budget() == HeuristicConfig().explanation_cpu_max_tokens
+    for budget in (8, 24):
+        e = system.explain(decision, samples.failure(), max_tokens=budget)
+        prefix = "Recommended decisions: " + ",".join(decision.candidate_set) + "\n"
+        assert e.text.startswith(prefix)
+        body = e.text[len(prefix):].rstrip()
+        # Whatever the (untrained) student generated: cut by the budget, it ends at a sentence end.
+        assert e.stop_reason == "eos" or body == "" or body[-1] in ".!?"
+        assert e.stop_reason in ("eos", "max_tokens") and e.latency > 0.0
+        assert action_name_errors(e.text) == []

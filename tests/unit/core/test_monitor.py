@@ -1,4 +1,5 @@
-"""Progress monitor (luna_core.monitor): collisions over the last T_d, stall detection (Eq. 23),
+"""Progress monitor (luna_core.monitor): collisions over the last T_d (with nuPlan's collision type),
+stall detection (Eq. 23) with what legitimately holds the ego (luna_core.holds), the blocked failure,
 failure tuple (Eq. 24), stamp alignment and bad input."""
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ import random
 import numpy as np
 import pytest
 
+from luna_core.failure_gate import FailureGate
+from luna_core.holds import HoldParameters, hold_of
 from luna_core.monitor import MonitorInputError, MonitorParameters, ProgressMonitor
-from luna_core.types import (DecisionDistribution, EgoState, ObjectClass, TrackedObject, TrackedObjects,
-                             TrafficLightPhase)
+from luna_core.prompts import PromptManager
+from luna_core.scene import FIELD_OF_VIEW, LEFT_LANE, SAME_LANE
+from luna_core.types import (DecisionDistribution, EgoState, ObjectClass, ObjectDescription, RoadSection,
+                             SceneDescriptor, TrackedObject, TrackedObjects, TrafficLightPhase)
 
 ODOM_DT = 0.05  # 20 Hz odometry
 PERCEPTION_DT = 0.1  # 10 Hz objects
@@ -30,16 +35,31 @@ def _car(object_id: str, x: float, y: float, heading: float = 0.0, length: float
     return TrackedObject(object_id, ObjectClass.VEHICLE, x, y, heading, 0.0, 0.0, length, width)
 
 
+def _scene(t: float, speed: float, light: TrafficLightPhase = TrafficLightPhase.NONE,
+           objects: tuple[ObjectDescription, ...] = ()) -> SceneDescriptor:
+    return SceneDescriptor(stamp=t, road_section=RoadSection.NORMAL_MULTI_LANE, num_lanes=2, ego_lane_index=1,
+                           ego_speed=speed, objects=list(objects), traffic_light=light, has_right_lane=True)
+
+
+def _described(object_id: str, ahead: float, speed: float = 0.0, lateral: float = 0.0, relation: str = SAME_LANE,
+               cls: ObjectClass = ObjectClass.VEHICLE, heading: float = 0.0, length: float = 4.5) -> ObjectDescription:
+    """An object as the scene descriptor states it, ``ahead`` / ``lateral`` m from the ego box centre."""
+    return ObjectDescription(object_id, cls, math.hypot(ahead, lateral), math.atan2(lateral, ahead), heading, speed,
+                             length, 1.9, relation)
+
+
 def _feed(monitor: ProgressMonitor, t_end: float, speed: float, objects_at, t_start: float = 0.0,
-          light=None) -> None:
-    """Drive straight along +x at ``speed``; ``objects_at(t)`` lists the objects perceived at t."""
+          light=None, scene_objects=None) -> None:
+    """Drive straight along +x at ``speed``; ``objects_at(t)`` lists the objects perceived at t; a scene
+    every perception frame when ``light(t)`` or ``scene_objects(t)`` says what it holds."""
     for k in range(int(round((t_end - t_start) / ODOM_DT)) + 1):
         monitor.update_ego(_ego(t_start + k * ODOM_DT, speed))
     for k in range(int(round((t_end - t_start) / PERCEPTION_DT)) + 1):
         t = round(t_start + k * PERCEPTION_DT, 9)
         monitor.update_objects(TrackedObjects(t, objects_at(t)))
-        if light is not None:
-            monitor.update_light(t, light(t))
+        if light is not None or scene_objects is not None:
+            monitor.update_scene(_scene(t, speed, light(t) if light else TrafficLightPhase.NONE,
+                                        tuple(scene_objects(t)) if scene_objects else ()))
 
 
 def _decision(stamp: float, code: str) -> DecisionDistribution:
@@ -111,7 +131,7 @@ def test_stall_when_slow_under_permissive_lights_only() -> None:
     event = m.check(3.0)
     assert event is not None and event.stall and not event.colliding_ids
     assert m.diagnostics.mean_speed == pytest.approx(0.2)
-    m.update_light(2.0, TrafficLightPhase.RED)  # one red instant in W = {3.0, 2.5, 2.0, 1.5}
+    m.update_scene(_scene(2.0, 0.2, TrafficLightPhase.RED))  # one red instant in W = {3.0, 2.5, 2.0, 1.5}
     assert m.check(3.0) is None
     assert not m.diagnostics.lights_permissive
 
@@ -189,8 +209,10 @@ def test_bad_input_raises_clear_errors() -> None:
         m.update_ego(EgoState(0.0, math.nan, 0.0, 0.0, 1.0))
     with pytest.raises(MonitorInputError, match="objects frame: stamp"):
         m.update_objects(TrackedObjects(math.inf, []))
-    with pytest.raises(MonitorInputError, match="TrafficLightPhase"):
-        m.update_light(0.0, "Green")  # type: ignore[arg-type]
+    with pytest.raises(MonitorInputError, match="SceneDescriptor"):
+        m.update_scene(TrafficLightPhase.GREEN)  # type: ignore[arg-type]
+    with pytest.raises(MonitorInputError, match="scene: stamp"):
+        m.update_scene(_scene(math.nan, 0.0))
     with pytest.raises(MonitorInputError, match="needs its stamp"):
         m.on_decision("CK")
     with pytest.raises(MonitorInputError, match="check time"):
@@ -199,3 +221,106 @@ def test_bad_input_raises_clear_errors() -> None:
         MonitorParameters(stall_window_cycles=0)
     with pytest.raises(ValueError, match="decision_period"):
         MonitorParameters(decision_period=-0.5)
+
+
+# --------------------------------------------------------------------------------------------------
+# What holds the ego; blocked is not a stall
+# --------------------------------------------------------------------------------------------------
+
+STALL = MonitorParameters(decision_period=0.5, stall_window_cycles=4, stall_speed_threshold=0.5)
+
+
+def test_standing_behind_a_stopped_car_is_blocked_not_a_stall_and_never_asks_to_accelerate() -> None:
+    # The make-demo case of the issue: the ego stands 0.5 m behind a stationary car in its lane.
+    gap = 0.5
+    centre_ahead = gap + (5.176 + 4.5) / 2.0
+    m = ProgressMonitor(STALL)
+    m.on_decision("CK", stamp=2.4)
+    _feed(m, 3.0, 0.0, lambda t: [], scene_objects=lambda t: [_described("parked", centre_ahead)])
+    event = m.check(3.0)
+    assert event is not None
+    assert not event.stall and event.blocked and event.blocked_by == "parked"
+    assert m.diagnostics.hold.startswith("leader: vehicle parked 0.5 m ahead at 0.0 m/s")
+    # The failure text says what happened; it does not claim that nothing required the stop.
+    text = PromptManager.failure_text(event)
+    assert "stood behind the stopped object parked" in text and "no red light or obstacle" not in text
+    # A lasting blocked ego is reported once per cooldown, as a stall would be.
+    gate = FailureGate(cooldown=5.0)
+    assert gate.admit(event).blocked_by == "parked"
+    assert gate.admit(m.check(3.0)) is None
+
+
+def test_a_slower_leader_within_the_stopping_distance_holds_the_ego_a_leaving_one_does_not() -> None:
+    crawling = ProgressMonitor(STALL)
+    _feed(crawling, 3.0, 0.3, lambda t: [], scene_objects=lambda t: [_described("queue", 9.0, speed=0.4)])
+    assert crawling.check(3.0) is None  # queued behind a crawling car: neither a stall nor blocked
+    assert crawling.diagnostics.hold.startswith("leader: vehicle queue")
+
+    leaving = ProgressMonitor(STALL)  # the leader drives off at 3 m/s and the ego stays put
+    _feed(leaving, 3.0, 0.0, lambda t: [], scene_objects=lambda t: [_described("gone", 6.0 + 3.0 * t, speed=3.0)])
+    event = leaving.check(3.0)
+    assert event is not None and event.stall and not event.blocked
+
+    far = ProgressMonitor(STALL)  # a stopped car 30 m ahead does not explain standing still here
+    _feed(far, 3.0, 0.0, lambda t: [], scene_objects=lambda t: [_described("far", 30.0)])
+    assert far.check(3.0).stall
+
+    beside = ProgressMonitor(STALL)  # a stopped car in the next lane holds nothing
+    _feed(beside, 3.0, 0.0, lambda t: [], scene_objects=lambda t: [_described("side", 5.0, lateral=3.5,
+                                                                                relation=LEFT_LANE)])
+    assert beside.check(3.0).stall
+
+
+def test_a_crossing_pedestrian_holds_the_ego_one_walking_away_does_not() -> None:
+    crossing = ProgressMonitor(STALL)  # 6 m ahead, 4 m to the right, walking left at 1.4 m/s
+    _feed(crossing, 3.0, 0.0, lambda t: [], scene_objects=lambda t: [
+        _described("ped0", 6.0, 1.4, -4.0, FIELD_OF_VIEW, ObjectClass.PEDESTRIAN, math.pi / 2, 0.6)])
+    assert crossing.check(3.0) is None
+    assert crossing.diagnostics.hold.startswith("vru: pedestrian ped0")
+
+    away = ProgressMonitor(STALL)  # the same pedestrian walking away from the ego path
+    _feed(away, 3.0, 0.0, lambda t: [], scene_objects=lambda t: [
+        _described("ped0", 6.0, 1.4, -4.0, FIELD_OF_VIEW, ObjectClass.PEDESTRIAN, -math.pi / 2, 0.6)])
+    assert away.check(3.0).stall
+
+
+def test_blocked_needs_the_stopped_leader_at_every_instant() -> None:
+    # Stopped car for the first half of the window, then it moves on (the ego is slow to follow):
+    # held at some instants, free at others -> neither blocked nor a stall.
+    m = ProgressMonitor(STALL)
+    _feed(m, 3.0, 0.0, lambda t: [], scene_objects=lambda t: [
+        _described("lead", 6.0 + max(0.0, t - 2.2) * 3.0, speed=0.0 if t < 2.2 else 3.0)])
+    assert m.check(3.0) is None
+
+
+def test_hold_parameters_scale_the_stopping_distance() -> None:
+    scene = _scene(0.0, 10.0, objects=(_described("slow", 30.0, speed=5.0),))
+    # 10 m/s: 8 + 15 + 16.7 m of reach; the slower car 30 m ahead (25.2 m bumper gap) holds the ego.
+    assert hold_of(scene, 0.5).object_id == "slow"
+    assert hold_of(scene, 0.5, HoldParameters(hold_headway=0.0)) is None  # 24.7 m of reach
+    with pytest.raises(ValueError, match="hold_deceleration"):
+        HoldParameters(hold_deceleration=0.0)
+
+
+def test_a_collision_says_its_nuplan_type_a_pedestrian_walking_into_a_standing_ego_is_not_at_fault() -> None:
+    m = ProgressMonitor()
+    for k in range(21):
+        m.update_ego(_ego(k * ODOM_DT, 0.0))  # the ego stands at the origin
+    for k in range(11):  # a pedestrian walks into the ego's side
+        t = round(k * PERCEPTION_DT, 9)
+        m.update_objects(TrackedObjects(t, [TrackedObject("ped0", ObjectClass.PEDESTRIAN, 1.5, -2.2 + 1.4 * t,
+                                                          math.pi / 2, 0.0, 1.4, 0.6, 0.6)]))
+    event = m.check(1.0)
+    assert event.colliding_ids == ["ped0"]
+    assert event.collision_kinds == {"ped0": "STOPPED_EGO"}
+    # Still overlapping at the next check: the type of the first contact is kept.
+    for k in range(21, 31):
+        m.update_ego(_ego(k * ODOM_DT, 0.0))
+    for k in range(11, 16):
+        m.update_objects(TrackedObjects(round(k * PERCEPTION_DT, 9), [
+            TrackedObject("ped0", ObjectClass.PEDESTRIAN, 1.5, -0.8, math.pi / 2, 0.0, 1.4, 0.6, 0.6)]))
+    assert m.check(1.5).collision_kinds == {"ped0": "STOPPED_EGO"}
+
+    moving = ProgressMonitor()
+    _feed(moving, 1.0, 10.0, lambda t: [_car("stopped", 15.5, 0.0)])
+    assert moving.check(1.0).collision_kinds == {"stopped": "STOPPED_TRACK"}

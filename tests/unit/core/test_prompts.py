@@ -9,6 +9,7 @@ from luna_core.prompts import (MalformedModelOutput, PromptManager, action_set_o
                                parse_summary, parse_vote, traffic_state_text)
 from luna_core.prompts import knowledge as K
 from luna_core.prompts.compact import compact_query
+from luna_core.prompts.parsers import action_name_errors, complete_sentences, repair_action_names
 from luna_core.types import FailureEvent, MemoryItem
 from tests.unit.core.test_scene import car, near_junction_scene
 
@@ -201,3 +202,34 @@ def test_agent_prompts_use_only_their_dependency_sets():
     assert "[Traffic state]" in refl[1]["content"] and GOOD_SUMMARY in refl[1]["content"]
     stall = PM.failure_text(FailureEvent(3.0, "SK", stall=True))
     assert "no progress" in stall
+
+
+# ---- action names and sentence boundaries (explanations, Eq. 25-28) ------------------------------
+
+# What the demo's explanations said (issue 16): codes named with another action's name.
+WRONG_NAMES = ("Recommended decisions: CK,AK\nExplanations:\n- CK: Cruise x Left Lane-Change: keep lane 2 at "
+               "7.65 m/s.\n- AK: Decelerate x Lane: the car ahead is far.")
+
+
+def test_a_wrong_action_name_in_an_explanation_is_caught_by_the_parser_and_repaired_from_the_code():
+    assert action_name_errors(WRONG_NAMES) == [("CK", "Cruise x Left Lane-Change"), ("AK", "Decelerate x Lane")]
+    p = problem(parse_ranked_answer, WRONG_NAMES, ALLOWED, kind="reflection")
+    assert p.problem == "action_name" and "CK is named 'Cruise x Left Lane-Change'; CK is Cruise x Lane Keep" in str(p)
+    repaired, count = repair_action_names(WRONG_NAMES)
+    assert count == 2 and action_name_errors(repaired) == []
+    assert "- CK: Cruise x Lane Keep: keep lane 2 at 7.65 m/s." in repaired
+    assert "- AK: Accelerate x Lane Keep: the car ahead is far." in repaired
+    assert parse_ranked_answer(repaired, ALLOWED, kind="reflection").ranked == ["CK", "AK"]
+    # Right names in any of the notations pass untouched; codes without a name are not checked.
+    right = "- DK: Decelerate x Lane Keep: slow. SK (Stop × Lane-Keep) too; AR, CR also possible."
+    assert action_name_errors(right) == [] and repair_action_names(right) == (right, 0)
+
+
+def test_an_explanation_cut_by_the_budget_ends_at_its_last_complete_sentence():
+    prefix = "Recommended decisions: CK,DK\n"
+    cut = prefix + "Explanations:\n- CK: Cruise x Lane Keep: hold 7.65 m/s behind v3. Key objects: vehicle v3 ah"
+    assert complete_sentences(cut, keep=len(prefix)) == \
+        prefix + "Explanations:\n- CK: Cruise x Lane Keep: hold 7.65 m/s behind v3."
+    assert complete_sentences(prefix + "Explanations:\n- CK: Cruise x La", keep=len(prefix)) == prefix
+    whole = prefix + "Explanations:\n- CK: fine."
+    assert complete_sentences(whole, keep=len(prefix)) == whole

@@ -41,6 +41,14 @@ def test_route_without_goal_keeps_nan():
     assert back.road_ids == ["a"] and math.isnan(back.goal_x) and math.isnan(back.goal_heading)
 
 
+def test_failure_with_collision_kinds_that_do_not_pair_with_the_ids_is_rejected():
+    msg = C.failure_to_msg(samples.failure())
+    assert list(msg.collision_kinds) == ["ACTIVE_FRONT", ""]
+    msg.collision_kinds = ["ACTIVE_FRONT"]
+    with pytest.raises(ValueError, match="2 colliding ids but 1 collision kinds"):
+        C.msg_to_failure(msg)
+
+
 def test_decision_reordered_by_action_codes():
     msg = C.decision_to_msg(samples.decision())
     msg.action_codes = list(reversed(msg.action_codes))

@@ -122,8 +122,8 @@ def run_demo(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 recorder.kill()
             supervisor.stop()
-    _report(rows, out, planner, with_decisions, missing, bag_dir)
-    return 0 if rows and all(r["error"] == "" for r in rows) else 1
+    unsafe = _report(rows, out, planner, with_decisions, missing, bag_dir)
+    return 0 if rows and all(r["error"] == "" for r in rows) and not unsafe else 1
 
 
 def _drive(args: argparse.Namespace, out: Path, with_decisions: bool) -> list[dict]:
@@ -167,8 +167,11 @@ def _drive(args: argparse.Namespace, out: Path, with_decisions: bool) -> list[di
             if log is not None:
                 score = score_log(log)
                 picture = render_png(log, out / "bev" / f"{name}.png", title=f"{name}: CLS {100 * score.score:.1f}")
+                collisions = score.metrics["no_ego_at_fault_collisions"].statistics
                 row.update(cls=score.score, failures=log.planner_failures, decisions=len(log.decisions),
-                           metrics={k: m.score for k, m in score.metrics.items()}, bev=str(picture))
+                           metrics={k: m.score for k, m in score.metrics.items()}, bev=str(picture),
+                           collisions=collisions.get("number_of_collisions", 0),
+                           at_fault_collisions=collisions.get("number_of_at_fault_collisions", 0))
             rows.append(row)
             print(f"    CLS {100 * row.get('cls', float('nan')):.1f}  ({row['wall_s']:.0f} s wall)"
                   f"{'  ' + error if error else ''}",
@@ -179,18 +182,21 @@ def _drive(args: argparse.Namespace, out: Path, with_decisions: bool) -> list[di
 
 
 def _report(rows: list[dict], out: Path, planner: str, with_decisions: bool, missing: list[str],
-            bag_dir: Path) -> None:
+            bag_dir: Path) -> int:
+    """Print and write the summary; returns how many live-bank reflection items are unsafe in hindsight."""
     metric_names = sorted({k for r in rows for k in r.get("metrics", {})})
     short = {m: m.replace("ego_", "").replace("_compliance", "").replace("time_to_collision_within_bound", "ttc")
              for m in metric_names}
-    header = ["scenario", "CLS"] + [short[m] for m in metric_names] + ["decisions", "planner failures"]
+    # Every contact (what the progress monitor reports) beside the at-fault ones (what the score counts).
+    header = ["scenario", "CLS"] + [short[m] for m in metric_names] + ["decisions", "planner failures",
+                                                                       "collisions (at fault)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         if "cls" not in r:
             lines.append(f"| {r['scenario']} | failed: {r['error']} |")
             continue
         cells = [r["scenario"], f"{100 * r['cls']:.1f}"] + [f"{r['metrics'][m]:.2f}" for m in metric_names]
-        cells += [str(r["decisions"]), str(r["failures"])]
+        cells += [str(r["decisions"]), str(r["failures"]), f"{r['collisions']} ({r['at_fault_collisions']})"]
         lines.append("| " + " | ".join(cells) + " |")
     scored = [r["cls"] for r in rows if "cls" in r]
     mean = sum(scored) / len(scored) if scored else float("nan")
@@ -201,11 +207,43 @@ def _report(rows: list[dict], out: Path, planner: str, with_decisions: bool, mis
                f"bag: `{bag_dir}`; BEV pictures: `{out / 'bev'}`; stack logs: `{out / 'stack.log'}`"]
     if missing:
         summary.append(f"\nnot available in this run: {', '.join(missing)}")
+    reflection, unsafe = _reflection_report(out / "data") if with_decisions else ([], 0)
+    summary += reflection
     (out / "summary.md").write_text("\n".join(summary) + "\n")
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
     print(f"NR-CLS {100 * mean:.1f} (0-100), NR-SR {100 * success:.0f}% over {len(rows)} scenarios")
+    print("\n".join(reflection))
     print(f"wrote {out / 'summary.md'}, {out / 'bev'}/*.png, bag {bag_dir}")
+    return unsafe
+
+
+def _reflection_report(data: Path) -> tuple[list[str], int]:
+    """The reflection part of the summary: the requests and their outcomes (outbox journal), the
+    explanations' latency, and the live bank's hindsight audit (no reflection item may rank an action
+    that collides, cannot be executed or stalls in hindsight); returns the lines and the unsafe count."""
+    from luna_core.assets import live_memory_bank
+    from luna_core.memory.bank import MemoryBank
+    from luna_core.reflection import audit_reflections, outbox_summary
+
+    outbox = data / "reflection_outbox"
+    s = outbox_summary(outbox)
+    lines = ["", "## Reflection", "",
+             f"{s['requests']} failure(s) explained and reflected on ({s['collisions']} collision(s), {s['stalls']} "
+             f"stall(s), {s['blocked']} blocked); revisions written {s['written']}, 'normal' {s['normal']}, no grounded "
+             f"revision {s['no_grounded_revision']}, rejected {s['rejected']}, still in the outbox {s['pending']}."]
+    if s["explanation_latency_max_s"] is not None:
+        lines.append(f"Explanation latency: mean {s['explanation_latency_mean_s']:.1f} s, "
+                     f"max {s['explanation_latency_max_s']:.1f} s.")
+    bank_path = live_memory_bank("")
+    if not (bank_path / "manifest.json").exists():
+        return lines + ["No live memory bank: nothing to audit."], 0
+    with MemoryBank.open(bank_path) as bank:
+        checked, findings = audit_reflections(bank, outbox)
+    lines.append(f"Hindsight audit of the live bank: {checked} reflection item(s), {len(findings)} unsafe"
+                 + (":" if findings else " (none collides, fails to execute or stalls in hindsight)."))
+    lines += [f"- UNSAFE {f.item_id}: {f.problem}" for f in findings]
+    return lines, len(findings)
 
 
 def register(sub) -> None:

@@ -3,7 +3,10 @@
 ``decide(scene)``: Q_md from the scene (P_md, Eq. 11), K memory items retrieved by cosine similarity,
 one forward pass of the student (Eq. 16) with impossible actions masked, the candidate set (Eq. 19).
 ``explain(decision, failure)``: the student's explanation of that decision (Eq. 25-28), prefixed by
-its probability-ranked candidate actions, generated greedily and interruptible.
+its probability-ranked candidate actions, generated greedily and interruptible; an action the student
+names wrongly after its code is renamed from the code, and text cut by the budget ends at its last
+complete sentence (``prompts.parsers``). The token budget is shorter when the student runs on the CPU,
+where every generated token competes with the periodic decision.
 
 Used by the ``decision_inference`` / ``explainer`` nodes; in-process closed-loop runs and offline
 evaluation are meant to call the same object so that everything decides the same way.
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from luna_core.prompts.parsers import complete_sentences, repair_action_names
 from luna_core.scene import scene_vector
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
                              candidate_set)
@@ -63,7 +67,10 @@ class HeuristicConfig:
     # consecutive frames at a mean similarity cost of 0.001; 0 = always exactly the top K.
     retrieval_margin: float = 0.005
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
-    explanation_max_tokens: int = 200
+    explanation_max_tokens: int = 200  # on an accelerator
+    # On the CPU a token costs tens of ms and waits for each decision: about the first ranked action's
+    # rationale (the teacher's are 60-80 tokens each).
+    explanation_cpu_max_tokens: int = 96
     explanation_max_time: float = 60.0  # s; an explanation is abandoned after this
 
 
@@ -135,19 +142,33 @@ class HeuristicSystem:
                                     examples_dropped=len(retrieved) - len(used),
                                     objects_dropped=prompt.objects_dropped)
 
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the student runs on the CPU (where explanations get the shorter budget)."""
+        return str(getattr(self.student, "device", "cpu")).startswith("cpu")
+
+    def explanation_budget(self) -> int:
+        """Generated tokens per explanation on the student's device."""
+        return self.config.explanation_cpu_max_tokens if self.on_cpu else self.config.explanation_max_tokens
+
     def explain(self, decision: DecisionDistribution, failure: FailureEvent, stop: threading.Event | None = None,
                 max_tokens: int | None = None, max_time: float | None = None) -> DecisionExplanation:
         """Explain ``decision`` (the one executed when ``failure`` happened) with the same retrieved
-        context it was made with (items that vanished from the bank are skipped). ``max_tokens`` and
-        ``max_time`` (s) override the config's (the explainer's parameters, on a shared system)."""
+        context it was made with (items that vanished from the bank are skipped). ``max_tokens`` /
+        ``max_time`` (s) override the config's (the explainer's parameters, on a shared system; default
+        budget: ``explanation_budget()``)."""
         retrieved = []
         if self.bank is not None:
             with self._bank_lock:
                 retrieved = [self.bank.get(i) for i in decision.retrieved_ids if i in self.bank]
         ranked = decision.candidate_set or candidate_set(decision.probabilities, self.config.gamma_p)
         result = self.student.explain(decision.query, retrieved, ranked,
-                                      max_new_tokens=max_tokens or self.config.explanation_max_tokens, stop=stop,
+                                      max_new_tokens=max_tokens or self.explanation_budget(), stop=stop,
                                       max_time=max_time or self.config.explanation_max_time)
+        text, repaired = repair_action_names(result.text)
+        if result.stop_reason != "eos":  # cut by the budget: end at the last complete sentence
+            text = complete_sentences(text, keep=len(result.prefix))
         return DecisionExplanation(stamp=failure.stamp, decision_stamp=decision.stamp,
                                    failure_stamp=failure.stamp, query=decision.query, candidate_set=list(ranked),
-                                   text=result.text, latency=result.latency)
+                                   text=text, latency=result.latency, stop_reason=result.stop_reason,
+                                   names_repaired=repaired)

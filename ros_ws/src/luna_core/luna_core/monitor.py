@@ -7,15 +7,24 @@ Every decision period T_d the monitor checks the last T_d of driving:
   grid is the object frames' stamps (perception is the slower stream); the ego pose at each of those
   stamps is interpolated from the odometry buffer. An object absent from a frame is masked, not
   guessed. Consecutive windows partition time, so with regular checks each frame is checked once.
+  Each contact is also classified by nuPlan's rules at its first frame (``luna_core.collision_kinds``:
+  the monitor reports every overlap, the metrics count only the at-fault ones; the type says which).
 * Stalls (Eq. 23): over the window W = {now - h T_d | h = 0..H-1}, Theta = 1 when the mean ego speed
-  at those instants is below v_th and the traffic light phase at every one of them is Green or None.
-  Without ego samples for every instant (the start of a run, an odometry gap) Theta is 0: a stall is
-  only claimed on evidence.
+  at those instants is below v_th and nothing held the ego at any of them. The paper names the light
+  (Green or None permits progress); the scene descriptor at each instant also says whether a stopped or
+  slower leader within the stopping distance or a crossing pedestrian held it (``luna_core.holds``):
+  waiting for them is no failure. Instants without a scene count as nothing holding (Table I: an
+  unknown light is None). Without ego samples for every instant (the start of a run, an odometry
+  gap) Theta is 0: a stall is only claimed on evidence.
+* Blocked: the same low progress while a stopped leader held the ego at every instant of W (and no
+  light did) is reported as a failure of its own kind (``FailureEvent.blocked_by``, the leader's id):
+  waiting behind a car that does not move for H T_d may call for going around it, which reflection
+  decides; it is not a stall, and accelerating into it is never the answer.
 * The failure tuple zeta_t = <a~, I_coll, Theta> (Eq. 24) with a~ the decision in force over the
   window, issued at about now - T_d (see :meth:`ProgressMonitor.issued_decision`).
 
 Pure Python for the ``progress_monitor`` node: feed it with ``update_ego``, ``update_objects``,
-``update_light`` and ``on_decision`` as messages arrive (any order; late stamps are inserted in order),
+``update_scene`` and ``on_decision`` as messages arrive (any order; late stamps are inserted in order),
 then call ``check(now)`` every T_d on the node clock. ``diagnostics`` describes the last check
 (latency included). Invalid input raises :class:`MonitorInputError` naming what was wrong, except
 objects with unknown fields inside a frame, which follow the shared rule ``usable_objects`` (kept with a
@@ -24,19 +33,18 @@ default footprint while their position is known) and are counted, so one bad tra
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from luna_core.geometry import TOUCH_TOLERANCE, colliding_objects
-from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, TrackedObjects,
-                             TrafficLightPhase, VehicleParameters, box_corners, usable_objects)
-
-#: Light phases under which forward progress is permitted (Eq. 23).
-PERMISSIVE_PHASES = frozenset({TrafficLightPhase.GREEN, TrafficLightPhase.NONE})
+from luna_core.collision_kinds import CollisionType, collision_type
+from luna_core.geometry import TOUCH_TOLERANCE, boxes_overlap, colliding_objects
+from luna_core.holds import LEADER, LIGHT, Hold, HoldParameters, hold_of
+from luna_core.stamped import StampedBuffer
+from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, SceneDescriptor, TrackedObject,
+                             TrackedObjects, VehicleParameters, box_corners, usable_objects)
 
 
 class MonitorInputError(ValueError):
@@ -48,7 +56,8 @@ class MonitorParameters:
     """Progress-monitor parameters (node parameters of ``progress_monitor``; defaults as below).
 
     The paper leaves H and v_th open; the defaults flag a vehicle that averaged under 0.5 m/s over the
-    samples of the last 4 s (H = 3 cycles of T_d = 2 s) while no light asked it to stop.
+    samples of the last 4 s (H = 3 cycles of T_d = 2 s) while nothing held it (``holds``: a red light, a
+    leader, a VRU).
     """
 
     decision_period: float = 2.0  # T_d (s): check period and collision window length
@@ -56,6 +65,7 @@ class MonitorParameters:
     stall_speed_threshold: float = 0.5  # v_th (m/s)
     max_sample_gap: float = 0.3  # s: how far from an instant an ego/light sample may be to stand for it
     collision_tolerance: float = TOUCH_TOLERANCE  # m: boxes this close count as touching
+    holds: HoldParameters = field(default_factory=HoldParameters)
     vehicle: VehicleParameters = field(default_factory=VehicleParameters)
 
     def __post_init__(self) -> None:
@@ -90,59 +100,12 @@ class MonitorDiagnostics:
     objects_checked: int = 0  # distinct objects in the collision window
     stall_window_full: bool = False  # ego samples for all H instants of Eq. 23
     mean_speed: float = math.nan  # m/s over the stall window (NaN unless full)
-    lights_permissive: bool = False
+    lights_permissive: bool = False  # no red or yellow light at any instant of the window
+    hold: str = ""  # what held the ego at the latest instant ("" if nothing), e.g. "leader: vehicle v3 ..."
+    collision_kinds: dict[str, str] = field(default_factory=dict)  # this check's colliding ids -> nuPlan type
     dropped_objects: int = 0  # objects without a usable position left out of frames since start
     assumed_objects: int = 0  # objects kept with assumed fields (default footprint...) since start
     failure: bool = False
-
-
-@dataclass
-class _Stamped:
-    stamp: float
-    value: object
-
-    def __lt__(self, other: "_Stamped") -> bool:
-        return self.stamp < other.stamp
-
-
-class _Buffer:
-    """Samples sorted by stamp; a repeated stamp replaces the earlier sample (a re-sent message).
-
-    Pruned by :meth:`ProgressMonitor.check`; capped at ``MAX_SAMPLES`` (oldest dropped) so that a
-    node whose checks stop does not grow without bound.
-    """
-
-    MAX_SAMPLES = 10_000
-
-    def __init__(self) -> None:
-        self.items: list[_Stamped] = []
-
-    def insert(self, stamp: float, value: object) -> None:
-        i = bisect.bisect_left(self.items, _Stamped(stamp, None))
-        if i < len(self.items) and self.items[i].stamp == stamp:
-            self.items[i] = _Stamped(stamp, value)
-        else:
-            self.items.insert(i, _Stamped(stamp, value))
-            if len(self.items) > self.MAX_SAMPLES:
-                del self.items[0]
-
-    def prune(self, oldest: float) -> None:
-        i = bisect.bisect_left(self.items, _Stamped(oldest, None))
-        del self.items[:i]
-
-    def at_or_before(self, stamp: float) -> _Stamped | None:
-        i = bisect.bisect_right(self.items, _Stamped(stamp, None))
-        return self.items[i - 1] if i > 0 else None
-
-    def after(self, stamp: float) -> _Stamped | None:
-        i = bisect.bisect_right(self.items, _Stamped(stamp, None))
-        return self.items[i] if i < len(self.items) else None
-
-    def between(self, start: float, end: float) -> list[_Stamped]:
-        """Samples with start < stamp <= end."""
-        lo = bisect.bisect_right(self.items, _Stamped(start, None))
-        hi = bisect.bisect_right(self.items, _Stamped(end, None))
-        return self.items[lo:hi]
 
 
 class ProgressMonitor:
@@ -150,10 +113,11 @@ class ProgressMonitor:
 
     def __init__(self, params: MonitorParameters | None = None) -> None:
         self.params = params or MonitorParameters()
-        self._ego = _Buffer()
-        self._objects = _Buffer()
-        self._lights = _Buffer()
-        self._decisions = _Buffer()
+        self._ego = StampedBuffer()
+        self._objects = StampedBuffer()
+        self._scenes = StampedBuffer()
+        self._decisions = StampedBuffer()
+        self._contacts: dict[str, CollisionType] = {}  # objects overlapping in the last check: type at first contact
         self.diagnostics = MonitorDiagnostics()
 
     # ------------------------------------------------------------------ inputs
@@ -173,16 +137,14 @@ class ProgressMonitor:
         self.diagnostics.assumed_objects += len(usable.assumed)
         self._objects.insert(frame.stamp, usable.objects)
 
-    def update_light(self, stamp: float, phase: TrafficLightPhase) -> None:
-        """Record the phase of the light governing the ego's path (the scene descriptor's lambda_t).
-
-        The monitor has no map, so the caller decides which light applies; send ``NONE`` when no light
-        governs the path. Instants without a recent sample count as ``NONE`` (Table I: unknown).
-        """
-        _check_stamp(stamp, "traffic light")
-        if not isinstance(phase, TrafficLightPhase):
-            raise MonitorInputError(f"traffic light phase must be a TrafficLightPhase, got {phase!r}")
-        self._lights.insert(stamp, phase)
+    def update_scene(self, scene: SceneDescriptor) -> None:
+        """Record the scene descriptor xi_t: its light phase lambda_t and the objects of the ego lane
+        say what holds the ego (``luna_core.holds``). The monitor has no map: the scene descriptor
+        decided which light governs the path and which objects are in the ego lane."""
+        if not isinstance(scene, SceneDescriptor):
+            raise MonitorInputError(f"update_scene needs a SceneDescriptor, got {type(scene).__name__}")
+        _check_stamp(scene.stamp, "scene")
+        self._scenes.insert(scene.stamp, scene)
 
     def on_decision(self, decision: DecisionDistribution | str, stamp: float | None = None) -> None:
         """Record an issued decision: a distribution (its top action and stamp) or a code + stamp."""
@@ -206,30 +168,36 @@ class ProgressMonitor:
         started = time.perf_counter()
         self._prune(now)
         colliding = self.colliding_ids(now)
-        stall = self.stall(now)
+        stall, blocked_by = self.progress(now)
         event = None
-        if colliding or stall:
+        if colliding or stall or blocked_by:
             code, decision_stamp = self.issued_decision(now)
             event = FailureEvent(stamp=now, issued_decision=code, decision_stamp=decision_stamp,
-                                 colliding_ids=colliding, stall=stall)
+                                 colliding_ids=colliding, stall=stall, blocked_by=blocked_by,
+                                 collision_kinds=dict(self.diagnostics.collision_kinds))
         self.diagnostics.stamp = now
         self.diagnostics.failure = event is not None
         self.diagnostics.latency = time.perf_counter() - started
         return event
 
     def colliding_ids(self, now: float) -> list[str]:
-        """I_coll: ids of objects whose box overlapped the ego box in ``(now - T_d, now]``."""
+        """I_coll: ids of objects whose box overlapped the ego box in ``(now - T_d, now]``; the
+        diagnostics get each one's collision type at first contact (``collision_kinds``)."""
         frames = []
         ego_boxes = []
+        stamps = []
         for sample in self._objects.between(now - self.params.decision_period, now):
             ego = self._ego_at(sample.stamp)
             if ego is not None:
                 frames.append(sample.value)
                 ego_boxes.append(ego)
+                stamps.append(sample.stamp)
         ids = sorted({o.id for objects in frames for o in objects})
         self.diagnostics.frames_checked = len(frames)
         self.diagnostics.objects_checked = len(ids)
+        self.diagnostics.collision_kinds = {}
         if not frames or not ids:
+            self._contacts = {}
             return []
         column = {object_id: j for j, object_id in enumerate(ids)}
         n, steps = len(ids) + 1, len(frames)
@@ -243,27 +211,55 @@ class ProgressMonitor:
                 params[1 + column[o.id], k] = (o.x, o.y, o.heading, o.length, o.width)
                 valid[1 + column[o.id], k] = True
         boxes = box_corners(*np.moveaxis(params, -1, 0))
-        hits = colliding_objects(boxes, valid, self.params.collision_tolerance)
+        hits = [int(i) for i in colliding_objects(boxes, valid, self.params.collision_tolerance)]
+        contacts = {}
+        for i in hits:
+            # A contact that went on from the last check keeps the type of its first frame.
+            contacts[ids[i - 1]] = self._contacts.get(ids[i - 1]) or self._first_contact(
+                ids[i - 1], boxes[0], boxes[i], valid[i], frames, ego_boxes, stamps)
+        self._contacts = contacts
+        self.diagnostics.collision_kinds = {k: v.value for k, v in contacts.items()}
         return [ids[i - 1] for i in hits]
 
-    def stall(self, now: float) -> bool:
-        """Theta of Eq. 23 over W = {now - h T_d | h = 0..H-1}."""
+    def _first_contact(self, object_id: str, ego_corners: np.ndarray, corners: np.ndarray, valid: np.ndarray,
+                       frames: list[list[TrackedObject]], ego_boxes: list[tuple[float, ...]],
+                       stamps: list[float]) -> CollisionType:
+        """nuPlan's collision type at the first frame of the window where the object touches the ego."""
+        hit = boxes_overlap(ego_corners, corners, self.params.collision_tolerance, backend="numpy") & valid
+        k = int(np.argmax(hit))
+        obj = next(o for o in frames[k] if o.id == object_id)
+        cx, cy, heading = ego_boxes[k][:3]
+        rear_axle = np.array(self.params.vehicle.rear_axle_from_center(cx, cy, heading))
+        ego = self._ego.nearest(stamps[k], self.params.max_sample_gap)  # exists: the frame had an ego pose
+        return collision_type(ego_corners[k], rear_axle, heading, abs(ego.value.velocity), corners[k],
+                              np.array([obj.x, obj.y]), obj.speed)
+
+    def progress(self, now: float) -> tuple[bool, str]:
+        """(Theta of Eq. 23, the id of the stopped leader the ego was blocked by or "") over
+        W = {now - h T_d | h = 0..H-1}; see the module docstring."""
         instants = [now - h * self.params.decision_period for h in range(self.params.stall_window_cycles)]
         speeds = []
         for tau in instants:
-            sample = self._nearest(self._ego, tau)
+            sample = self._ego.nearest(tau, self.params.max_sample_gap)
             if sample is None:
                 self.diagnostics.stall_window_full = False
                 self.diagnostics.mean_speed = math.nan
-                return False
+                return False, ""
             speeds.append(abs(sample.value.velocity))
-        phases = [self._light_at(tau) for tau in instants]
+        holds = [self._hold_at(tau) for tau in instants]
         mean_speed = float(np.mean(speeds))
-        permissive = all(p in PERMISSIVE_PHASES for p in phases)
         self.diagnostics.stall_window_full = True
         self.diagnostics.mean_speed = mean_speed
-        self.diagnostics.lights_permissive = permissive
-        return mean_speed < self.params.stall_speed_threshold and permissive
+        self.diagnostics.lights_permissive = not any(h is not None and h.kind == LIGHT for h in holds)
+        latest = holds[0]
+        self.diagnostics.hold = f"{latest.kind}: {latest.detail}" if latest is not None else ""
+        if mean_speed >= self.params.stall_speed_threshold:
+            return False, ""
+        if all(h is None for h in holds):
+            return True, ""
+        if all(h is not None and h.kind == LEADER and h.stopped for h in holds):
+            return False, latest.object_id
+        return False, ""
 
     def issued_decision(self, now: float) -> tuple[str, float]:
         """a~ of Eq. 24: the decision issued at about ``now - T_d`` and executed until ``now``.
@@ -303,24 +299,21 @@ class ProgressMonitor:
         cx, cy = vehicle.center_from_rear_axle(x, y, heading)
         return cx, cy, heading, vehicle.length, vehicle.width
 
-    def _nearest(self, buffer: _Buffer, tau: float) -> _Stamped | None:
-        candidates = [s for s in (buffer.at_or_before(tau), buffer.after(tau)) if s is not None]
-        if not candidates:
-            return None
-        best = min(candidates, key=lambda s: abs(s.stamp - tau))
-        return best if abs(best.stamp - tau) <= self.params.max_sample_gap else None
-
-    def _light_at(self, tau: float) -> TrafficLightPhase:
-        sample = self._lights.at_or_before(tau)
+    def _hold_at(self, tau: float) -> Hold | None:
+        """What held the ego at ``tau``: the latest scene up to a decision period (plus a sample gap)
+        old, else the nearest within a sample gap; nothing without a scene."""
+        sample = self._scenes.at_or_before(tau)
         if sample is None or tau - sample.stamp > self.params.decision_period + self.params.max_sample_gap:
-            sample = self._nearest(self._lights, tau)
-        return sample.value if sample is not None else TrafficLightPhase.NONE
+            sample = self._scenes.nearest(tau, self.params.max_sample_gap)
+        if sample is None:
+            return None
+        return hold_of(sample.value, self.params.stall_speed_threshold, self.params.holds)
 
     def _prune(self, now: float) -> None:
         """Forget what no check at or after ``now`` can need (pruning follows the check clock, so one
         message with a wild future stamp cannot wipe the buffers)."""
         oldest = now - self.params.history
-        for buffer in (self._ego, self._objects, self._lights):
+        for buffer in (self._ego, self._objects, self._scenes):
             buffer.prune(oldest)
         # Keep the decision in force at the oldest instant we may still be asked about.
         keep = self._decisions.at_or_before(oldest)

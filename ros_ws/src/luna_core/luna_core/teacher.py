@@ -94,6 +94,8 @@ class ActionOutcome:
     progress: float = 0.0  # m travelled along the route in the rollout
     reason: str = ""  # one faithful sentence, e.g. "collided with v3 after 2.1 s"
     issue: str = ""  # the decisive problem in a few words ("hits v3 in 2.1 s"); "" when none
+    j_dec: float = 1.0  # how well the rollout kept the action's lane and speed interval (CALMM-Drive Eq. 4)
+    executable: bool = True  # the traffic let the rollout execute the action as asked
 
 
 class ActionScorer(Protocol):

@@ -507,17 +507,30 @@ def validate_distribution(probabilities: Iterable[float], tolerance: float = 1e-
 
 @dataclass
 class FailureEvent:
-    """zeta_t = <a~, I_coll, Theta> of Eq. 24."""
+    """zeta_t = <a~, I_coll, Theta> of Eq. 24, with the kind of each collision and a third failure kind.
+
+    ``stall`` is Theta of Eq. 23 (low progress while nothing holds the ego); ``blocked_by`` names the
+    stopped leader the ego stood behind for the whole stall window (low progress that a stopped car
+    explains: no stall, but a failure to make progress that reflection may solve by going around).
+    ``collision_kinds`` gives nuPlan's collision type at first contact for each colliding id
+    (``luna_core.collision_kinds``), so that a collision the metrics do not count as at fault says so.
+    """
 
     stamp: float
     issued_decision: str  # action code of the decision executed since t - T_d ("" if none)
     decision_stamp: float = 0.0  # stamp of that decision
     colliding_ids: list[str] = field(default_factory=list)
     stall: bool = False
+    blocked_by: str = ""  # id of the stopped leader that held the ego over the stall window ("" if none)
+    collision_kinds: dict[str, str] = field(default_factory=dict)  # colliding id -> CollisionType value
 
     @property
     def collision(self) -> bool:
         return bool(self.colliding_ids)
+
+    @property
+    def blocked(self) -> bool:
+        return bool(self.blocked_by)
 
 
 @dataclass
@@ -530,7 +543,10 @@ class DecisionExplanation:
     query: str  # Q_md (without retrieval context)
     candidate_set: list[str]
     text: str  # the full explanation, starting with the ranked action codes
-    latency: float = 0.0
+    latency: float = 0.0  # s, generation time
+    # How generation went (kept where the explanation is made; luna_msgs carries text and latency only):
+    stop_reason: str = ""  # "eos" | "max_tokens" | "max_time" | "stop_requested"
+    names_repaired: int = 0  # actions the student named wrongly, renamed from their codes
 
 
 @dataclass
@@ -542,6 +558,7 @@ class ReflectionResult:
     memory_item_id: str = ""
     memory_version: int = 0
     error: str = ""  # non-empty when the reflection failed validation
+    hindsight: str = ""  # the hindsight check's verdict in one line (kept locally; not in luna_msgs)
 
 
 @dataclass

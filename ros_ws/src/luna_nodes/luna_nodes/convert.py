@@ -278,12 +278,17 @@ def msg_to_decision(msg: lm.DecisionDistribution, validate: bool = True) -> T.De
 def failure_to_msg(f: T.FailureEvent, frame_id: str = "map") -> lm.FailureEvent:
     return lm.FailureEvent(header=header(f.stamp, frame_id), issued_decision=f.issued_decision,
                            decision_stamp=to_time(f.decision_stamp), colliding_ids=list(f.colliding_ids),
-                           stall=bool(f.stall))
+                           collision_kinds=[f.collision_kinds.get(i, "") for i in f.colliding_ids],
+                           stall=bool(f.stall), blocked_by=f.blocked_by)
 
 
 def msg_to_failure(msg: lm.FailureEvent) -> T.FailureEvent:
+    """Message -> FailureEvent; raises ValueError when the collision types do not pair with the ids."""
+    ids, kinds = list(msg.colliding_ids), list(msg.collision_kinds)
+    if kinds and len(kinds) != len(ids):
+        raise ValueError(f"failure event has {len(ids)} colliding ids but {len(kinds)} collision kinds")
     return T.FailureEvent(from_time(msg.header.stamp), msg.issued_decision, from_time(msg.decision_stamp),
-                          list(msg.colliding_ids), msg.stall)
+                          ids, msg.stall, msg.blocked_by, {i: k for i, k in zip(ids, kinds) if k})
 
 
 def explanation_to_msg(e: T.DecisionExplanation, frame_id: str = "map") -> lm.DecisionExplanation:

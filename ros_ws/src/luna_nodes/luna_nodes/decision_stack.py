@@ -270,9 +270,12 @@ EXPLAINER_INTERFACE = NodeInterface(
                       min=1.0, runtime=True),
             ParamSpec("max_queue", int, 8, "Pending explanations beyond this drop the oldest.", min=1, max=1000,
                       runtime=True),
-            ParamSpec("max_tokens", int, 200, "Generated tokens per explanation.", min=1, max=4096, runtime=True),
-            ParamSpec("max_time", float, 60.0, "Wall time per explanation before it is cut.", "s", min=0.1,
-                      runtime=True),
+            ParamSpec("max_tokens", int, 200, "Generated tokens per explanation with the student on an "
+                      "accelerator.", min=1, max=4096, runtime=True),
+            ParamSpec("cpu_max_tokens", int, 96, "Generated tokens per explanation with the student on the CPU, "
+                      "where each token waits for the periodic decision.", min=1, max=4096, runtime=True),
+            ParamSpec("max_time", float, 60.0, "Wall time per explanation before it is cut (the text then ends "
+                      "at its last complete sentence).", "s", min=0.1, runtime=True),
             *MODEL_PARAMS],
 )
 
@@ -344,9 +347,10 @@ class Explainer(LunaNode):
         if self.shared.system is None:
             return
         try:
-            explanation = self.shared.system.explain(decision, failure, stop=self.stop,
-                                                     max_tokens=self.params["max_tokens"],
-                                                     max_time=self.params["max_time"])
+            system = self.shared.system
+            budget = self.params["cpu_max_tokens"] if system.on_cpu else self.params["max_tokens"]
+            explanation = system.explain(decision, failure, stop=self.stop, max_tokens=budget,
+                                         max_time=self.params["max_time"])
         except Exception as exc:  # noqa: BLE001 - keep serving later failures
             self.diagnostics.set_condition("explanation", ERROR, f"explanation failed: {exc}")
             return
@@ -355,8 +359,11 @@ class Explainer(LunaNode):
         self.diagnostics.clear("explanation")
         explanation.stamp = self.now_s()
         self.publisher.publish(convert.explanation_to_msg(explanation))
-        self.diagnostics.set_value("last_latency_s", explanation.latency)
+        self.diagnostics.set_value("last_latency_s", round(explanation.latency, 3))
+        self.diagnostics.set_value("last_stop_reason", explanation.stop_reason)
         self.diagnostics.increment("explanations")
+        if explanation.names_repaired:
+            self.diagnostics.increment("action_names_repaired", explanation.names_repaired)
 
     def close(self) -> None:
         self.stop.set()

@@ -1,26 +1,33 @@
-"""progress_monitor: collision (Algorithm 1) and stall (Eq. 23) checks every T_d -> luna/failure."""
+"""progress_monitor: collision (Algorithm 1), stall (Eq. 23) and blocked checks every T_d -> luna/failure."""
 
 from __future__ import annotations
 
 import luna_msgs.msg as lm
 from nav_msgs.msg import Odometry
 
+from luna_core.collision_kinds import CollisionType, describe
 from luna_core.failure_gate import FailureGate
 from luna_core.geometry import TOUCH_TOLERANCE
+from luna_core.holds import HoldParameters
 from luna_core.monitor import MonitorParameters, ProgressMonitor
 from luna_nodes import convert, qos
 from luna_nodes.base import MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 
+HOLD_PARAMS = ("hold_gap", "hold_headway", "hold_deceleration", "stopped_speed", "vru_distance", "vru_half_width",
+               "vru_crossing_time")
+
 INTERFACE = NodeInterface(
     name="progress_monitor",
     summary="Every decision period T_d checks the last T_d of ego and object boxes for collisions "
-            "(SAT, Algorithm 1) and the last H cycles for a stall (Eq. 23), and publishes the failure "
-            "tuple (Eq. 24) when there is a failure.",
+            "(SAT, Algorithm 1; each classified by nuPlan's at-fault rules) and the last H cycles for a stall "
+            "(Eq. 23: low progress while no red light, no stopped or slower leader within the stopping "
+            "distance and no crossing pedestrian held the ego) or for being blocked (low progress behind a "
+            "stopped leader over all H cycles), and publishes the failure tuple (Eq. 24) when there is a failure.",
     inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 5"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
-            ("luna/scene", "luna_msgs/SceneDescriptor", "reliable; its traffic_light is the phase of the "
-             "light governing the ego's path"),
+            ("luna/scene", "luna_msgs/SceneDescriptor", "reliable; its traffic light and its objects of the "
+             "ego lane say what holds the ego"),
             ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     outputs=[("luna/failure", "luna_msgs/FailureEvent", "reliable, keep last 10")],
     params=[
@@ -34,8 +41,22 @@ INTERFACE = NodeInterface(
                   min=0.01, runtime=True),
         ParamSpec("collision_tolerance", float, TOUCH_TOLERANCE, "Boxes this close count as touching.", "m",
                   min=0.0, runtime=True),
-        ParamSpec("failure_cooldown", float, 5.0, "A lasting stall, or a collision with the same object, is "
-                  "reported again only after this long.", "s", min=0.0, runtime=True),
+        ParamSpec("failure_cooldown", float, 5.0, "A lasting stall or blocked ego, or a collision with the same "
+                  "object, is reported again only after this long.", "s", min=0.0, runtime=True),
+        ParamSpec("hold_gap", float, 8.0, "A leader within this bumper gap of a standing ego holds it (plus the "
+                  "stopping distance while moving).", "m", min=0.0, runtime=True),
+        ParamSpec("hold_headway", float, 1.5, "Time gap per m/s of ego speed added to hold_gap.", "s", min=0.0,
+                  runtime=True),
+        ParamSpec("hold_deceleration", float, 3.0, "Braking assumed for the stopping distance.", "m/s^2",
+                  min=0.1, runtime=True),
+        ParamSpec("stopped_speed", float, 0.2, "A leader no faster than this stands (blocked, if it lasts).", "m/s",
+                  min=0.0, runtime=True),
+        ParamSpec("vru_distance", float, 15.0, "A pedestrian or cyclist this far ahead on or towards the ego path "
+                  "holds the ego.", "m", min=0.0, runtime=True),
+        ParamSpec("vru_half_width", float, 3.0, "Lateral offset from the ego axis counted as on the ego path.", "m",
+                  min=0.0, runtime=True),
+        ParamSpec("vru_crossing_time", float, 3.0, "A VRU reaching the ego path within this long holds the ego.",
+                  "s", min=0.0, runtime=True),
         MAX_TRACKED_OBJECTS,
     ],
 )
@@ -67,8 +88,7 @@ class ProgressMonitorNode(LunaNode):
         self.ego_xy = (ego.x, ego.y)
 
     def on_scene(self, msg: lm.SceneDescriptor) -> None:
-        scene = convert.msg_to_scene(msg)
-        self.monitor.update_light(scene.stamp, scene.traffic_light)
+        self.monitor.update_scene(convert.msg_to_scene(msg))
 
     def tick(self) -> None:
         now = self.now_s()
@@ -77,7 +97,7 @@ class ProgressMonitorNode(LunaNode):
         event = self.monitor.check(now)
         d = self.monitor.diagnostics
         for key in ("latency", "frames_checked", "objects_checked", "mean_speed", "dropped_objects",
-                    "assumed_objects"):
+                    "assumed_objects", "hold"):
             self.diagnostics.set_value(f"check_{key}" if key == "latency" else key, getattr(d, key))
         if event is None:
             self.diagnostics.clear("failure")
@@ -87,8 +107,11 @@ class ProgressMonitorNode(LunaNode):
             return
         self.publisher.publish(convert.failure_to_msg(admitted))
         self.diagnostics.increment("failures_published")
-        what = ", ".join(filter(None, [f"collision with {admitted.colliding_ids}" if admitted.colliding_ids else "",
-                                       "stall" if admitted.stall else ""]))
+        collisions = [f"{i} ({describe(CollisionType(admitted.collision_kinds[i]))})"
+                      if i in admitted.collision_kinds else i for i in admitted.colliding_ids]
+        what = ", ".join(filter(None, [f"collision with {', '.join(collisions)}" if collisions else "",
+                                       "stall" if admitted.stall else "",
+                                       f"blocked behind the stopped {admitted.blocked_by}" if admitted.blocked else ""]))
         self.diagnostics.set_condition("failure", WARN, f"{what} under decision '{admitted.issued_decision}'")
 
 
@@ -97,7 +120,8 @@ def monitor_parameters(params: dict) -> MonitorParameters:
                              stall_window_cycles=params["stall_window_cycles"],
                              stall_speed_threshold=params["stall_speed_threshold"],
                              max_sample_gap=params["max_sample_gap"],
-                             collision_tolerance=params["collision_tolerance"])
+                             collision_tolerance=params["collision_tolerance"],
+                             holds=HoldParameters(**{k: params[k] for k in HOLD_PARAMS}))
 
 
 def main(args=None) -> int:

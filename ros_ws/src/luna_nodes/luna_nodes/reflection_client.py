@@ -1,11 +1,15 @@
-"""reflection_client: failure + explanation -> reflection LLM -> memory bank (LUNA-AD Eq. 29).
+"""reflection_client: failure + explanation + hindsight -> grounded revision -> memory bank (LUNA-AD Eq. 29).
 
 Pairs each ``luna/explanation`` with its ``luna/failure`` (in either arrival order: DDS does not order
-messages across topics), puts the request in a durable outbox
-(acknowledged = survives a restart) and lets a worker thread send it to the reflection LLM (an
-OpenAI-compatible endpoint, or the in-process default model). Valid revisions become reflection
-memory items; ``luna/memory/version`` then tells ``decision_inference`` to reload. While the endpoint
-is unreachable, requests wait in the outbox and are retried with backoff; the stack keeps driving.
+messages across topics). It also buffers what the stack perceived (odometry, tracked objects, traffic
+lights, scenes, the lane graph and the route: ``luna_core.hindsight.HindsightRecorder``), waits until
+the horizon after the failed decision has been observed, then puts the request with its hindsight
+observation in a durable outbox (acknowledged = survives a restart). A worker thread runs the
+hindsight check (each alternative of the failed decision rolled out against what happened, with the
+teacher's machinery) and, when a revision is due, writes the grounded revision, or the one an
+OpenAI-compatible reflection LLM writes if it agrees with the check. New reflection items make
+``luna/memory/version`` tell ``decision_inference`` to reload. While the endpoint is unreachable,
+requests wait in the outbox and are retried with backoff; the stack keeps driving.
 """
 
 from __future__ import annotations
@@ -14,21 +18,34 @@ import collections
 import threading
 
 import luna_msgs.msg as lm
+from nav_msgs.msg import Odometry
 from std_msgs.msg import UInt64
 
 from luna_core.assets import data_dir, live_memory_bank
+from luna_core.hindsight import HindsightError, HindsightRecorder
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
-from luna_core.types import DecisionExplanation, FailureEvent
+from luna_core.types import DecisionDistribution, DecisionExplanation, FailureEvent
 from luna_nodes import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 
 INTERFACE = NodeInterface(
     name="reflection_client",
-    summary="Reflects on failures (LUNA-AD Eq. 29) through a reflection LLM and appends the revised "
-            "decisions to the memory bank; requests wait in a durable outbox while the endpoint is down.",
+    summary="Reflects on failures (LUNA-AD Eq. 29) grounded in hindsight: the alternatives of the failed "
+            "decision are rolled out against what was perceived after it, and only a revision that "
+            "neither collides nor stalls in hindsight is appended to the memory bank (written from the "
+            "check, or by a reflection LLM that agrees with it); requests wait in a durable outbox while "
+            "the endpoint is down.",
     inputs=[("luna/failure", "luna_msgs/FailureEvent", "reliable, keep last 10"),
-            ("luna/explanation", "luna_msgs/DecisionExplanation", "reliable, keep last 10")],
+            ("luna/explanation", "luna_msgs/DecisionExplanation", "reliable, keep last 10"),
+            ("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 5 (hindsight)"),
+            ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5 (hindsight)"),
+            ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5 (hindsight)"),
+            ("luna/scene", "luna_msgs/SceneDescriptor", "reliable, keep last 10 (the revision's facts)"),
+            ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10 (earlier decisions, "
+             "revised after a collision no decision could avoid any more)"),
+            ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
+            ("planning/route", "luna_msgs/Route", "reliable, transient local")],
     outputs=[("luna/reflection", "luna_msgs/ReflectionResult", "reliable, keep last 10"),
              ("luna/memory/version", "std_msgs/UInt64", "reliable, transient local")],
     params=[
@@ -36,8 +53,8 @@ INTERFACE = NodeInterface(
                   "the live bank in $LUNA_DATA."),
         ParamSpec("outbox", str, "", "Outbox directory; empty = $LUNA_DATA/reflection_outbox."),
         ParamSpec("endpoint", str, "", "Base URL of an OpenAI-compatible endpoint (DeepSeek, vLLM, llama.cpp, "
-                  "Ollama); empty = the in-process model."),
-        ParamSpec("model", str, "smollm2-135m-instruct", "Model name at the endpoint, or the in-process model."),
+                  "Ollama) that writes the revision; empty = the hindsight check's own revision."),
+        ParamSpec("model", str, "", "Model name at the endpoint."),
         ParamSpec("api_key_env", str, "", "NAME of the environment variable holding the API key (never the key)."),
         ParamSpec("timeout", float, 60.0, "Per request.", "s", min=0.1),
         ParamSpec("max_tokens", int, 512, "Reflection answer length.", min=16, max=32768),
@@ -46,6 +63,8 @@ INTERFACE = NodeInterface(
         ParamSpec("backoff_max", float, 120.0, "Longest retry delay.", "s", min=0.0, runtime=True),
         ParamSpec("pairing_timeout", float, 120.0, "A failure without explanation after this long is dropped.",
                   "s", min=1.0, runtime=True),
+        ParamSpec("hindsight_keep", float, 60.0, "How long perceived inputs are buffered for the hindsight "
+                  "check (must cover the explanation's latency plus the 6 s horizon).", "s", min=10.0),
     ],
 )
 
@@ -57,13 +76,13 @@ def _pop_match(waiting: collections.OrderedDict, stamp: float, tolerance: float 
 
 
 def make_llm(params: dict):
-    if params["endpoint"]:
-        from luna_core.llm import EndpointConfig, OpenAIChatModel
-        return OpenAIChatModel(EndpointConfig(model=params["model"], base_url=params["endpoint"],
-                                              api_key_env=params["api_key_env"] or None, timeout=params["timeout"],
-                                              max_retries=0))  # the outbox does the retrying
-    from luna_core.llm import TransformersChatModel
-    return TransformersChatModel(params["model"])
+    """The reflection LLM of the node's parameters, or None (the hindsight check writes the revision)."""
+    if not params["endpoint"]:
+        return None
+    from luna_core.llm import EndpointConfig, OpenAIChatModel
+    return OpenAIChatModel(EndpointConfig(model=params["model"], base_url=params["endpoint"],
+                                          api_key_env=params["api_key_env"] or None, timeout=params["timeout"],
+                                          max_retries=0))  # the outbox does the retrying
 
 
 class ReflectionClient(LunaNode):
@@ -77,24 +96,53 @@ class ReflectionClient(LunaNode):
         self.outbox = Outbox(p["outbox"] or data_dir() / "reflection_outbox")
         self.llm = None
         self.prompts = PromptManager()
+        self.recorder = HindsightRecorder(keep=p["hindsight_keep"])
+        self.recorder_lock = threading.Lock()  # callbacks and the timer run on the executor's threads
         self.failures: collections.OrderedDict[float, FailureEvent] = collections.OrderedDict()
         self.explanations: collections.OrderedDict[float, DecisionExplanation] = collections.OrderedDict()
+        self.observing: list[tuple[DecisionExplanation, FailureEvent]] = []  # paired, horizon not yet observed
         self.result_pub = self.luna_publisher(lm.ReflectionResult, "luna/reflection", qos.RELIABLE)
         self.version_pub = self.luna_publisher(UInt64, "luna/memory/version", qos.LATCHED)
         self.version_pub.publish(UInt64(data=int(self.bank.version)))
         self.luna_subscription(lm.FailureEvent, "luna/failure", self.on_failure, qos.RELIABLE)
         self.luna_subscription(lm.DecisionExplanation, "luna/explanation", self.on_explanation, qos.RELIABLE)
+        record = self.recorder
+        self._record(Odometry, "localization/kinematic_state", qos.SENSOR,
+                     lambda m: record.update_ego(convert.odometry_to_ego(m)))
+        self._record(lm.TrackedObjects, "perception/objects", qos.SENSOR,
+                     lambda m: record.update_objects(convert.msg_to_objects(m)))
+        self._record(lm.TrafficLightStateArray, "perception/traffic_lights", qos.SENSOR,
+                     lambda m: record.update_lights(convert.msg_to_lights(m)))
+        self._record(lm.SceneDescriptor, "luna/scene", qos.RELIABLE,
+                     lambda m: record.update_scene(convert.msg_to_scene(m)))
+        self.decisions: collections.deque[DecisionDistribution] = collections.deque()
+        self._record(lm.DecisionDistribution, "luna/decision", qos.RELIABLE, self._on_decision)
+        self._record(lm.LaneGraph, "map/lane_graph", qos.LATCHED, lambda m: record.set_map(convert.msg_to_lane_graph(m)))
+        self._record(lm.Route, "planning/route", qos.LATCHED, lambda m: record.set_route(convert.msg_to_route(m)))
+        self.timer = self.create_periodic(0.5, self.enqueue_observed)
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._work, name="reflect", daemon=True)
         self.thread.start()
         self.diagnostics.set_value("outbox", len(self.outbox))
 
+    def _record(self, msg_type, topic: str, profile, feed) -> None:
+        def callback(msg) -> None:
+            with self.recorder_lock:
+                feed(msg)
+        self.luna_subscription(msg_type, topic, callback, profile)
+
+    def _on_decision(self, msg: lm.DecisionDistribution) -> None:
+        decision = convert.msg_to_decision(msg)
+        self.decisions.append(decision)
+        while self.decisions and decision.stamp - self.decisions[0].stamp > self.params["hindsight_keep"]:
+            self.decisions.popleft()
+
     def on_failure(self, msg: lm.FailureEvent) -> None:
         failure = convert.msg_to_failure(msg)
         explanation = _pop_match(self.explanations, failure.stamp)
         if explanation is not None:
-            self.enqueue(explanation, failure)
+            self.observe(explanation, failure)
             return
         self.failures[failure.stamp] = failure
         self._expire(self.failures, failure.stamp, "failure(s) without an explanation")
@@ -103,7 +151,7 @@ class ReflectionClient(LunaNode):
         explanation = convert.msg_to_explanation(msg)
         failure = _pop_match(self.failures, explanation.failure_stamp)
         if failure is not None:
-            self.enqueue(explanation, failure)
+            self.observe(explanation, failure)
             return
         # Its failure may still be on the way (another topic); it waits as long as a failure would.
         self.explanations[explanation.failure_stamp] = explanation
@@ -119,11 +167,36 @@ class ReflectionClient(LunaNode):
             self.diagnostics.set_condition("pairing", WARN, f"dropped {dropped} {what} after "
                                                             f"{self.params['pairing_timeout']:g} s")
 
-    def enqueue(self, explanation: DecisionExplanation, failure: FailureEvent) -> None:
-        self.outbox.put(ReflectionRequest.from_events(explanation, failure))  # durable when this returns
-        self.diagnostics.increment("requests_queued")
-        self.diagnostics.set_value("outbox", len(self.outbox))
-        self.wake.set()
+    def observe(self, explanation: DecisionExplanation, failure: FailureEvent) -> None:
+        """A paired failure waits (in memory) until the horizon after its decision has been observed."""
+        self.observing.append((explanation, failure))
+        self.diagnostics.set_value("observing", len(self.observing))
+        self.enqueue_observed()
+
+    def enqueue_observed(self, everything: bool = False) -> None:
+        """Put every pair whose horizon has passed (``everything``: every pair, with what was observed
+        so far) in the outbox with its hindsight observation."""
+        now = self.now_s()
+        with self.recorder_lock:
+            ready = [(e, f) for e, f in self.observing if everything or self.recorder.observed(f.decision_stamp, now)]
+            self.observing = [pair for pair in self.observing if pair not in ready]
+            observations, earlier = [], []
+            for explanation, failure in ready:
+                try:
+                    observations.append(self.recorder.observation(failure.decision_stamp))
+                except HindsightError as exc:  # enqueued all the same: its result says why nothing was written
+                    observations.append(None)
+                    self.diagnostics.increment("no_hindsight")
+                    self.diagnostics.set_condition("hindsight", WARN, f"failure at {failure.stamp:.2f} s: {exc}")
+                earlier.append(self.recorder.earlier(self.decisions, failure))
+            self.recorder.prune(now)
+        for (explanation, failure), observation, before in zip(ready, observations, earlier):
+            self.outbox.put(ReflectionRequest.from_events(explanation, failure, observation, before))  # durable now
+            self.diagnostics.increment("requests_queued")
+        if ready:
+            self.diagnostics.set_value("observing", len(self.observing))
+            self.diagnostics.set_value("outbox", len(self.outbox))
+            self.wake.set()
 
     def _work(self) -> None:
         config = ReflectionConfig(max_tokens=self.params["max_tokens"])
@@ -133,7 +206,7 @@ class ReflectionClient(LunaNode):
             due = self.outbox.due()
             if not due:
                 continue
-            if self.llm is None:
+            if self.llm is None and self.params["endpoint"]:
                 try:
                     self.llm = make_llm(self.params)
                 except Exception as exc:  # noqa: BLE001 - misconfiguration: diagnosed, requests kept
@@ -161,17 +234,24 @@ class ReflectionClient(LunaNode):
             return  # shutting down: the result is durable in the outbox record and the bank
         result.stamp = self.now_s()
         self.result_pub.publish(convert.reflection_to_msg(result))
+        if result.hindsight:
+            self.diagnostics.set_value("last_hindsight", result.hindsight[:200])
         if result.error:
             self.diagnostics.increment("invalid_reflections")
             self.diagnostics.set_condition("reflection", WARN, result.error[:200])
             return
         self.diagnostics.clear("reflection")
-        self.diagnostics.increment("normal_answers" if result.normal else "memory_items_added")
-        if not result.normal:
+        key = "memory_items_added" if result.memory_item_id else "normal_answers" if result.normal else \
+            "no_grounded_revision"
+        self.diagnostics.increment(key)
+        if result.memory_item_id:
             self.version_pub.publish(UInt64(data=int(result.memory_version)))
             self.diagnostics.set_value("memory_version", result.memory_version)
 
     def close(self) -> None:
+        # Pairs still waiting for their horizon go to the outbox with what was observed until now (the
+        # objects then continue at their last velocity), so a stop does not lose them.
+        self.enqueue_observed(everything=True)
         self.stop.set()
         self.wake.set()
         # A reflection in flight is not waited for: its request stays in the outbox (not marked done)

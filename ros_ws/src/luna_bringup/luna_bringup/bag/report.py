@@ -245,9 +245,14 @@ def failures(data: ReportData) -> Section:
         sec.paragraphs.append(_absent(FAILURE, "progress_monitor") if FAILURE not in data.counts else
                               "The progress monitor ran and reported no failure.")
         return sec
-    sec.tables.append((["time (s)", "issued decision", "collision with", "stall"],
-                       [[f"{t:.2f}", m.issued_decision or "-", " ".join(m.colliding_ids) or "-",
-                         "yes" if m.stall else "no"] for t, m in msgs]))
+    def collisions(m) -> str:
+        # Bags recorded before FailureEvent had collision_kinds / blocked_by decode without them.
+        kinds = list(getattr(m, "collision_kinds", [])) or [""] * len(m.colliding_ids)
+        return " ".join(f"{i} ({k})" if k else i for i, k in zip(m.colliding_ids, kinds)) or "-"
+
+    sec.tables.append((["time (s)", "issued decision", "collision with (nuPlan type)", "stall", "blocked by"],
+                       [[f"{t:.2f}", m.issued_decision or "-", collisions(m), "yes" if m.stall else "no",
+                         getattr(m, "blocked_by", "") or "-"] for t, m in msgs]))
     return sec
 
 

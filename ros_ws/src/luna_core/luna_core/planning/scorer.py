@@ -39,14 +39,13 @@ from functools import lru_cache
 import numpy as np
 from scipy.signal import savgol_filter
 
+from luna_core.collision_kinds import BEHIND_ANGLE, STOPPED_SPEED
 from luna_core.control import StateIndex
 from luna_core.geometry import proposals_vs_objects
 from luna_core.lanes import LaneMap, Polyline, intersects_xy_in_box
 from luna_core.types import VehicleParameters, box_corners, wrap_angle
 
-STOPPED_SPEED = 0.05  # m/s, nuPlan's stopped threshold for collisions
 TTC_STOPPED_SPEED = 0.005  # m/s, below which TTC is not evaluated
-BEHIND_ANGLE = np.deg2rad(150.0)
 AHEAD_ANGLE = np.deg2rad(30.0)  # nuPlan's is_agent_ahead tolerance (TTC relevance)
 TTC_PROJECTION_STEPS = (0, 3, 6, 9)  # x 0.1 s: the ego box at +0, 0.3, 0.6, 0.9 s
 PROGRESS_EPSILON = 0.1  # m: if the best progress is below this, everybody gets 1

@@ -16,6 +16,8 @@ RANKED_TAG = "Recommended decisions:"  # u_pref of Eq. 26
 RANKED_SEPARATOR = ","  # u_sep of Eq. 26
 EXPLANATION_TAG = "Explanations:"
 NORMAL_ANSWER = "normal"
+HINDSIGHT_TAG = "What each decision would have led to, executed from that moment against what the other road " \
+                "users then did:"
 
 # ---- section markers inside a user query: the traffic state is what retrieval embeds -------------
 TRAFFIC_STATE_BEGIN = "[Traffic state]"
@@ -108,5 +110,7 @@ REFLECTION = BASICS + "\n\n" + (
     "- Otherwise reply with a corrected answer in exactly the same format and structure as the original "
     "answer.\n"
     "- Do not mention the earlier answer, its author, or that this is a review.\n"
-    "- Use only decisions from the action set of the original question."
+    "- Use only decisions from the action set of the original question.\n"
+    "- When you are told what each decision would have led to, rank first the decision named as the best "
+    "one, list no decision that collides, and name each decision correctly (e.g. CK is Cruise x Lane Keep)."
 )

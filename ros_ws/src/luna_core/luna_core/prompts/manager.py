@@ -17,7 +17,7 @@ from typing import Sequence
 from luna_core.prompts import knowledge as K
 from luna_core.prompts.compact import compact_query
 from luna_core.prompts.parsers import MalformedModelOutput
-from luna_core.scene import render_traffic_state
+from luna_core.scene import render_traffic_state, safe_id
 from luna_core.types import ACTION_CODES, FailureEvent, MemoryItem, SceneDescriptor
 
 Message = dict[str, str]
@@ -130,17 +130,27 @@ class PromptManager:
         issued = failure.issued_decision or "no decision"
         outcome = []
         if failure.collision:
-            outcome.append(f"the ego vehicle collided with object(s) {', '.join(failure.colliding_ids)}")
+            outcome.append(f"the ego vehicle collided with object(s) {', '.join(map(safe_id, failure.colliding_ids))}")
         if failure.stall:
             outcome.append("the ego vehicle nearly stopped although no red light or obstacle required it, "
                            "so it made no progress")
+        if failure.blocked:
+            outcome.append(f"the ego vehicle stood behind the stopped object {safe_id(failure.blocked_by)} in its lane "
+                           "and made no progress while it did not move")
         if not outcome:
             outcome.append("no collision and no stall occurred")
         return f"Executed decision: {issued}. Outcome: {'; '.join(outcome)}."
 
-    def refl_messages(self, query_md: str, answer_md: str, failure: FailureEvent) -> list[Message]:
-        """Q_refl from the original Q_md (without retrieved context), A_md and zeta_t."""
+    def refl_messages(self, query_md: str, answer_md: str, failure: FailureEvent, hindsight: str = "",
+                      best: str = "") -> list[Message]:
+        """Q_refl from the original Q_md (without retrieved context), A_md and zeta_t; ``hindsight`` lists
+        what each decision would have led to (``luna_core.hindsight``) and ``best`` the decision it
+        names, which the corrected answer must rank first."""
         body = (f"Question:\n{query_md}\n\nAnswer given:\n{answer_md.strip()}\n\n"
-                f"{self.failure_text(failure)}\n\n"
-                f"Reply '{K.NORMAL_ANSWER}' or a corrected answer in the same format.")
+                f"{self.failure_text(failure)}\n\n")
+        if hindsight:
+            body += (f"{K.HINDSIGHT_TAG}\n{hindsight.strip()}\n"
+                     + (f"The best decision that neither collides nor stalls is {best}: rank it first.\n\n"
+                        if best else "\n"))
+        body += f"Reply '{K.NORMAL_ANSWER}' or a corrected answer in the same format."
         return [_msg("system", self.knowledge.reflection), _msg("user", body)]

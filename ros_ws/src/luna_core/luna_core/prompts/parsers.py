@@ -2,6 +2,10 @@
 
 Model output is untrusted text. Every parser either returns a fully validated value or raises
 ``MalformedModelOutput`` naming the response kind, the problem and an excerpt; nothing is guessed.
+Two repairs exist for the student's own explanations, whose action set is known: an action named
+wrongly after its code ("CK: Cruise x Left Lane-Change") is renamed from the code
+(``repair_action_names``), and text cut by the token budget ends at its last complete sentence
+(``complete_sentences``).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from luna_core.types import ACTION_CODES
+from luna_core.types import ACTION_CODES, Action
 from luna_core.prompts.knowledge import (ACTION_SET_TAG, CONFIDENCE_TAG, DECISION_TAG, EXPLANATION_TAG,
                                          NORMAL_ANSWER, RANKED_SEPARATOR, RANKED_TAG)
 
@@ -27,8 +31,9 @@ class MalformedModelOutput(ValueError):
 
     ``kind``: the response kind ("vote", "confidence", "summary", "reflection", "query");
     ``problem``: a short machine tag ("empty", "missing", "ambiguous", "unknown_action",
-    "masked_action", "out_of_range", "language", "truncated", "leak", "format", "ranking",
-    "normal_after_collision"); ``reason``: a sentence for people; ``excerpt``: the offending text.
+    "masked_action", "action_name", "out_of_range", "language", "truncated", "leak", "format", "ranking",
+    "normal_after_collision", "hindsight"); ``reason``: a sentence for people; ``excerpt``: the offending
+    text.
     """
 
     def __init__(self, kind: str, problem: str, reason: str, excerpt: str = "") -> None:
@@ -99,6 +104,57 @@ def _check_code(code: str, allowed: tuple[str, ...], kind: str, excerpt: str) ->
                                    f"{code} is not in the action set of the question ({', '.join(allowed)})",
                                    excerpt)
     return code
+
+
+# An action code followed by a name in the notation Xi(a) ("CK: Cruise x Lane Keep", "AK (Accelerate x
+# Lane Keep)"): the longitudinal word, "x", then the known lateral names or the next word or two (to
+# catch a wrong or cut-off name such as "Decelerate x Lane").
+_NAMED_CODE = re.compile(
+    r"\b(?P<code>[ACDS][KLR])\b[ \t]*[:(\-\u2013\u2014][ \t]*"
+    r"(?P<name>(?i:(?:accelerate|cruise|decelerate|stop)[ \t]*[x\u00d7][ \t]*"
+    r"(?:left[ \t]+lane[- \t]?change|right[ \t]+lane[- \t]?change|lane[- \t]?keep|[a-z]+(?:[- \t][a-z]+)?)))")
+
+
+def _normalised_name(name: str) -> str:
+    return re.sub(r"[\s\-\u00d7]+", " ", name.lower().replace("\u00d7", " x ")).strip()
+
+
+def action_name_errors(text: str) -> list[tuple[str, str]]:
+    """(code, name) for every action named wrongly after its code: the name must be the code's
+    notation Xi(a) (``types.Action.description``, e.g. CK -> "Cruise x Lane Keep")."""
+    errors = []
+    for m in _NAMED_CODE.finditer(text):
+        code, name = m.group("code"), m.group("name")
+        if code in ACTION_CODES and _normalised_name(name) != _normalised_name(Action.from_code(code).description):
+            errors.append((code, name))
+    return errors
+
+
+def repair_action_names(text: str) -> tuple[str, int]:
+    """Rename every wrongly named action from its code; returns the text and how many were renamed."""
+    count = 0
+
+    def fix(m: re.Match) -> str:
+        nonlocal count
+        code, name = m.group("code"), m.group("name")
+        right = Action.from_code(code).description
+        if code not in ACTION_CODES or _normalised_name(name) == _normalised_name(right):
+            return m.group(0)
+        count += 1
+        return m.group(0)[:m.start("name") - m.start(0)] + right
+
+    return _NAMED_CODE.sub(fix, text), count
+
+
+def complete_sentences(text: str, keep: int = 0) -> str:
+    """``text`` up to its last complete sentence (a full stop, '!' or '?' at the end or before white
+    space: "7.65 m/s" does not end one); the first ``keep`` characters (a prefix that is no sentence,
+    e.g. Delta A_md of Eq. 26) are never cut. Unchanged when it already ends a sentence."""
+    body = text[keep:].rstrip()
+    if not body or body[-1] in ".!?":
+        return text[:keep] + body
+    ends = [m.end() for m in re.finditer(r"[.!?](?=\s)", body)]
+    return text[:keep] + (body[:ends[-1]] if ends else "")
 
 
 def _tagged_lines(text: str, tag: str) -> list[str]:
@@ -205,6 +261,11 @@ def parse_ranked_answer(text: str, allowed: Iterable[str] | None = None, kind: s
     last = explanations[ranked[-1]]
     if last[-1] not in ".!)\"'":
         raise MalformedModelOutput(kind, "truncated", "the last rationale stops mid-sentence", last)
+    wrong = action_name_errors(text)
+    if wrong:
+        code, name = wrong[0]
+        raise MalformedModelOutput(kind, "action_name", f"{code} is named {name!r}; {code} is "
+                                   f"{Action.from_code(code).description}", name)
     if check_leaks:
         lowered = text.lower()
         for word in _LEAK_WORDS:
