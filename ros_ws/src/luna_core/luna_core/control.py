@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from luna_core.blas import single_threaded_blas
 from luna_core.types import EgoState, Trajectory, VehicleParameters, wrap_angle
 
 
@@ -255,8 +256,9 @@ def simulate_proposals(initial_state: np.ndarray, proposals: np.ndarray,
     proposals = np.asarray(proposals, dtype=np.float64)
     b, n, _ = proposals.shape
     states = np.broadcast_to(np.asarray(initial_state, dtype=np.float64), (b, STATE_SIZE)).copy()
-    velocity, curvature = fit_velocity_curvature(proposals, tracker.dt, tracker.jerk_penalty,
-                                                 tracker.curvature_rate_penalty)
+    with single_threaded_blas():  # small batched products and solves (luna_core.blas)
+        velocity, curvature = fit_velocity_curvature(proposals, tracker.dt, tracker.jerk_penalty,
+                                                     tracker.curvature_rate_penalty)
     m = velocity.shape[1]
     # Curvature look-ahead windows, padded with the last value past the end.
     pad = np.concatenate([curvature, np.repeat(curvature[:, -1:], tracker.horizon, axis=1)], axis=1)

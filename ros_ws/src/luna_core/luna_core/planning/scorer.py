@@ -40,6 +40,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.signal import savgol_filter
 
+from luna_core.blas import single_threaded_blas
 from luna_core.control import StateIndex
 from luna_core.geometry import proposals_vs_objects
 from luna_core.lanes import LaneMap, Polyline, intersects_xy_in_box
@@ -271,12 +272,15 @@ def ego_corners(states: np.ndarray, vehicle: VehicleParameters) -> np.ndarray:
     return box_corners(cx, cy, h, vehicle.length, vehicle.width)
 
 
-def _relative_angle(states: np.ndarray, obj_xy: np.ndarray) -> np.ndarray:
-    """(P, N, T') |angle| between the ego heading and the line of sight from the rear axle to the
-    object centre; ``states`` (P, T', >=3), ``obj_xy`` (N, T', 2)."""
-    rel = obj_xy[None] - states[:, None, :, :2]
+def _relative_angle(states: np.ndarray, obj_xy: np.ndarray, pairs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """|angle| between the ego heading and the line of sight from the rear axle to the object
+    centre, for the (proposal, object, step) index triples ``pairs`` only; ``states`` (P, T', >=3),
+    ``obj_xy`` (N, T', 2). The rules need it only where boxes meet (a few of the P x N x T' pairs),
+    and element by element it is the same arithmetic as over all pairs."""
+    p, n, t = pairs
+    rel = obj_xy[n, t] - states[p, t, :2]
     bearing = np.arctan2(rel[..., 1], rel[..., 0])
-    return np.abs(wrap_angle(bearing - states[:, None, :, StateIndex.HEADING]))
+    return np.abs(wrap_angle(bearing - states[p, t, StateIndex.HEADING]))
 
 
 def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
@@ -297,9 +301,11 @@ def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
     front = proposals_vs_objects(front_edge, obj_corners, backend="numpy")
     ego_stopped = states[..., StateIndex.VELOCITY] <= STOPPED_SPEED  # (P, T+1)
     obj_stopped = obj.speed <= STOPPED_SPEED  # (N,)
-    behind = _relative_angle(states, obj.pose[..., :2]) > BEHIND_ANGLE
-    at_fault = first & ~ego_stopped[:, None] & (
-        obj_stopped[None, :, None] | (~behind & (front | multi_lane[:, None])))
+    pairs = np.nonzero(first & ~ego_stopped[:, None])  # the first contacts the ego drove into
+    pi, ni, ti = pairs
+    behind = _relative_angle(states, obj.pose[..., :2], pairs) > BEHIND_ANGLE
+    at_fault = np.zeros_like(first)
+    at_fault[pairs] = obj_stopped[ni] | (~behind & (front[pairs] | multi_lane[pi, ti]))
     penalty = np.where(obj.static & ~obj.red_light, 0.5, 0.0)  # score after an at-fault collision
     score = np.min(np.where(at_fault.any(-1), penalty[None], 1.0), axis=1)
     any_fault = at_fault.any(axis=1)  # (P, T+1)
@@ -343,15 +349,18 @@ def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided:
         ego_future = corners[:, t_now] + shift  # (P, T', 4, 2)
         fut = slice(1 + k, steps)
         hit = proposals_vs_objects(ego_future, obj_corners[:, fut], backend="numpy")  # (P, N, T')
-        angle = _relative_angle(states[:, t_now], obj.pose[:, fut, :2])  # (P, N, T')
-        hit &= (angle <= BEHIND_ANGLE) & ~collided[:, :, t_now] & moving[:, None, t_now]
-        beside = hit & (angle >= AHEAD_ANGLE)
-        pi, ti = np.nonzero(beside.any(axis=1))  # proposal steps where only the wide rule can count
-        if len(pi):
-            wide = np.zeros(beside.shape[::2], dtype=bool)
-            wide[pi, ti] = multi_lane[pi, ti + 1] | in_junction(ctx.lanes, states[pi, ti + 1, :2])
-            hit &= (angle < AHEAD_ANGLE) | wide[:, None, :]
-        ok &= ~hit.any(axis=(1, 2))
+        hit &= ~collided[:, :, t_now] & moving[:, None, t_now]
+        pairs = np.nonzero(hit)  # the angle rules only matter where the boxes meet
+        pi, _, ti = pairs
+        angle = _relative_angle(states[:, t_now], obj.pose[:, fut, :2], pairs)
+        counts = angle <= BEHIND_ANGLE
+        beside = counts & (angle >= AHEAD_ANGLE)
+        if beside.any():  # proposal steps where only the wide rule can count
+            bp, bt = pi[beside], ti[beside]
+            wide = np.zeros(hit.shape[::2], dtype=bool)
+            wide[bp, bt] = multi_lane[bp, bt + 1] | in_junction(ctx.lanes, states[bp, bt + 1, :2])
+            counts &= (angle < AHEAD_ANGLE) | wide[pi, ti]
+        ok[pi[counts]] = False
     return ok.astype(np.float64)
 
 
@@ -374,6 +383,11 @@ def _driving_direction(states: np.ndarray, ctx: ScoringContext) -> np.ndarray:
 def score_proposals(states: np.ndarray, ctx: ScoringContext,
                     weights: ScorerWeights = ScorerWeights()) -> ProposalScores:
     """Score simulated proposals ``(P, T+1, 8)`` (``[:, 0]`` = the current state)."""
+    with single_threaded_blas():  # the comfort derivatives are small products (luna_core.blas)
+        return _score_proposals(states, ctx, weights)
+
+
+def _score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWeights) -> ProposalScores:
     states = np.asarray(states, dtype=np.float64)
     if states.ndim != 3 or states.shape[1] < 2 or states.shape[2] < len(StateIndex):
         raise ValueError(f"proposal states must be (P, T+1>=2, {len(StateIndex)}), got {states.shape}")
