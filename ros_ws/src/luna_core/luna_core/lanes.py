@@ -27,6 +27,7 @@ import numpy as np
 import shapely
 from shapely.geometry import Polygon
 
+from luna_core.raster import PolygonRaster
 from luna_core.types import Lane, LaneGraph, Route, wrap_angle
 
 # Weight (m per unit of 1 - cos(heading error)) that makes the nearest-lane search heading aware:
@@ -161,21 +162,6 @@ def make_lane(lane_id: str, centerline: np.ndarray, width: float, speed_limit: f
 # --------------------------------------------------------------------------------------------------
 # Lane map
 # --------------------------------------------------------------------------------------------------
-
-
-def intersects_xy_in_box(geometry: shapely.Geometry, bounds: np.ndarray, x: np.ndarray,
-                         y: np.ndarray) -> np.ndarray:
-    """``shapely.intersects_xy(geometry, x, y)`` for flat arrays, run only on the points inside the
-    geometry's bounding box ``bounds`` (min x, min y, max x, max y, as ``shapely.bounds`` gives it,
-    borders included). The result is identical: the box holds the exact extremes of the geometry's
-    coordinates, so no point outside it can touch the geometry; most lanes of a junction map are
-    far from most points of a proposal, and the box test is far cheaper than GEOS's."""
-    near = (x >= bounds[0]) & (x <= bounds[2]) & (y >= bounds[1]) & (y <= bounds[3])
-    out = np.zeros(len(x), dtype=bool)
-    idx = np.flatnonzero(near)
-    if len(idx):
-        out[idx] = shapely.intersects_xy(geometry, x[idx], y[idx])
-    return out
 
 
 @dataclass(frozen=True)
@@ -351,6 +337,12 @@ class LaneMap:
         return polys
 
     @cached_property
+    def lane_raster(self) -> PolygonRaster:
+        """Exact point-in-lane tests for all lane polygons at once (``luna_core.raster``), in ``ids`` order."""
+        polys = self.lane_polygons
+        return PolygonRaster([polys[i] for i in self.ids])
+
+    @cached_property
     def lane_bounds(self) -> np.ndarray:
         """(L, 4) bounding box (min x, min y, max x, max y) of each lane polygon, in ``ids`` order
         (NaN for an empty polygon: no point is inside its box)."""
@@ -368,12 +360,11 @@ class LaneMap:
         """Boolean (...,) for points (..., 2): inside (or on the border of) the drivable area."""
         pts = np.asarray(points, dtype=np.float64)
         flat = pts.reshape(-1, 2)
-        inside = intersects_xy_in_box(self.drivable_area, self._drivable_bounds, flat[:, 0], flat[:, 1])
-        return inside.reshape(pts.shape[:-1])
+        return self._drivable_raster.membership(flat[:, 0], flat[:, 1])[:, 0].reshape(pts.shape[:-1])
 
     @cached_property
-    def _drivable_bounds(self) -> np.ndarray:
-        return shapely.bounds(self.drivable_area)
+    def _drivable_raster(self) -> PolygonRaster:
+        return PolygonRaster([self.drivable_area])
 
     def distance_to_drivable_area(self, points: np.ndarray) -> np.ndarray:
         """(...,) distance (m) of points (..., 2) outside the drivable area; 0 inside."""

@@ -43,7 +43,7 @@ from scipy.signal import savgol_filter
 from luna_core.blas import single_threaded_blas
 from luna_core.control import StateIndex
 from luna_core.geometry import proposals_vs_objects
-from luna_core.lanes import LaneMap, Polyline, intersects_xy_in_box
+from luna_core.lanes import LaneMap, Polyline
 from luna_core.types import VehicleParameters, box_corners, wrap_angle
 
 STOPPED_SPEED = 0.05  # m/s, nuPlan's stopped threshold for collisions
@@ -120,9 +120,7 @@ def lane_membership(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
     """(..., L) bool: point (..., 2) inside lane ``lanes.ids[l]`` (polygon, border included)."""
     pts = np.asarray(points, dtype=np.float64)
     flat = pts.reshape(-1, 2)
-    out = np.zeros((len(flat), len(lanes.ids)), dtype=bool)
-    for j, lane_id in enumerate(lanes.ids):
-        out[:, j] = intersects_xy_in_box(lanes.lane_polygons[lane_id], lanes.lane_bounds[j], flat[:, 0], flat[:, 1])
+    out = lanes.lane_raster.membership(flat[:, 0], flat[:, 1])
     return out.reshape(pts.shape[:-1] + (len(lanes.ids),))
 
 
@@ -170,11 +168,11 @@ def oncoming_mask(lanes: LaneMap, points: np.ndarray, heading: np.ndarray) -> np
     agree = np.zeros(member.shape[:-1], dtype=bool)
     pts = np.asarray(points, dtype=np.float64)
     for j, lane_id in enumerate(lanes.ids):
-        hit = member[..., j]
+        hit = member[..., j] & ~agree  # a point that agrees with one lane needs no other
         if not hit.any():
             continue
         proj = lanes.centerlines[lane_id].project(pts[hit])
-        agree[hit] |= np.abs(wrap_angle(heading[hit] - proj.heading)) < np.pi / 2
+        agree[hit] = np.abs(wrap_angle(heading[hit] - proj.heading)) < np.pi / 2
     return member.any(axis=-1) & ~agree
 
 
@@ -315,13 +313,8 @@ def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
 
 def in_junction(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
     """(...,) True where a point (..., 2) lies in a junction lane (nuPlan's INTERSECTION layer)."""
-    pts = np.asarray(points, dtype=np.float64)
-    flat = pts.reshape(-1, 2)
-    out = np.zeros(len(flat), dtype=bool)
-    for j, lane_id in enumerate(lanes.ids):
-        if lanes.graph.lanes[lane_id].in_junction:
-            out |= intersects_xy_in_box(lanes.lane_polygons[lane_id], lanes.lane_bounds[j], flat[:, 0], flat[:, 1])
-    return out.reshape(pts.shape[:-1])
+    junction = [j for j, lane_id in enumerate(lanes.ids) if lanes.graph.lanes[lane_id].in_junction]
+    return lane_membership(lanes, points)[..., junction].any(axis=-1)
 
 
 def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided: np.ndarray,
