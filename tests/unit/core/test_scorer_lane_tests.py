@@ -20,9 +20,9 @@ import shapely
 from luna_bridge.scenarios import commonroad_dir, suite_refs
 from luna_bridge.scenarios.registry import load_entry
 from luna_core.lanes import LaneMap, lane_map
-from luna_core.planning.scorer import in_common_or_connected_lanes, in_junction, lane_membership
+from luna_core.planning.scorer import in_common_or_connected_lanes, in_junction, lane_membership, oncoming_mask
 from luna_core.raster import EDGE, MAX_CELLS, PolygonRaster
-from luna_core.types import box_corners
+from luna_core.types import box_corners, wrap_angle
 
 CR_DIR = commonroad_dir()
 SCENARIOS = [
@@ -113,6 +113,28 @@ def test_lane_membership_and_junction_equal_the_plain_shapely_test(case) -> None
     odd = np.array([[np.nan, centre[1]], [centre[0], np.inf], [-np.inf, np.nan]])
     np.testing.assert_array_equal(lane_membership(lanes, odd), reference_membership(lanes, odd))
     assert not lane_membership(lanes, odd).any()
+
+
+def test_oncoming_mask_equals_every_lane_checked(case) -> None:
+    """Points in some lane but agreeing with none (heading within 90 deg of the lane's at the foot
+    point): the plain form projects every point on every lane holding it."""
+    lanes, centre = case
+    rng = np.random.default_rng(5)
+    pts = probe_points(lanes, centre, rng)
+    heading = rng.uniform(-np.pi, np.pi, len(pts))
+    member = reference_membership(lanes, pts)
+    agree = np.zeros(len(pts), dtype=bool)
+    for j, lane_id in enumerate(lanes.ids):
+        hit = member[:, j]
+        if hit.any():
+            proj = lanes.centerlines[lane_id].project(pts[hit])
+            agree[hit] |= np.abs(wrap_angle(heading[hit] - proj.heading)) < np.pi / 2
+    expected = member.any(axis=1) & ~agree
+    np.testing.assert_array_equal(oncoming_mask(lanes, pts, heading), expected)
+    assert expected.any() and (member.any(axis=1) & ~expected).any()
+    grid = pts[:600].reshape(20, 30, 2)
+    np.testing.assert_array_equal(oncoming_mask(lanes, grid, heading[:600].reshape(20, 30)),
+                                  expected[:600].reshape(20, 30))
 
 
 def test_in_drivable_area_equals_the_plain_shapely_test(case) -> None:
