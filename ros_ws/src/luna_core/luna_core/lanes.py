@@ -196,6 +196,8 @@ class LaneMap:
         self._seg_s0 = np.concatenate(s0) if s0 else np.zeros(0)
         self._seg_len = np.hypot(self._seg_v[:, 0], self._seg_v[:, 1])
         self._seg_heading = np.arctan2(self._seg_v[:, 1], self._seg_v[:, 0])
+        self._seg_count = np.bincount(self._seg_lane, minlength=len(self.ids))  # segments per lane
+        self._seg_start = np.cumsum(self._seg_count) - self._seg_count  # each lane's first segment
 
     def lane(self, lane_id: str) -> Lane:
         try:
@@ -210,10 +212,7 @@ class LaneMap:
         """Every lane within ``max_distance`` of (x, y), best first (distance + heading cost)."""
         if len(self._seg_a) == 0:
             return []
-        rel = np.array([x, y]) - self._seg_a
-        t = np.clip(np.einsum("mk,mk->m", rel, self._seg_v) / np.maximum(self._seg_len ** 2, 1e-18), 0, 1)
-        foot = self._seg_a + t[:, None] * self._seg_v
-        dist = np.hypot(x - foot[:, 0], y - foot[:, 1])
+        dist = self._segment_distances(x, y)
         herr = np.zeros_like(dist) if heading is None else wrap_angle(heading - self._seg_heading)
         cost = dist + HEADING_COST * (1.0 - np.cos(herr))
         # Best segment per lane: sort by cost and keep the first occurrence of each lane.
@@ -228,6 +227,43 @@ class LaneMap:
             p = c.project(np.array([x, y]))
             out.append(LaneMatch(lane_id, float(p.s), float(p.lateral),
                                  float(herr[m]) if heading is not None else 0.0, float(dist[m])))
+        return out
+
+    def lanes_within(self, x: float, y: float, max_distance: float) -> list[str]:
+        """Ids of the lanes whose centreline passes within ``max_distance`` of (x, y), in ``ids`` order:
+        the lanes ``match_lanes`` returns, without locating the point on each."""
+        near = np.zeros(len(self.ids), dtype=bool)
+        if len(self._seg_a):
+            near[self._seg_lane[self._segment_distances(x, y) <= max_distance]] = True
+        return [self.ids[k] for k in np.flatnonzero(near)]
+
+    def _segment_distances(self, x: float, y: float) -> np.ndarray:
+        """(M,) distance (m) from (x, y) to every centreline segment of the map."""
+        rel = np.array([x, y]) - self._seg_a
+        t = np.clip(np.einsum("mk,mk->m", rel, self._seg_v) / np.maximum(self._seg_len ** 2, 1e-18), 0, 1)
+        foot = self._seg_a + t[:, None] * self._seg_v
+        return np.hypot(x - foot[:, 0], y - foot[:, 1])
+
+    def foot_headings(self, points: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+        """(N,) heading of the centreline at the foot point of each point (N, 2) on its lane
+        ``self.ids[lanes[i]]``: ``Polyline.project(...).heading``, with the same arithmetic, for points
+        on many lanes at once (grouped by their lane's segment count, padded within a group)."""
+        q = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+        lanes = np.asarray(lanes, dtype=np.intp)
+        out = np.empty(len(q))
+        count = self._seg_count[lanes]
+        group = np.ceil(np.log2(np.maximum(count, 1))).astype(np.intp)  # padding at most doubles the work
+        for g in np.unique(group):
+            rows = np.flatnonzero(group == g)
+            k = np.arange(int(count[rows].max()))
+            pad = k >= count[rows, None]
+            seg = self._seg_start[lanes[rows], None] + np.where(pad, 0, k)  # (R, n) segment indices
+            ax, ay, vx, vy = self._seg_a[seg, 0], self._seg_a[seg, 1], self._seg_v[seg, 0], self._seg_v[seg, 1]
+            qx, qy = q[rows, 0, None], q[rows, 1, None]
+            t = np.clip(((qx - ax) * vx + (qy - ay) * vy) / np.maximum(self._seg_len[seg] ** 2, 1e-18), 0.0, 1.0)
+            dist = np.hypot(qx - (ax + t * vx), qy - (ay + t * vy))
+            dist[pad] = np.inf
+            out[rows] = self._seg_heading[seg[np.arange(len(rows)), np.argmin(dist, axis=1)]]
         return out
 
     def nearest_lane(self, x: float, y: float, heading: float | None = None,

@@ -170,15 +170,11 @@ def oncoming_mask(lanes: LaneMap, points: np.ndarray, heading: np.ndarray) -> np
     pts = np.asarray(points, dtype=np.float64)
     member = lane_membership(lanes, pts)
     flat = member.reshape(-1, member.shape[-1])
-    xy, h = pts.reshape(-1, 2), np.broadcast_to(heading, member.shape[:-1]).reshape(-1)
+    h = np.broadcast_to(heading, member.shape[:-1]).reshape(-1)
+    point, lane = np.nonzero(flat)  # every (point, lane holding it) pair, all lanes at once
+    foot = lanes.foot_headings(pts.reshape(-1, 2)[point], lane)
     agree = np.zeros(len(flat), dtype=bool)
-    lane, point = np.nonzero(flat.T)  # (lane, point) pairs, lane by lane: only the lanes holding points
-    bounds = np.flatnonzero(np.diff(lane)) + 1
-    for j, idx in zip(lane[np.r_[0, bounds]] if len(lane) else [], np.split(point, bounds)):
-        idx = idx[~agree[idx]]  # a point that agrees with one lane needs no other
-        if len(idx):
-            proj = lanes.centerlines[lanes.ids[j]].project(xy[idx])
-            agree[idx] = np.abs(wrap_angle(h[idx] - proj.heading)) < np.pi / 2
+    agree[point[np.abs(wrap_angle(h[point] - foot)) < np.pi / 2]] = True
     return (flat.any(axis=-1) & ~agree).reshape(member.shape[:-1])
 
 
@@ -297,12 +293,13 @@ def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
     if n == 0:
         return np.ones(p), np.full(p, np.inf), np.zeros((p, 0, steps), dtype=bool)
     obj_corners = obj.corners()
-    overlap = proposals_vs_objects(corners, obj_corners, backend="numpy")  # (P, N, T+1)
+    # The ego boxes are box_corners of states checked finite on entry: no need to validate them.
+    overlap = proposals_vs_objects(corners, obj_corners, backend="numpy", validate_proposals=False)  # (P, N, T+1)
     overlap[..., 0] = False
     first = overlap & (np.cumsum(overlap, axis=-1) == 1)
     collided = np.cumsum(overlap, axis=-1) > 0
     front_edge = corners[..., [0, 3, 3, 0], :]  # zero-width boxes: the front bumper segments
-    front = proposals_vs_objects(front_edge, obj_corners, backend="numpy")
+    front = proposals_vs_objects(front_edge, obj_corners, backend="numpy", validate_proposals=False)
     ego_stopped = states[..., StateIndex.VELOCITY] <= STOPPED_SPEED  # (P, T+1)
     obj_stopped = obj.speed <= STOPPED_SPEED  # (N,)
     pairs = np.nonzero(first & ~ego_stopped[:, None])  # the first contacts the ego drove into
@@ -347,7 +344,8 @@ def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided:
         shift = (states[:, t_now, StateIndex.VELOCITY] * k * ctx.dt)[..., None, None] * direction[:, t_now, None]
         ego_future = corners[:, t_now] + shift  # (P, T', 4, 2)
         fut = slice(1 + k, steps)
-        hit = proposals_vs_objects(ego_future, obj_corners[:, fut], backend="numpy")  # (P, N, T')
+        hit = proposals_vs_objects(ego_future, obj_corners[:, fut], backend="numpy",
+                                   validate_proposals=False)  # (P, N, T')
         hit &= ~collided[:, :, t_now] & moving[:, None, t_now]
         pairs = np.nonzero(hit)  # the angle rules only matter where the boxes meet
         pi, _, ti = pairs
