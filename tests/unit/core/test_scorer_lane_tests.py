@@ -137,26 +137,12 @@ def test_oncoming_mask_equals_every_lane_checked(case) -> None:
                                   expected[:600].reshape(20, 30))
 
 
-def test_foot_headings_and_lanes_within_equal_the_per_lane_forms(case) -> None:
-    """LaneMap.foot_headings (all lanes at once) gives Polyline.project's heading bit for bit, also at
-    points equidistant from two segments (on the outside of a centreline vertex); lanes_within is
-    the set of lanes match_lanes finds."""
+def test_lanes_within_is_the_set_match_lanes_finds(case) -> None:
     lanes, centre = case
-    rng = np.random.default_rng(6)
-    pts = [probe_points(lanes, centre, rng)]
-    for lane_id in lanes.ids:
-        c = lanes.centerlines[lane_id]
-        if len(c.points) > 2:  # outside each inner vertex, on the bisector: both segments equally near
-            h = c.vertex_headings[1:-1]
-            normal = np.column_stack([-np.sin(h), np.cos(h)])
-            pts += [c.points[1:-1] + d * normal for d in (-2.0, -0.3, 0.3, 2.0)]
-    pts = np.vstack(pts)
-    lane = rng.integers(0, len(lanes.ids), len(pts))
-    expected = np.array([lanes.centerlines[lanes.ids[j]].project(p[None]).heading[0] for p, j in zip(pts, lane)])
-    np.testing.assert_array_equal(lanes.foot_headings(pts, lane), expected)
     for reach in (5.0, 40.0, 200.0):
         assert lanes.lanes_within(centre[0], centre[1], reach) == sorted(
             (m.lane_id for m in lanes.match_lanes(centre[0], centre[1], None, reach)), key=lanes.ids.index)
+    assert lanes.lanes_within(centre[0] + 1e4, centre[1], 40.0) == []
 
 
 def test_in_drivable_area_equals_the_plain_shapely_test(case) -> None:

@@ -196,8 +196,6 @@ class LaneMap:
         self._seg_s0 = np.concatenate(s0) if s0 else np.zeros(0)
         self._seg_len = np.hypot(self._seg_v[:, 0], self._seg_v[:, 1])
         self._seg_heading = np.arctan2(self._seg_v[:, 1], self._seg_v[:, 0])
-        self._seg_count = np.bincount(self._seg_lane, minlength=len(self.ids))  # segments per lane
-        self._seg_start = np.cumsum(self._seg_count) - self._seg_count  # each lane's first segment
 
     def lane(self, lane_id: str) -> Lane:
         try:
@@ -243,28 +241,6 @@ class LaneMap:
         t = np.clip(np.einsum("mk,mk->m", rel, self._seg_v) / np.maximum(self._seg_len ** 2, 1e-18), 0, 1)
         foot = self._seg_a + t[:, None] * self._seg_v
         return np.hypot(x - foot[:, 0], y - foot[:, 1])
-
-    def foot_headings(self, points: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-        """(N,) heading of the centreline at the foot point of each point (N, 2) on its lane
-        ``self.ids[lanes[i]]``: ``Polyline.project(...).heading``, with the same arithmetic, for points
-        on many lanes at once (grouped by their lane's segment count, padded within a group)."""
-        q = np.asarray(points, dtype=np.float64).reshape(-1, 2)
-        lanes = np.asarray(lanes, dtype=np.intp)
-        out = np.empty(len(q))
-        count = self._seg_count[lanes]
-        group = np.ceil(np.log2(np.maximum(count, 1))).astype(np.intp)  # padding at most doubles the work
-        for g in np.unique(group):
-            rows = np.flatnonzero(group == g)
-            k = np.arange(int(count[rows].max()))
-            pad = k >= count[rows, None]
-            seg = self._seg_start[lanes[rows], None] + np.where(pad, 0, k)  # (R, n) segment indices
-            ax, ay, vx, vy = self._seg_a[seg, 0], self._seg_a[seg, 1], self._seg_v[seg, 0], self._seg_v[seg, 1]
-            qx, qy = q[rows, 0, None], q[rows, 1, None]
-            t = np.clip(((qx - ax) * vx + (qy - ay) * vy) / np.maximum(self._seg_len[seg] ** 2, 1e-18), 0.0, 1.0)
-            dist = np.hypot(qx - (ax + t * vx), qy - (ay + t * vy))
-            dist[pad] = np.inf
-            out[rows] = self._seg_heading[seg[np.arange(len(rows)), np.argmin(dist, axis=1)]]
-        return out
 
     def nearest_lane(self, x: float, y: float, heading: float | None = None,
                      max_distance: float = 10.0) -> LaneMatch | None:

@@ -170,11 +170,15 @@ def oncoming_mask(lanes: LaneMap, points: np.ndarray, heading: np.ndarray) -> np
     pts = np.asarray(points, dtype=np.float64)
     member = lane_membership(lanes, pts)
     flat = member.reshape(-1, member.shape[-1])
-    h = np.broadcast_to(heading, member.shape[:-1]).reshape(-1)
-    point, lane = np.nonzero(flat)  # every (point, lane holding it) pair, all lanes at once
-    foot = lanes.foot_headings(pts.reshape(-1, 2)[point], lane)
+    xy, h = pts.reshape(-1, 2), np.broadcast_to(heading, member.shape[:-1]).reshape(-1)
     agree = np.zeros(len(flat), dtype=bool)
-    agree[point[np.abs(wrap_angle(h[point] - foot)) < np.pi / 2]] = True
+    lane, point = np.nonzero(flat.T)  # (lane, point) pairs, lane by lane: only the lanes holding points
+    bounds = np.flatnonzero(np.diff(lane)) + 1
+    for j, idx in zip(lane[np.r_[0, bounds]] if len(lane) else [], np.split(point, bounds)):
+        idx = idx[~agree[idx]]  # a point that agrees with one lane needs no other
+        if len(idx):
+            proj = lanes.centerlines[lanes.ids[j]].project(xy[idx])
+            agree[idx] = np.abs(wrap_angle(h[idx] - proj.heading)) < np.pi / 2
     return (flat.any(axis=-1) & ~agree).reshape(member.shape[:-1])
 
 
