@@ -201,11 +201,15 @@ def _origin(arrays: list[Array | None]) -> np.ndarray | torch.Tensor | None:
             continue
         flat = b.reshape(-1, 4, 2)
         if isinstance(flat, torch.Tensor):
-            finite = torch.isfinite(flat).flatten(1).all(1)
+            finite = torch.isfinite(flat[:1]).flatten(1).all(1)  # usually the first box: no full scan
+            if not bool(finite[0]):
+                finite = torch.isfinite(flat).flatten(1).all(1)
             if bool(finite.any()):
                 return flat[int(torch.argmax(finite.to(torch.uint8)))].mean(0)
         else:
-            finite = np.isfinite(flat).reshape(len(flat), -1).all(1)
+            finite = np.isfinite(flat[:1]).reshape(1, -1).all(1)  # usually the first box: no full scan
+            if not finite[0]:
+                finite = np.isfinite(flat).reshape(len(flat), -1).all(1)
             if finite.any():
                 return np.asarray(flat[int(np.argmax(finite))], dtype=np.float64).mean(0)
     return None
