@@ -174,10 +174,10 @@ def _dt_sums(horizon: int, dt: float) -> np.ndarray:
 
 
 def _running_sum(terms: np.ndarray) -> np.ndarray:
-    """(H + 1, B) sums of ``terms`` (H, B) before each step and after the last, added from 0 in
-    order (``np.cumsum`` accumulates sequentially, unlike ``np.sum``), as a loop
-    ``s = s + terms[k]`` computes them."""
-    return np.cumsum(np.concatenate([np.zeros((1, terms.shape[1])), terms]), axis=0)
+    """(H + 1, ...) sums of ``terms`` (H, ...) over the first axis before each step and after the
+    last, added from 0 in order (``np.cumsum`` accumulates sequentially, unlike ``np.sum``), as a
+    loop ``s = s + terms[k]`` computes them."""
+    return np.cumsum(np.concatenate([np.zeros((1,) + terms.shape[1:]), terms]), axis=0)
 
 
 def lqr_commands(states: np.ndarray, reference_pose: np.ndarray, reference_velocity: np.ndarray,
@@ -212,18 +212,14 @@ def lqr_commands(states: np.ndarray, reference_pose: np.ndarray, reference_veloc
     v_k = v0[None] + accel[None] * dt * _horizon_steps(horizon)[:, None]  # (H, B)
     m01 = v_k * dt
     m12 = v_k * dt / wheelbase
-    a12_k = _running_sum(m12)  # a12 before each step k, and after the last: (H + 1, B)
-    a01 = _running_sum(m01)[-1]
-    a02 = _running_sum(m01 * a12_k[:-1])[-1]
-    a12 = a12_k[-1]
     b2_k = _dt_sums(horizon, dt)  # b2 before each step: dt added k times, (H + 1,)
-    b1_k = _running_sum(m12 * b2_k[:-1, None])
-    b0 = _running_sum(m01 * b1_k[:-1])[-1]
-    b1 = b1_k[-1]
+    # Entries before each step k and after the last, (H + 1, B) each; the recursion's g1 - x adds -x
+    # exactly. a01, a12, b1, g1 first, then the entries that grow with them (a02, b0, g0).
+    a01_k, a12_k, b1_k, g1_k = _running_sum(np.stack(
+        [m01, m12, m12 * b2_k[:-1, None], -(v_k * curvature[:, :horizon].T * dt)], axis=1)).transpose(1, 0, 2)
+    a02, b0, g0 = _running_sum(m01[:, None] * np.stack([a12_k[:-1], b1_k[:-1], g1_k[:-1]], axis=1))[-1]
+    a01, a12, b1, g1 = a01_k[-1], a12_k[-1], b1_k[-1], g1_k[-1]
     b2 = np.full_like(v0, b2_k[-1])
-    g1_k = _running_sum(-(v_k * curvature[:, :horizon].T * dt))  # the recursion's g1 - x adds -x exactly
-    g0 = _running_sum(m01 * g1_k[:-1])[-1]
-    g1 = g1_k[-1]
     e0 = lateral_error + a01 * heading_error + a02 * steering + g0
     e1 = wrap_angle(heading_error + a12 * steering + g1)
     e2 = wrap_angle(steering)
