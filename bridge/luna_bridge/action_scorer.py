@@ -45,8 +45,8 @@ from luna_core.planning.forecast import red_light_obstacles
 from luna_core.planning.objectives import ObjectiveConfig, lane_following, speed_following, speed_interval
 from luna_core.planning.proposals import corridor_leaders
 from luna_core.planning.reference_paths import OffMapError, ReferencePath, reference_paths
-from luna_core.planning.scorer import (ObjectBoxes, ProposalScores, ScorerWeights, ScoringContext, ego_corners,
-                                       score_proposals)
+from luna_core.planning.scorer import (CLS_WEIGHTS, ObjectBoxes, ProposalScores, ScorerWeights, ScoringContext,
+                                       ego_corners, score_proposals)
 from luna_core.scene import safe_id
 from luna_core.teacher import ActionOutcome
 from luna_core.types import (ACTION_INDEX, EgoState, ObjectClass, PlannerInput, SceneDescriptor, TrackedObjects,
@@ -72,7 +72,7 @@ class ActionScorerConfig:
     idm: IDMParameters = IDMParameters(target_velocity=10.0, min_gap=1.0, headway=1.5, accel_max=1.5,
                                        decel_max=3.0, exponent=4.0)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # lambda, gamma, v_bar, b_stop
-    weights: ScorerWeights = ScorerWeights()  # the planner's J_gen weights (PDM-Closed)
+    weights: ScorerWeights = CLS_WEIGHTS  # the planner's J_gen weights (nuPlan's CLS weighting)
     dec_exponent: float = 2.0  # J_dec's weight against J_gen (the planner uses omega_dec = 5 for its search)
     cache_size: int = 4  # scenarios kept loaded (frames come sorted by scenario)
 
@@ -369,13 +369,19 @@ class SimulationActionScorer:
             raise ActionScorerError(f"frame {context.get('frame', '?')}: the context has no time")
         return self.score_scenario(self.scenario(context), float(context["time"]), actions)
 
-    def score_scenario(self, scenario: Scenario, time: float, actions: Sequence[str]) -> dict[str, ActionOutcome]:
-        """Outcomes of ``actions`` executed from the expert's state at ``time`` in ``scenario``."""
+    def score_scenario(self, scenario: Scenario, time: float, actions: Sequence[str],
+                       ego: EgoState | None = None) -> dict[str, ActionOutcome]:
+        """Outcomes of ``actions`` executed from ``ego`` at ``time`` in ``scenario`` against its logged
+        agents: by default the expert's logged state (the teacher); the oracle decision source passes
+        the closed-loop ego state of the run it decides for."""
         cfg = self.config
         for a in actions:
             if a not in ACTION_INDEX:
                 raise ActionScorerError(f"unknown action code {a!r}")
-        ego = expert_state(scenario, time, scenario.vehicle.wheelbase)
+        if ego is None:
+            ego = expert_state(scenario, time, scenario.vehicle.wheelbase)
+        elif not ego.is_finite():
+            raise ActionScorerError(f"{scenario.name} at t = {time:.2f} s: the ego state is not finite")
         try:
             paths = reference_paths(scenario.lane_graph, scenario.route, ego, ahead=max(ego.velocity, 5.0)
                                     * cfg.horizon * 1.5 + 40.0)

@@ -6,6 +6,8 @@ Example::
     luna-bridge eval --suite synthetic-random --planner idm --planner pdm --mode both --out results/random
     luna-bridge eval --suite synthetic-hard --every 10 --replan-every 5 --planner luna --planner luna-k0 \
         --planner luna-onehot --planner diffusion-es --population 32 --iterations 1
+    luna-bridge eval --set standard --replan-every 5 --planner idm --planner pdm --planner pdm@10hz \
+        --planner diffusion-es --planner luna-oracle --planner luna --mode both --workers 2
 
 The stack planners (``luna`` and its ablations ``luna-k0``, ``luna-onehot``, ``luna-no-reflection``;
 see ``luna_bridge.stack_planner``) decide every T_d with the student and the memory bank in process;
@@ -22,24 +24,29 @@ import sys
 from pathlib import Path
 
 from luna_bridge.baselines import planner_names
-from luna_bridge.evaluate import MODES, EvalConfig, EvaluationError, run_evaluation
+from luna_bridge.evaluate import EVALUATION_SETS, MODES, EvalConfig, EvaluationError, run_evaluation, run_set
 from luna_bridge.stack_planner import StackConfigError, StackSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="closed-loop evaluation with nuPlan metrics",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", required=True,
-                   help="synthetic-hard | synthetic-random | commonroad | a directory of scenario files")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--suite", help="synthetic-hard | synthetic-random | commonroad | a directory of scenario files")
+    which.add_argument("--set", dest="eval_set", choices=sorted(EVALUATION_SETS),
+                       help="a named evaluation set: standard = every 5th scenario of each synthetic split + all "
+                            "27 CommonRoad files (the results tables' protocol); full = every scenario. Each suite "
+                            "goes to <out>/<suite>")
     p.add_argument("--planner", action="append", default=None,
-                   help=f"planner to evaluate (repeatable; the expert log-replay row is always added); "
-                        f"registered: {', '.join(planner_names())}")
+                   help=f"planner to evaluate (repeatable; the expert log-replay row is always added), optionally "
+                        f"with its own replanning rate (pdm@10hz); registered: {', '.join(planner_names())}")
     p.add_argument("--mode", choices=sorted(MODES), default="both",
                    help="non-reactive (log-replay agents), reactive (IDM agents) or both")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default out/eval/<suite>, git-ignored)")
     p.add_argument("--render", action="store_true", help="also write a BEV PNG and GIF per run")
-    p.add_argument("--expect-count", type=int, default=None, help="refuse to run unless the suite has this many")
+    p.add_argument("--expect-count", type=int, default=None,
+                   help="refuse to run unless the suite has this many (with --set: the set's)")
     p.add_argument("--limit", type=int, default=None, help="only the first N scenarios (smoke runs)")
     p.add_argument("--every", type=int, default=1,
                    help="every N-th scenario of the sorted suite (an even subset over scenario types)")
@@ -49,8 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument("--student", default="", help="student folder (default: models/student)")
     stack.add_argument("--memory-bank", default="", help="memory bank folder (default: models/memory_bank)")
     stack.add_argument("--k", type=int, default=3, help="retrieved memory items per decision (default 3)")
-    stack.add_argument("--decision-every", type=int, default=5,
-                       help="simulation steps between decisions (default 5: T_d = 0.5 s)")
+    stack.add_argument("--decision-every", type=int, default=20,
+                       help="simulation steps between decisions (default 20: T_d = 2.0 s)")
     stack.add_argument("--population", type=int, default=128, help="Diffusion-ES members per action (default 128)")
     stack.add_argument("--iterations", type=int, default=2, help="renoise-denoise rounds (default 2)")
     stack.add_argument("--time-budget", type=float, default=0.0,
@@ -63,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("luna-bridge eval: --workers must be >= 1", file=sys.stderr)
         return 2
-    out = args.out or Path("out/eval") / Path(args.suite).name
+    out = args.out or Path("out/eval") / (args.eval_set or Path(args.suite).name)
     try:
         stack = StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
                               decision_every=args.decision_every, population=args.population,
@@ -71,17 +78,18 @@ def run(args: argparse.Namespace) -> int:
     except StackConfigError as exc:
         print(f"luna-bridge eval: {exc}", file=sys.stderr)
         return 2
-    cfg = EvalConfig(suite=args.suite, planners=args.planner or ["pdm"], modes=MODES[args.mode],
+    cfg = EvalConfig(suite=args.suite or "", planners=args.planner or ["pdm"], modes=MODES[args.mode],
                      workers=args.workers, out_dir=out, render=args.render, expect_count=args.expect_count,
                      limit=args.limit, every=args.every, replan_every=args.replan_every, stack=stack)
     command = "luna-bridge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        summary = run_evaluation(cfg, command=command)
+        summaries = run_set(args.eval_set, cfg, command) if args.eval_set else {args.suite: run_evaluation(cfg, command)}
     except EvaluationError as exc:
         print(f"luna-bridge eval: {exc}", file=sys.stderr)
         return 2
-    print((out / "summary.md").read_text(encoding="utf-8"))
-    if summary.failures:  # scored 0 and listed in the summary; the run itself completed
-        print(f"luna-bridge eval: {len(summary.failures)} run(s) failed to load or crashed (see summary.md)",
-              file=sys.stderr)
+    for summary in summaries.values():
+        print((summary.out_dir / "summary.md").read_text(encoding="utf-8"))
+    failed = sum(len(s.failures) for s in summaries.values())
+    if failed:  # scored 0 and listed in the summaries; the runs themselves completed
+        print(f"luna-bridge eval: {failed} run(s) failed to load or crashed (see summary.md)", file=sys.stderr)
     return 0

@@ -4,8 +4,10 @@ results files and the Table-III-layout summary.
 Output directory layout::
 
     scenarios/<planner>/<mode>/<scenario>.json  one result per run (CLS, every metric with its
-                                                statistics and per-step time series), written
-                                                atomically; a rerun skips the ones present (resume)
+                                                statistics and per-step time series, planner cycles
+                                                by mode, decisions), written atomically; a rerun
+                                                skips the ones present (resume)
+    timings/<planner>/<mode>/<scenario>.json    wall and CPU seconds of that run (not a metric file)
     per_scenario.csv    one row per run: status, CLS, every metric's score
     per_metric.csv      per planner x mode x metric: mean score over the scenarios
     summary.csv / summary.md   Table III layout: planners (the expert log replay first) x
@@ -14,9 +16,14 @@ Output directory layout::
     run.json            wall time, peak memory, counts, failed scenarios (not a metric file)
     renders/<planner>/<mode>/<scenario>.png|.gif   with ``render=True``
 
-Everything except ``summary.md`` and ``run.json`` is a function of the scenarios and planners only:
-the same command writes byte-identical metric files. A scenario that fails to load or whose run
-crashes is never dropped: it scores 0 and is listed with its error.
+Everything except ``summary.md``, ``run.json`` and ``timings/`` is a function of the scenarios and
+planners only: the same command writes byte-identical metric files. A scenario that fails to load or
+whose run crashes is never dropped: it scores 0 and is listed with its error.
+
+Planners are named as registered, optionally with their own replanning rate: ``pdm@10hz`` is ``pdm``
+called every simulation step whatever ``--replan-every`` says (a second row beside ``pdm`` replanning
+with the stack). The expert log replay always runs at nuPlan's 10 Hz. Named evaluation sets
+(``EVALUATION_SETS``, ``luna-bridge eval --set standard``) fix the scenarios every table uses.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ import io
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -37,12 +45,20 @@ from tqdm import tqdm
 
 from luna_bridge.baselines import EXPERT, make_planner, planner_names
 from luna_bridge.metrics import METRIC_NAMES, ScenarioScore, aggregate, score_log
-from luna_bridge.scenario import Scenario
+from luna_bridge.scenario import SIM_DT, Scenario
 from luna_bridge.stack_planner import SEARCH_PLANNERS, STACK_PLANNERS, StackSettings, use_settings
 
 
 MODES = {"non-reactive": (False,), "reactive": (True,), "both": (False, True)}
 STATUS_OK, STATUS_LOAD_ERROR, STATUS_CRASHED = "ok", "load_error", "crashed"
+
+#: Named evaluation sets: (suite, every N-th scenario of the sorted suite, scenarios the suite must have).
+#: ``standard`` is the one protocol of the results tables (2 per scenario type of each synthetic split
+#: and every CommonRoad file); ``full`` is every scenario.
+EVALUATION_SETS: dict[str, tuple[tuple[str, int, int], ...]] = {
+    "standard": (("synthetic-hard", 5, 140), ("synthetic-random", 5, 140), ("commonroad", 1, 27)),
+    "full": (("synthetic-hard", 1, 140), ("synthetic-random", 1, 140), ("commonroad", 1, 27)),
+}
 
 
 class EvaluationError(RuntimeError):
@@ -51,6 +67,21 @@ class EvaluationError(RuntimeError):
 
 def mode_name(reactive: bool) -> str:
     return "reactive" if reactive else "non_reactive"
+
+
+def planner_spec(spec: str) -> tuple[str, int | None]:
+    """(registered name, simulation steps between its calls, or None for the evaluation's own) of a
+    planner as named on the command line: ``pdm`` or ``pdm@10hz``."""
+    name, sep, rate = spec.partition("@")
+    if not sep:
+        return spec, None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)hz", rate.lower())
+    hz = float(m.group(1)) if m else 0.0
+    steps = round(1.0 / (hz * SIM_DT)) if hz > 0 else 0
+    if steps < 1 or abs(steps * SIM_DT * hz - 1.0) > 1e-9:
+        raise EvaluationError(f"planner {spec!r}: the rate after '@' must be like 10hz or 2hz and divide "
+                              f"nuPlan's 10 Hz simulation step")
+    return name, steps
 
 
 # --------------------------------------------------------------------------------------------------
@@ -102,6 +133,10 @@ class Job:
     def result_path(self) -> Path:
         return Path(self.out_dir) / "scenarios" / self.planner / mode_name(self.reactive) / f"{self.ref.name}.json"
 
+    @property
+    def timing_path(self) -> Path:
+        return Path(self.out_dir) / "timings" / self.planner / mode_name(self.reactive) / f"{self.ref.name}.json"
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a killed run never leaves a half-written result."""
@@ -120,7 +155,7 @@ def run_job(job: Job) -> dict[str, Any]:
     from luna_bridge.scenarios.registry import load_entry
     from luna_bridge.sim import SimulationConfig, simulate
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     head = {"scenario": job.ref.name, "source": job.ref.source, "planner": job.planner,
             "mode": mode_name(job.reactive), "replan_every": job.replan_every}
     if job.stack is not None:
@@ -133,7 +168,7 @@ def run_job(job: Job) -> dict[str, Any]:
                   "error": f"{type(exc).__name__}: {exc}", "metrics": {}}
     else:
         try:
-            planner = make_planner(job.planner, scenario)
+            planner = make_planner(planner_spec(job.planner)[0], scenario)
             source = getattr(planner, "decision_source", None)  # the stack decides every T_d
             decision_every = job.stack.decision_every if job.stack is not None else 5
             sim_log = simulate(scenario, planner, reactive=job.reactive, decision_source=source,
@@ -141,6 +176,8 @@ def run_job(job: Job) -> dict[str, Any]:
             score: ScenarioScore = score_log(sim_log)
             result = {**head, **score.to_json(), "status": STATUS_OK if not score.error else STATUS_CRASHED,
                       "planner_failures": sim_log.planner_failures, "steps": len(sim_log.ego)}
+            if sim_log.plan_info:
+                result["planner_cycles"] = sim_log.cycle_statistics()
             if source is not None:
                 result["decisions"] = decision_statistics(source)
             result["planner"], result["mode"] = job.planner, mode_name(job.reactive)
@@ -156,9 +193,13 @@ def run_job(job: Job) -> dict[str, Any]:
             result = {**head, "status": STATUS_CRASHED, "score": 0.0, "scenario_type": scenario.scenario_type,
                       "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5),
                       "metrics": {}}
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    simulated = float(result.get("steps", 0)) * SIM_DT
+    write_atomic(job.timing_path, _dumps({"wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                                          "simulated_s": round(simulated, 3)}))
     write_atomic(job.result_path, _dumps(result))
     return {"scenario": job.ref.name, "planner": job.planner, "mode": result["mode"], "status": result["status"],
-            "wall_time": time.perf_counter() - started}
+            "wall_time": wall, "cpu_time": cpu}
 
 
 def decision_statistics(source: Any) -> dict[str, Any]:
@@ -204,7 +245,14 @@ class EvalConfig:
     stack: StackSettings = field(default_factory=StackSettings)  # for the stack / Diffusion-ES planners
 
     def job_stack(self, planner: str) -> StackSettings | None:
-        return self.stack.for_planner(planner) if planner in SEARCH_PLANNERS else None
+        name = planner_spec(planner)[0]
+        return self.stack.for_planner(name) if name in SEARCH_PLANNERS else None
+
+    def job_replan_every(self, planner: str) -> int:
+        """Simulation steps between the planner's calls: its own rate if named (``pdm@10hz``), every
+        step for the expert log replay (nuPlan's protocol), else ``replan_every``."""
+        name, own = planner_spec(planner)
+        return 1 if name == EXPERT else own if own is not None else self.replan_every
 
 
 @dataclass
@@ -237,6 +285,20 @@ def _load_results(cfg: EvalConfig, refs: list[ScenarioRef], planners: list[str])
                 job = Job(ref, planner, reactive, str(cfg.out_dir))
                 rows.append(json.loads(job.result_path.read_text(encoding="utf-8")))
     return rows
+
+
+def _load_timings(cfg: EvalConfig, refs: list[ScenarioRef], planners: list[str]) -> dict[str, list[dict[str, float]]]:
+    """planner -> the timing records of its runs (those that have one)."""
+    out: dict[str, list[dict[str, float]]] = {}
+    for planner in planners:
+        for reactive in cfg.modes:
+            for ref in refs:
+                try:
+                    out.setdefault(planner, []).append(json.loads(
+                        Job(ref, planner, reactive, str(cfg.out_dir)).timing_path.read_text(encoding="utf-8")))
+                except (OSError, ValueError):
+                    continue
+    return out
 
 
 def _csv(rows: list[list[Any]]) -> str:
@@ -289,15 +351,23 @@ def write_reports(cfg: EvalConfig, results: list[dict[str, Any]], planners: list
     return table
 
 
-def _markdown(cfg: EvalConfig, summary: EvalSummary, command: str) -> str:
+def _markdown(cfg: EvalConfig, summary: EvalSummary, command: str,
+              timings: dict[str, list[dict[str, float]]]) -> str:
     cols = ["NR-CLS", "NR-SR", "R-CLS", "R-SR"]
     lines = [f"# Closed-loop evaluation: {cfg.suite}", "", f"Command: `{command}`", "",
-             f"Scenarios: {summary.scenario_count} (every {cfg.every}. of the suite); planner called every "
-             f"{cfg.replan_every} simulation step(s) of 0.1 s; runs: {summary.runs} ({summary.skipped} resumed "
-             "from disk).", "",
-             "| planner | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+             f"Scenarios: {summary.scenario_count} (every {cfg.every}. of the suite); planners called every "
+             f"{cfg.replan_every} simulation step(s) of 0.1 s unless their name says (name@10hz), the expert "
+             f"every step; runs: {summary.runs} ({summary.skipped} resumed from disk).", "",
+             "| planner | " + " | ".join(cols) + " | CPU s per run (median) | CPU / simulated time |",
+             "|---|" + "---:|" * (len(cols) + 2)]
     for e in summary.table:
-        lines.append(f"| {e['planner']} | " + " | ".join(_fmt(e[c]) if c in e else "-" for c in cols) + " |")
+        runs = timings.get(e["planner"], [])
+        cpu = sorted(r["cpu_s"] for r in runs)
+        simulated = sum(r["simulated_s"] for r in runs)
+        per_run = f"{cpu[len(cpu) // 2]:.1f}" if cpu else "-"
+        ratio = f"{sum(cpu) / simulated:.2f}" if cpu and simulated > 0 else "-"
+        lines.append(f"| {e['planner']} | " + " | ".join(_fmt(e[c]) if c in e else "-" for c in cols)
+                     + f" | {per_run} | {ratio} |")
     if any(e["planner"] in SEARCH_PLANNERS for e in summary.table):
         decides = any(e["planner"] in STACK_PLANNERS for e in summary.table)
         lines += ["", f"{'Stack / ' if decides else ''}Diffusion-ES planners: {cfg.stack.describe(decides)}."]
@@ -323,19 +393,20 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
         raise EvaluationError(f"every ({cfg.every}) and replan_every ({cfg.replan_every}) must be >= 1")
     refs = refs[:: cfg.every][: cfg.limit]
     planners = _planner_order(cfg.planners)
-    unknown = [p for p in planners if p not in planner_names()]
+    unknown = [p for p in planners if planner_spec(p)[0] not in planner_names()]
     if unknown:
         raise EvaluationError(f"unknown planner(s) {unknown}; registered: {', '.join(planner_names())}")
     if progress:  # the count is checked and shown before any work starts
         print(f"suite {cfg.suite}: {len(refs)} scenarios x {len(planners)} planners ({', '.join(planners)}) x "
               f"{len(cfg.modes)} mode(s)", flush=True)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [Job(ref, p, reactive, str(cfg.out_dir), cfg.render, cfg.replan_every, cfg.job_stack(p))
+    jobs = [Job(ref, p, reactive, str(cfg.out_dir), cfg.render, cfg.job_replan_every(p), cfg.job_stack(p))
             for p in planners for reactive in cfg.modes for ref in refs]
     todo = [j for j in jobs if not _finished(j)]
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"eval {cfg.suite}", unit="run",
                disable=not progress)
     if cfg.workers <= 1:
+        _worker_init()  # one torch thread here too: spare threads spin on a busy machine (6x slower seen)
         for job in todo:
             run_job(job)
             bar.update()
@@ -361,7 +432,7 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
                           time.perf_counter() - started,
                           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
                           resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0)
-    write_atomic(cfg.out_dir / "summary.md", _markdown(cfg, summary, command))
+    write_atomic(cfg.out_dir / "summary.md", _markdown(cfg, summary, command, _load_timings(cfg, refs, planners)))
     info = {k: v for k, v in asdict(summary).items() if k != "out_dir"}
     info.update(command=command, suite=cfg.suite, planners=planners, modes=[mode_name(m) for m in cfg.modes])
     write_atomic(cfg.out_dir / "run.json", json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
@@ -378,3 +449,16 @@ def _finished(job: Job) -> bool:
     same_stack = done.get("stack") == (asdict(job.stack) if job.stack is not None else None) \
         if isinstance(done, dict) else False
     return isinstance(done, dict) and done.get("replan_every") == job.replan_every and same_stack
+
+
+def run_set(name: str, cfg: EvalConfig, command: str = "", progress: bool = True) -> dict[str, EvalSummary]:
+    """Every suite of the named evaluation set (``EVALUATION_SETS``) with ``cfg``'s planners and
+    settings, each into ``<cfg.out_dir>/<suite>``; ``cfg.suite``, ``every`` and ``expect_count`` are
+    the set's. Returns the summary of each suite."""
+    if name not in EVALUATION_SETS:
+        raise EvaluationError(f"unknown evaluation set {name!r}; one of {', '.join(EVALUATION_SETS)}")
+    out = {}
+    for suite, every, count in EVALUATION_SETS[name]:
+        suite_cfg = replace(cfg, suite=suite, every=every, expect_count=count, out_dir=cfg.out_dir / suite)
+        out[suite] = run_evaluation(suite_cfg, command=command, progress=progress)
+    return out

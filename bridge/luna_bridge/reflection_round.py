@@ -85,9 +85,9 @@ class RoundConfig:
     planner: str = "luna"
     planner_options: dict[str, Any] = field(default_factory=dict)
     replan_every: int = 5  # simulation steps (0.1 s) between planner calls
-    decision_every: int = 5  # steps between decisions: T_d = decision_every * 0.1 s
+    decision_every: int = 20  # steps between decisions: T_d = decision_every * 0.1 s = 2.0 s
     # Progress monitor (node defaults).
-    stall_window_cycles: int = 10
+    stall_window_cycles: int = 3
     stall_speed_threshold: float = 0.5
     failure_cooldown: float = 5.0
 
@@ -133,9 +133,14 @@ class SceneDecisionSource:
             self.scene_errors.append(f"t={planner_input.time:.1f}s: {exc}")
             return None
         self.lights.append((scene.stamp, scene.traffic_light))
-        decision = self.heuristic.decide(scene)
-        self.decisions.append(decision)
+        decision = self.decision_for(scene, planner_input)
+        if decision is not None:
+            self.decisions.append(decision)
         return decision
+
+    def decision_for(self, scene: Any, planner_input: PlannerInput) -> DecisionDistribution | None:
+        """The decision for ``scene`` (the student's; the oracle source also reads the planner input)."""
+        return self.heuristic.decide(scene)
 
 
 def detect_failures(sim_log: SimulationLog, decisions: Sequence[DecisionDistribution],
@@ -568,7 +573,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--planner-option", action="append", default=[], metavar="KEY=VALUE",
                    help="option of the luna planner (e.g. time_budget=0.4, population=64); repeatable")
     p.add_argument("--replan-every", type=int, default=5, help="simulation steps between planner calls")
-    p.add_argument("--decision-every", type=int, default=5, help="simulation steps between decisions (T_d/0.1 s)")
+    p.add_argument("--decision-every", type=int, default=20, help="simulation steps between decisions (T_d/0.1 s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 beside other jobs)")
     p.set_defaults(func=run)
 

@@ -113,6 +113,22 @@ class SimulationLog:
     error: str = ""  # non-empty if the run crashed; metrics then score it zero
     failure_messages: list[str] = field(default_factory=list)  # one line per planner failure
     plan_times: np.ndarray = field(default_factory=lambda: np.zeros(0))  # s, when the planner was called
+    # Per planner call, how the cycle ended, for planners that say (``cycle_info()``: mode, action, flip).
+    plan_info: list[dict[str, object]] = field(default_factory=list)
+
+    def cycle_statistics(self) -> dict[str, object]:
+        """Planner cycles by mode and the flips of a* under one decision (count and per minute of
+        simulated time); empty when the planner reports nothing."""
+        if not self.plan_info:
+            return {}
+        modes: dict[str, int] = {}
+        for info in self.plan_info:
+            mode = str(info.get("mode", ""))
+            modes[mode] = modes.get(mode, 0) + 1
+        flips = sum(1 for info in self.plan_info if info.get("flip"))
+        minutes = max(float(self.t[-1] - self.t[0]), SIM_DT) / 60.0 if len(self.t) else 1.0
+        return {"cycles": len(self.plan_info), "modes": dict(sorted(modes.items())), "flips": flips,
+                "flips_per_minute": round(flips / minutes, 6)}
 
     def ego_array(self) -> np.ndarray:
         """(N, 6) of x, y, heading, velocity, acceleration, yaw_rate."""

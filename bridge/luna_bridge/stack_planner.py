@@ -11,6 +11,9 @@ eval registry so they land in one Table III layout (ablations in the spirit of L
 ``luna-k0``            no retrieval (K = 0)
 ``luna-onehot``        one-hot decisions: the student's argmax with probability 1 (C_t = {a*})
 ``luna-no-reflection`` the same bank, its reflection items never retrieved
+``luna-oracle``        the simulation-grounded teacher deciding from the closed-loop state (an upper
+                       bound: it sees the logged future; ``luna_bridge.oracle``)
+``luna-onehot-oracle`` its argmax with probability 1
 ``diffusion-es``       the same search without decisions (J_gen only; no student)
 =====================  ==========================================================================
 
@@ -40,7 +43,9 @@ from luna_bridge.scenario import SIM_DT, Scenario
 if TYPE_CHECKING:  # imported when a stack is built: it pulls in the reflection machinery
     from luna_bridge.reflection_round import SceneDecisionSource
 
-STACK_PLANNERS = ("luna", "luna-k0", "luna-onehot", "luna-no-reflection")
+STUDENT_PLANNERS = ("luna", "luna-k0", "luna-onehot", "luna-no-reflection")  # the student decides
+ORACLE_PLANNERS = ("luna-oracle", "luna-onehot-oracle")  # the teacher decides from the closed-loop state
+STACK_PLANNERS = (*STUDENT_PLANNERS, *ORACLE_PLANNERS)  # everything that decides every T_d
 SEARCH_PLANNERS = (*STACK_PLANNERS, "diffusion-es")  # everything built on the decision-guided planner
 
 
@@ -54,7 +59,7 @@ class StackSettings:
     memory_bank: str = ""  # memory bank folder; "" = the bundled default (models/memory_bank)
     k: int = 3  # retrieved items per decision (the K = 0 variant overrides it)
     gamma_p: float = 0.1
-    decision_every: int = 5  # simulation steps (0.1 s) between decisions: T_d = 0.5 s
+    decision_every: int = 20  # simulation steps (0.1 s) between decisions: T_d = 2.0 s (CALMM-Drive C_d)
     population: int = 128  # Diffusion-ES members per candidate action
     iterations: int = 2  # renoise-denoise rounds
     time_budget: float = 0.0  # s of wall time per planning call; 0 = deterministic mode (no budget)
@@ -71,11 +76,13 @@ class StackSettings:
         return self.decision_every * SIM_DT
 
     def for_planner(self, name: str) -> "StackSettings":
-        """The settings that matter to planner ``name``: ``diffusion-es`` makes no decisions, so its
-        decision settings are left at their defaults (its runs are the same whatever the student)."""
-        if name in STACK_PLANNERS:
-            return self
+        """The settings that matter to planner ``name``, the others at their defaults (so that, e.g.,
+        ``diffusion-es`` runs are the same whatever the student, and the oracles' whatever the bank)."""
         d = StackSettings()
+        if name in STUDENT_PLANNERS:
+            return self
+        if name in ORACLE_PLANNERS:
+            return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k)
         return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, gamma_p=d.gamma_p,
                        decision_every=d.decision_every)
 
@@ -189,8 +196,9 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
     from luna_core.heuristic import HeuristicConfig, HeuristicSystem
     from luna_core.prompts import PromptManager
 
-    if variant not in STACK_PLANNERS:
-        raise StackConfigError(f"unknown stack variant {variant!r}; one of {', '.join(STACK_PLANNERS)}")
+    if variant not in STUDENT_PLANNERS:
+        raise StackConfigError(f"unknown stack variant {variant!r}; one of {', '.join(STUDENT_PLANNERS)} "
+                               f"(the oracles {', '.join(ORACLE_PLANNERS)} need a scenario: make_stack_planner)")
     k = 0 if variant == "luna-k0" else settings.k
     bank = _bank(settings) if k > 0 else None
     if variant == "luna-no-reflection":
@@ -202,7 +210,7 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
 
 def make_decision_source(variant: str = "luna", student: str = "", memory_bank: str = "", k: int = 3,
                          gamma_p: float = 0.1, device: str = "cpu") -> SceneDecisionSource:
-    """The decision source of stack ``variant`` (one of ``STACK_PLANNERS``): xi_t from each planner
+    """The decision source of stack ``variant`` (one of ``STUDENT_PLANNERS``): xi_t from each planner
     input, then the variant's heuristic system. ``student`` / ``memory_bank`` are folders ("" = the
     bundled models/student, models/memory_bank); ``k`` retrieved items (``luna-k0`` uses 0);
     ``gamma_p`` is the candidate-set threshold (Eq. 19). Student and bank are loaded once per process.
@@ -238,6 +246,9 @@ class StackPlanner:
     def debug_candidates(self) -> list:
         return self.planner.debug_candidates()
 
+    def cycle_info(self) -> dict[str, object]:
+        return self.planner.cycle_info()
+
 
 def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
     from luna_core.planning.decision_guided import DecisionGuidedConfig, DecisionGuidedPlanner
@@ -252,9 +263,17 @@ def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
 
 def make_stack_planner(variant: str, scenario: Scenario | None = None,
                        settings: StackSettings | None = None) -> StackPlanner:
-    """Registry factory of the stack variants and ``diffusion-es`` (the scenario is never read)."""
+    """Registry factory of the stack variants and ``diffusion-es``. Only the oracles read the scenario
+    (its logged future is what makes them an upper bound); the student variants never do."""
     s = settings or _settings
     if variant == "diffusion-es":
         return StackPlanner(variant, search_planner(False, s), None)
+    if variant in ORACLE_PLANNERS:
+        from luna_bridge.oracle import OracleDecisionSource
+
+        if scenario is None:
+            raise StackConfigError(f"{variant} decides from the scenario's log: it needs the scenario")
+        return StackPlanner(variant, search_planner(True, s),
+                            OracleDecisionSource(scenario, s.gamma_p, one_hot=variant == "luna-onehot-oracle"))
     return StackPlanner(variant, search_planner(True, s),
                         make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device))

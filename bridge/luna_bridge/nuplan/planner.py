@@ -46,7 +46,7 @@ class LunaNuPlanPlanner(AbstractPlanner):
     every 0.5 s = 5 devkit steps); ``decision_source`` (the LUNA stack's:
     ``luna_bridge.stack_planner.make_decision_source``) is asked for a decision on the planner
     calls at devkit steps that are multiples of ``decision_every`` (as ``luna_bridge.sim`` does;
-    5 = T_d = 0.5 s), and its ``reset()``, if it has one, is called at ``initialize``; without a
+    20 = T_d = 2.0 s), and its ``reset()``, if it has one, is called at ``initialize``; without a
     decision source the ``luna`` planner runs its fallback objective (no decision term).
     ``planner_name`` labels the runs in the devkit's results (default ``luna_<planner>``).
     """
@@ -55,7 +55,7 @@ class LunaNuPlanPlanner(AbstractPlanner):
 
     def __init__(self, planner: str = "luna", planner_options: dict[str, Any] | None = None,
                  replan_every: int = 1, map_radius: float = 60.0, decision_source: DecisionSource | None = None,
-                 decision_every: int = 5, planner_name: str = "") -> None:
+                 decision_every: int = 20, planner_name: str = "") -> None:
         if replan_every < 1 or decision_every < 1:
             raise ValueError(f"replan_every ({replan_every}) and decision_every ({decision_every}) must be >= 1")
         if decision_source is not None and decision_every % replan_every:

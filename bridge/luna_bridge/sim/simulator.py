@@ -42,7 +42,7 @@ class DecisionSource(Protocol):
 class SimulationConfig:
     replan_every: int = 1  # steps between planner calls (nuPlan: every step)
     history_duration: float = 2.0  # s of ego history in each PlannerInput
-    decision_every: int = 5  # steps between decisions, when a decision source is given (T_d = 0.5 s)
+    decision_every: int = 20  # steps between decisions, when a decision source is given (T_d = 2.0 s)
     reactive_radius: float = 100.0  # m; agents closer than this become IDM-driven in reactive mode
     tracker: TrackerParameters = TrackerParameters()
     bicycle: BicycleParameters = BicycleParameters()
@@ -93,6 +93,7 @@ def simulate(scenario: Scenario, planner: Planner, reactive: bool = False,
 
     times, egos, objects, lights = [], [], [], []
     latencies, plan_times, failures = [], [], []
+    plan_info: list[dict[str, object]] = []
     decisions: list[tuple[float, str]] = []
     decision: DecisionDistribution | None = None
     trajectory: Trajectory | None = None
@@ -129,6 +130,9 @@ def simulate(scenario: Scenario, planner: Planner, reactive: bool = False,
                 result, problem = None, f"raised {type(exc).__name__}: {exc}"
             latencies.append(time.perf_counter() - start)
             plan_times.append(t)
+            info = getattr(planner, "cycle_info", None)
+            if info is not None and not problem:
+                plan_info.append(info())
             if problem:
                 msg = f"t={t:.1f}s: planner {getattr(planner, 'name', type(planner).__name__)} {problem}"
                 log.warning("%s: %s; tracking a comfortable stop", scenario.name, msg)
@@ -143,4 +147,5 @@ def simulate(scenario: Scenario, planner: Planner, reactive: bool = False,
     return SimulationLog(scenario=scenario, planner=getattr(planner, "name", type(planner).__name__),
                          reactive=reactive, t=np.array(times), ego=egos, objects=objects, lights=lights,
                          planner_latency=np.array(latencies), planner_failures=len(failures),
-                         decisions=decisions, failure_messages=failures, plan_times=np.array(plan_times))
+                         decisions=decisions, failure_messages=failures, plan_times=np.array(plan_times),
+                         plan_info=plan_info)

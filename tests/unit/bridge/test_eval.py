@@ -145,3 +145,35 @@ def test_cli_eval_diffusion_es_and_bad_stack_settings(suite: Path, tmp_path: Pat
     assert result["status"] == "ok" and result["planner_failures"] == 0 and result["stack"]["population"] == 8
     assert main(["eval", "--suite", str(suite), "--planner", "luna", "--population", "2", "--out", str(out)]) == 2
     assert "population >= 4" in capsys.readouterr().err
+
+
+def test_planner_rates_expert_at_10hz_cycle_statistics_and_timings(suite: Path, tmp_path: Path) -> None:
+    """``pdm@10hz`` replans every step beside ``pdm`` at the evaluation's 0.5 s; the expert always runs at
+    10 Hz; PDM reports its cycles by mode; each run's wall and CPU time go to timings/, not to the
+    metric files."""
+    cfg = EvalConfig(suite=str(suite), planners=["pdm", "pdm@10hz"], out_dir=tmp_path, replan_every=5, limit=2)
+    summary = run_evaluation(cfg, progress=False)
+    assert [e["planner"] for e in summary.table] == ["log-replay", "pdm", "pdm@10hz"]
+    runs = {p: json.loads((tmp_path / "scenarios" / p / "non_reactive" / "a_lead_near.json").read_text())
+            for p in ("log-replay", "pdm", "pdm@10hz")}
+    assert runs["log-replay"]["replan_every"] == 1 and runs["pdm@10hz"]["replan_every"] == 1
+    assert runs["pdm"]["replan_every"] == 5
+    steps = runs["pdm"]["steps"]
+    assert runs["pdm"]["planner_cycles"]["cycles"] == (steps - 2) // 5 + 1
+    assert runs["pdm@10hz"]["planner_cycles"]["cycles"] == steps - 1
+    assert runs["pdm"]["planner_cycles"]["modes"] == {"proposal": runs["pdm"]["planner_cycles"]["cycles"]}
+    timing = json.loads((tmp_path / "timings" / "pdm" / "non_reactive" / "a_lead_near.json").read_text())
+    assert timing["cpu_s"] > 0.0 and timing["simulated_s"] == pytest.approx(DURATION, abs=0.11)
+    assert "cpu_s" not in runs["pdm"]
+    assert "| pdm@10hz |" in (tmp_path / "summary.md").read_text()
+    with pytest.raises(EvaluationError, match="rate after '@'"):
+        run_evaluation(EvalConfig(suite=str(suite), planners=["pdm@3hz"], out_dir=tmp_path / "bad"), progress=False)
+
+
+def test_named_evaluation_sets_fix_the_suites_and_their_counts() -> None:
+    from luna_bridge.evaluate import EVALUATION_SETS
+
+    standard = EVALUATION_SETS["standard"]
+    assert [(s, every) for s, every, _ in standard] == [("synthetic-hard", 5), ("synthetic-random", 5),
+                                                        ("commonroad", 1)]
+    assert sum(-(-count // every) for _, every, count in standard) == 28 + 28 + 27

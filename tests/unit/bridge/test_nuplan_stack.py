@@ -107,7 +107,8 @@ def test_the_stack_config_plans_as_the_eval_stack() -> None:
     assert cfg["decision_source"]["gamma_p"] == defaults.gamma_p and cfg["decision_source"]["k"] == defaults.k
     ours = make_planner(cfg["planner"], {**options, "gamma_p": cfg["decision_source"]["gamma_p"]})
     assert ours.config == search_planner(True, defaults).config
-    assert cfg["decision_every"] == cfg["replan_every"] == defaults.decision_every == 5
+    assert cfg["decision_every"] == defaults.decision_every == 20  # T_d = 2.0 s
+    assert cfg["replan_every"] == 5  # replanning every 0.5 s
     assert cfg["planner_name"] == "stack_${.decision_source.variant}"  # runs of each variant named apart
     assert cfg["_target_"] == "luna_bridge.nuplan.planner.LunaNuPlanPlanner"  # imports the devkit: see below
     plain = yaml.safe_load((CONFIG / "luna_planner.yaml").read_text(encoding="utf-8"))["luna_planner"]

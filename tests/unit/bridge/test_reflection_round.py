@@ -47,7 +47,7 @@ def blocked_log():
 
 def test_collision_is_reported_once_per_cooldown_with_the_decision_in_force(rear_end_log):
     decisions = _decisions(3.0)
-    failures = detect_failures(rear_end_log, decisions, _lights(3.0, TrafficLightPhase.GREEN), MonitorParameters(),
+    failures = detect_failures(rear_end_log, decisions, _lights(3.0, TrafficLightPhase.GREEN), MonitorParameters(decision_period=0.5, stall_window_cycles=10),
                                cooldown=5.0)
     assert len(failures) == 1
     f = failures[0]
@@ -57,7 +57,7 @@ def test_collision_is_reported_once_per_cooldown_with_the_decision_in_force(rear
     assert executed_decision(decisions, f).stamp == pytest.approx(f.decision_stamp)
     assert f.stamp - f.decision_stamp == pytest.approx(0.5)
     # Without the gate's cooldown the overlap is reported at every check while it lasts.
-    repeated = detect_failures(rear_end_log, decisions, _lights(3.0, TrafficLightPhase.GREEN), MonitorParameters(),
+    repeated = detect_failures(rear_end_log, decisions, _lights(3.0, TrafficLightPhase.GREEN), MonitorParameters(decision_period=0.5, stall_window_cycles=10),
                                cooldown=0.0)
     assert len(repeated) > 1 and all(r.colliding_ids == ["rear"] for r in repeated)
 
@@ -66,16 +66,16 @@ def test_stall_behind_a_parked_car_is_a_failure_only_under_a_permissive_light(bl
     speeds = np.array([e.velocity for e in blocked_log.ego])
     assert speeds[-30:].max() < 0.5, "the IDM ego should stand behind the parked car"
     green = detect_failures(blocked_log, _decisions(12.0, "SK"), _lights(12.0, TrafficLightPhase.GREEN),
-                            MonitorParameters(), cooldown=5.0)
+                            MonitorParameters(decision_period=0.5, stall_window_cycles=10), cooldown=5.0)
     assert green and all(f.stall and not f.colliding_ids for f in green)
     assert green[0].issued_decision == "SK"
     red = detect_failures(blocked_log, _decisions(12.0, "SK"), _lights(12.0, TrafficLightPhase.RED),
-                          MonitorParameters(), cooldown=5.0)
+                          MonitorParameters(decision_period=0.5, stall_window_cycles=10), cooldown=5.0)
     assert red == []
 
 
 def test_failure_before_any_decision_has_nothing_to_explain(rear_end_log):
-    failures = detect_failures(rear_end_log, [], _lights(3.0, TrafficLightPhase.NONE), MonitorParameters(), 5.0)
+    failures = detect_failures(rear_end_log, [], _lights(3.0, TrafficLightPhase.NONE), MonitorParameters(decision_period=0.5, stall_window_cycles=10), 5.0)
     assert failures and failures[0].issued_decision == ""
     assert executed_decision([], failures[0]) is None
 

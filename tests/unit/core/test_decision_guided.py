@@ -12,14 +12,17 @@ import torch
 
 from luna_core.lanes import make_lane
 from luna_core.assets import default_path
-from luna_core.planning.decision_guided import (MODE_DECISION, MODE_FALLBACK, MODE_NO_DECISION,
-                                                MODE_STOP, DecisionGuidedConfig, DecisionGuidedPlanner,
-                                                PlannerInputError)
+from luna_core.planning.decision_guided import (MODE_DECISION, MODE_EMERGENCY, MODE_FALLBACK, MODE_LEAST_BAD,
+                                                MODE_NO_DECISION, MODE_STOP, DecisionGuidedConfig,
+                                                DecisionGuidedPlanner, PlannerInputError)
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior
 from luna_core.planning.diffusion_es import DiffusionESConfig
+from luna_core.control import StateIndex
+from luna_core.geometry import proposals_vs_objects
 from luna_core.planning.objectives import selection_score
+from luna_core.planning.scorer import ego_corners
 from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
-                             Route, TrackedObject, TrackedObjects, TrafficLights)
+                             Route, TrackedObject, TrackedObjects, TrafficLights, box_corners)
 
 SEARCH = DiffusionESConfig(population=32, warm_starts=15, iterations=1, renoise_steps=(3,))
 
@@ -148,16 +151,44 @@ def test_ego_off_the_map_gives_a_comfortable_stop(prior) -> None:
     assert any("no lane" in r for r in res.reasons)
 
 
-def test_nothing_feasible_gives_a_comfortable_stop(prior) -> None:
-    # Stopped vehicles 8 m ahead across all three lanes: no trajectory avoids them at 10 m/s, and
-    # hitting a stopped vehicle is at fault (J_gen = 0; a static object would only halve it).
+def test_nothing_feasible_publishes_the_least_bad_trajectory_not_a_stop(prior) -> None:
+    # The lanes end 6 m ahead of the ego's front at 10 m/s: every trajectory leaves the drivable area
+    # (J_gen = 0), none collides. PDM-Closed then drives its least-bad proposal, not a stop: the best
+    # weighted score among the members without an at-fault collision.
+    g = LaneGraph()
+    for lane_id, y, left, right in (("A0", 3.5, None, "A1"), ("A1", 0.0, "A0", "A2"), ("A2", -3.5, "A1", None)):
+        g.add(make_lane(lane_id, [[0, y], [60, y]], 3.5, 15.0, "A", left_neighbor=left, right_neighbor=right))
+    pi = make_input(dec=decision({"CK": 0.7, "DK": 0.3}), graph=g)
+    res = planner(prior).plan_detailed(pi)
+    assert res.mode == MODE_LEAST_BAD and res.action is None and res.degraded
+    assert any("least-bad scored trajectory" in r for r in res.reasons), res.reasons
+    assert all(c.j_gen == 0.0 for c in res.candidates)
+    assert_valid(res.trajectory, pi.ego)
+    assert res.trajectory.velocity[40] > 1.0  # not a stop
+
+
+def test_everything_colliding_at_speed_falls_back_to_the_centreline_idm_proposal(prior) -> None:
+    # Stopped vehicles 8 m ahead across all three lanes at 10 m/s: every scored trajectory hits one at
+    # fault. Above 5 m/s PDM-Closed does not emergency-brake: its centreline IDM proposal brakes for them.
     wall = [TrackedObject(f"w{k}", ObjectClass.VEHICLE, 62.0, y, 0.0, 0.0, 0.0, 1.0, 3.4)
             for k, y in enumerate((-3.5, 0.0, 3.5))]
     pi = make_input(wall, decision({"CK": 0.7, "DK": 0.3}))
     res = planner(prior).plan_detailed(pi)
-    _assert_stop(res, pi.ego)
-    assert any("no feasible trajectory" in r for r in res.reasons)
-    assert all(c.j_gen == 0.0 for c in res.candidates)
+    assert res.mode == MODE_LEAST_BAD and all(c.j_gen == 0.0 for c in res.candidates)
+    assert any("centreline IDM proposal" in r for r in res.reasons), res.reasons
+    assert_valid(res.trajectory, pi.ego)
+    assert np.all(np.abs(res.trajectory.y) < 0.1) and res.trajectory.velocity[20] < 7.0  # braking for them
+
+
+def test_imminent_at_fault_collision_at_low_speed_brakes(prior) -> None:
+    # A stopped truck across the whole road 1 m ahead at 5 m/s: every trajectory hits it within 2 s.
+    wall = [TrackedObject("truck", ObjectClass.VEHICLE, 59.0, 0.0, math.pi / 2, 0.0, 0.0, 40.0, 2.5)]
+    pi = make_input(wall, decision({"CK": 1.0}), hist=history(speed=5.0))
+    res = planner(prior).plan_detailed(pi)
+    assert res.mode == MODE_EMERGENCY and res.degraded
+    assert any("emergency brake" in r for r in res.reasons), res.reasons
+    v = res.trajectory.velocity
+    assert np.all(v <= 5.0) and v[-1] == pytest.approx(0.0, abs=0.05)
 
 
 def test_objects_with_nan_are_dropped_and_reported(prior) -> None:
@@ -206,7 +237,11 @@ def test_node_facing_api_flat_options_markers_and_reasons(prior) -> None:
     assert cfg.search.population == 24 and cfg.objective.gamma_p == 0.25
     pl = DecisionGuidedPlanner(cfg, prior=prior)
     assert pl.debug_candidates() == []
+    # The candidate set is the one the decision carries; gamma_p only applies to a decision without one.
     pl.plan(make_input([slow_car()], decision({"CK": 0.5, "CL": 0.3, "DK": 0.2})))
+    assert [d[0] for d in pl.debug_candidates()] == ["CK", "CL", "DK"]
+    pl.reset()
+    pl.plan(make_input([slow_car()], decision({"CK": 0.5, "CL": 0.3, "DK": 0.2}, candidates=[])))
     debug = pl.debug_candidates()
     assert [d[0] for d in debug] == ["CK", "CL"]  # DK (0.2) is below gamma_p 0.25
     assert sum(d[3] for d in debug) == 1

@@ -15,6 +15,9 @@ from luna_core.types import (DecisionDistribution, EgoState, ObjectClass, Tracke
 
 ODOM_DT = 0.05  # 20 Hz odometry
 PERCEPTION_DT = 0.1  # 10 Hz objects
+# The mechanics are tested on a short decision cycle (T_d = 0.5 s, H = 10: a 4.5 s window); the node's
+# defaults (T_d = 2 s) only change the window lengths.
+PARAMS = MonitorParameters(decision_period=0.5, stall_window_cycles=10)
 
 
 def _ego(t: float, speed: float, heading: float = 0.0, x0: float = 0.0) -> EgoState:
@@ -46,7 +49,7 @@ def _decision(stamp: float, code: str) -> DecisionDistribution:
 
 
 def test_free_driving_reports_nothing_and_fills_diagnostics() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
     _feed(m, 2.0, 10.0, lambda t: [_car("lead", 10.0 * t + 30.0, 0.0), _car("side", 10.0 * t, 4.0)])
     assert m.check(2.0) is None
     d = m.diagnostics
@@ -56,7 +59,7 @@ def test_free_driving_reports_nothing_and_fills_diagnostics() -> None:
 
 
 def test_collision_in_the_window_gives_the_failure_tuple() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
     for stamp, code in ((0.0, "AK"), (0.5, "CK"), (1.0, "DK")):
         m.on_decision(_decision(stamp, code))
     # A stopped car (rear at 13.25 m): the ego front (4.05 m ahead of the rear axle) reaches it in (0.9, 1.0].
@@ -69,7 +72,7 @@ def test_collision_in_the_window_gives_the_failure_tuple() -> None:
 
 
 def test_consecutive_windows_partition_time() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
     # The object overlaps the ego only in the frame at 0.9 s.
     _feed(m, 1.5, 5.0, lambda t: [_car("blip", 5.0 * t + 2.0, 0.0)] if abs(t - 0.9) < 1e-6 else [])
     assert m.check(0.5) is None
@@ -78,7 +81,7 @@ def test_consecutive_windows_partition_time() -> None:
 
 
 def test_objects_missing_from_frames_are_masked_and_nan_objects_dropped() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
 
     def objects(t: float) -> list[TrackedObject]:
         out = [_car("nan", math.nan, 0.0)]
@@ -110,7 +113,7 @@ def test_stall_when_slow_under_permissive_lights_only() -> None:
 
 
 def test_no_stall_claim_without_history() -> None:
-    m = ProgressMonitor(MonitorParameters(stall_window_cycles=10))  # needs 4.5 s of samples
+    m = ProgressMonitor(PARAMS)  # needs 4.5 s of samples
     _feed(m, 3.0, 0.0, lambda t: [])
     assert m.check(3.0) is None
     assert not m.diagnostics.stall_window_full
@@ -120,7 +123,7 @@ def test_no_stall_claim_without_history() -> None:
 
 def test_out_of_order_stamps_give_the_same_result() -> None:
     def run(shuffle: bool):
-        m = ProgressMonitor()
+        m = ProgressMonitor(PARAMS)
         msgs = [("ego", _ego(k * ODOM_DT, 10.0)) for k in range(21)]
         msgs += [("obj", TrackedObjects(round(k * PERCEPTION_DT, 9), [_car("stopped", 15.5, 0.0)]))
                  for k in range(11)]
@@ -136,7 +139,7 @@ def test_out_of_order_stamps_give_the_same_result() -> None:
 
 
 def test_a_wild_future_stamp_does_not_wipe_the_buffers() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
     _feed(m, 1.0, 10.0, lambda t: [_car("stopped", 15.5, 0.0)])
     m.update_objects(TrackedObjects(1.0e9, []))
     m.update_ego(_ego(1.0e9, 0.0))
@@ -144,7 +147,7 @@ def test_a_wild_future_stamp_does_not_wipe_the_buffers() -> None:
 
 
 def test_ego_pose_interpolation_wraps_heading() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
     # Heading near +-pi: driving towards -x; the samples straddle the wrap-around.
     m.update_ego(EgoState(0.0, 0.0, 0.0, math.pi - 0.05, 0.0))
     m.update_ego(EgoState(0.2, 0.0, 0.0, -math.pi + 0.05, 0.0))
@@ -154,7 +157,7 @@ def test_ego_pose_interpolation_wraps_heading() -> None:
 
 
 def test_frames_without_an_ego_pose_nearby_are_not_checked() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
     m.update_ego(_ego(0.0, 0.0))
     m.update_ego(_ego(2.0, 0.0))  # odometry gap of 2 s
     m.update_objects(TrackedObjects(1.0, [_car("on_top", 1.4, 0.0)]))
@@ -163,7 +166,7 @@ def test_frames_without_an_ego_pose_nearby_are_not_checked() -> None:
 
 
 def test_issued_decision_falls_back_to_the_first_in_window_and_to_none() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
     assert m.issued_decision(1.0) == ("", 0.0)
     m.on_decision("DK", stamp=0.8)
     assert m.issued_decision(1.0) == ("DK", 0.8)
@@ -172,7 +175,7 @@ def test_issued_decision_falls_back_to_the_first_in_window_and_to_none() -> None
 
 
 def test_bad_input_raises_clear_errors() -> None:
-    m = ProgressMonitor()
+    m = ProgressMonitor(PARAMS)
     with pytest.raises(MonitorInputError, match="non-finite"):
         m.update_ego(EgoState(0.0, math.nan, 0.0, 0.0, 1.0))
     with pytest.raises(MonitorInputError, match="objects frame: stamp"):

@@ -70,7 +70,7 @@ def _params_dir(out: Path, planner: str, with_decisions: bool) -> Path:
 
     # Lock step: the clock waits for the planner, and the planner for the decision of its instant.
     patch("planner", planner=planner, input_sync_timeout=30.0 if with_decisions else 2.0,
-          decision_period=0.5 if with_decisions else 0.0)
+          decision_period=2.0 if with_decisions else 0.0)
     patch("decision_inference", input_sync_timeout=10.0, max_scene_age=2.0)
     return params
 

@@ -48,11 +48,11 @@ class MonitorParameters:
     """Progress-monitor parameters (node parameters of ``progress_monitor``; defaults as below).
 
     The paper leaves H and v_th open; the defaults flag a vehicle that averaged under 0.5 m/s over the
-    last 5 s (10 cycles of 0.5 s) while no light asked it to stop.
+    samples of the last 4 s (H = 3 cycles of T_d = 2 s) while no light asked it to stop.
     """
 
-    decision_period: float = 0.5  # T_d (s): check period and collision window length
-    stall_window_cycles: int = 10  # H: decision cycles in the stall window (Eq. 23)
+    decision_period: float = 2.0  # T_d (s): check period and collision window length
+    stall_window_cycles: int = 3  # H: decision cycles in the stall window (Eq. 23)
     stall_speed_threshold: float = 0.5  # v_th (m/s)
     max_sample_gap: float = 0.3  # s: how far from an instant an ego/light sample may be to stand for it
     collision_tolerance: float = TOUCH_TOLERANCE  # m: boxes this close count as touching

@@ -89,7 +89,7 @@ DECISION_INTERFACE = NodeInterface(
             ("luna/memory/version", "std_msgs/UInt64", "reliable, transient local")],
     outputs=[("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     params=[ParamSpec("autostart", bool, True, "Configure and activate on start."),
-            ParamSpec("decision_period", float, 0.5, "T_d.", "s", min=0.05, max=10.0),
+            ParamSpec("decision_period", float, 2.0, "T_d.", "s", min=0.05, max=10.0),
             ParamSpec("max_scene_age", float, 1.0, "Older scenes are not decided on.", "s", min=0.01),
             ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a cycle waits for "
                       "the scene of its own instant.", "s", min=0.0),

@@ -6,6 +6,8 @@ default, or a baseline. This node only gathers inputs, applies the degraded mode
 * decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term;
 * objects with non-finite fields: dropped (the rest are kept);
 * no lane graph or route yet, an empty lane graph, or stale odometry: a comfortable stop;
+* nothing feasible: the planner's least-bad trajectory, or its emergency brake (counted per mode in
+  ``/diagnostics``: ``mode_<mode>`` values, and ``decision_flips``);
 * planner exception or non-finite output: a comfortable stop along the route (or straight ahead);
 * a planning cycle longer than the replan period counts as a missed deadline.
 
@@ -59,12 +61,12 @@ INTERFACE = NodeInterface(
         ParamSpec("replan_period", float, 0.5, "Planning cycle.", "s", min=0.02, max=10.0),
         ParamSpec("time_budget", float, 0.4, "Search budget per cycle; the best trajectory found so far is "
                   "published when it runs out.", "s", min=0.01),
-        ParamSpec("decision_timeout", float, 1.0, "A decision older than this (2 T_d) is ignored: fallback "
+        ParamSpec("decision_timeout", float, 4.0, "A decision older than this (2 T_d) is ignored: fallback "
                   "objective without the decision term.", "s", min=0.0),
         ParamSpec("history_duration", float, 2.0, "Ego history passed to the planner.", "s", min=0.0, max=10.0),
         ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a cycle waits for the "
                   "odometry (and at decision instants the decision) of its own instant.", "s", min=0.0),
-        ParamSpec("decision_period", float, 0.5, "T_d of the decision node, for the lock-step wait; 0 = never "
+        ParamSpec("decision_period", float, 2.0, "T_d of the decision node, for the lock-step wait; 0 = never "
                   "wait for decisions.", "s", min=0.0),
         ParamSpec("max_input_age", float, 1.0, "Odometry older than this: publish a stop and report.", "s",
                   min=0.01),
@@ -270,6 +272,11 @@ class PlannerNode(LunaLifecycleNode):
                     raise ValueError("planner returned a non-finite or empty trajectory")
                 searched = self.planner
                 reason = getattr(getattr(self.planner, "last", None), "degraded_reason", "")
+                cycle = getattr(self.planner, "cycle_info", dict)()
+                if cycle.get("mode"):  # cycles per mode: decision, fallback, least_bad, emergency_brake, ...
+                    self.diagnostics.increment(f"mode_{cycle['mode']}")
+                if cycle.get("flip"):
+                    self.diagnostics.increment("decision_flips")
                 if reason:
                     self.diagnostics.set_condition("planning", WARN, reason)
                 else:

@@ -24,9 +24,9 @@ INTERFACE = NodeInterface(
             ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     outputs=[("luna/failure", "luna_msgs/FailureEvent", "reliable, keep last 10")],
     params=[
-        ParamSpec("decision_period", float, 0.5, "T_d: check period and collision window.", "s",
+        ParamSpec("decision_period", float, 2.0, "T_d: check period and collision window.", "s",
                   min=0.05, max=10.0),
-        ParamSpec("stall_window_cycles", int, 10, "H: decision cycles in the stall window.", min=1, max=1000),
+        ParamSpec("stall_window_cycles", int, 3, "H: decision cycles in the stall window.", min=1, max=1000),
         ParamSpec("stall_speed_threshold", float, 0.5, "v_th: mean speed below which the ego stalls.", "m/s",
                   min=0.0),
         ParamSpec("max_sample_gap", float, 0.3, "How far a sample may be from the instant it stands for.", "s",

@@ -5,24 +5,31 @@ Each call (``plan`` / ``plan_detailed``):
 1. sanitise the input: the ego state is the latest finite one of the history; objects with
    non-finite fields are dropped (and counted in the reasons);
 2. reference paths per lateral decision (``reference_paths``); off the map -> comfortable stop;
-3. the candidate set C_t = {a : pi(a) >= gamma_p} (Eq. 19) of a fresh, valid decision; actions
-   without a lane on their side are dropped. No decision, a stale one (older than
-   ``decision_timeout``, 2 T_d by default) or an invalid one (probabilities not a distribution,
-   unknown action codes) -> the fallback objective: one search under J_gen alone, warm-started
-   by PDM-Closed's proposals along the current lane (exactly the "Diffusion-ES without decisions"
-   baseline, which is this class with ``use_decisions=False``);
+3. the decision in force (``luna_core.decision``): validated once, with the candidate set C_t as
+   published (Eq. 19) and the speed intervals V^k latched from the ego speed at the decision's stamp;
+   actions without a lane on their side are dropped. No decision, a stale one (older than
+   ``decision_timeout``, 2 T_d) or an invalid one -> the fallback objective: one search under J_gen
+   alone, warm-started by PDM-Closed's proposals along the current lane (exactly the "Diffusion-ES
+   without decisions" baseline, which is this class with ``use_decisions=False``);
 4. one batched Diffusion-ES over all candidate actions, each under J_a = J_dec^omega_dec *
    J_gen^omega_gen (Eq. 20-21), warm-started by IDM proposals along the action's reference lane at
    target speeds inside its speed interval (Stop: braking profiles), blended smoothly from the ego's
-   current lateral position;
-5. Eq. 22: a* = argmax pi(a)^omega_prob * J~_a(X*_a); its trajectory is published;
-6. if the chosen trajectory has J_gen = 0 (every candidate collides at fault, leaves the drivable
-   area or drives against traffic) -> comfortable stop along the current lane.
+   current lateral position, plus the previous cycle's plan (consistency);
+5. Eq. 22: a* = argmax pi(a)^omega_prob * J~_a(X*_a), with hysteresis: while the same decision is in
+   force, another action must beat the previous cycle's a* by ``switch_margin`` (no flipping between
+   manoeuvres on near-ties);
+6. if every candidate's best has J_gen = 0 (at-fault collision, off the drivable area or against
+   traffic), PDM-Closed's fallback: the least-bad scored trajectory (the best weighted score among
+   those without an at-fault collision; none: the centreline IDM proposal), and an emergency brake
+   only when that one runs into an at-fault collision within ``emergency_time`` at low speed.
 
-J_gen is the shared PDM-style scorer (``planning.scorer``) on LQR + bicycle rollouts over 40 steps
-of 0.1 s. Its progress term is normalised by a reference fixed once per call (the best feasible
-progress among the first scored batch, the warm starts) so that members scored in different
-Diffusion-ES batches stay comparable.
+J_gen is the shared PDM-style scorer (``planning.scorer``, nuPlan's CLS weights: the speed limit counts
+4) on LQR + bicycle rollouts over 40 steps of 0.1 s. Progress is normalised as PDM-Closed does, by the
+best progress among all feasible members scored in the call: during the search by the best so far
+(for elite resampling), and at the end every scored member's J is recomputed with the final reference
+before the candidates X*_a are picked. The published trajectory is the chosen member for the scored 4 s
+and an IDM continuation along the action's lane behind the forecast objects for the rest of the 8 s, so
+no part of it drives through an object the scorer never saw.
 
 The time budget is handled by ``diffusion_es`` (anytime): past the budget the best found so far is
 published and the result says which stage was cut. ``deterministic=True`` drops the budget (fixed
@@ -41,38 +48,45 @@ import torch
 
 from luna_core.assets import resolve
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
-from luna_core.lanes import LaneMap, Polyline, lane_map
+from luna_core.decision import DecisionInForce, InvalidDecision, latch
+from luna_core.idm import pdm_policy
+from luna_core.lanes import LaneMap, lane_map
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
                                           to_map_frame)
 from luna_core.planning.diffusion_es import (DiffusionESConfig, ESResult, Evaluation, StageTimer, densify,
                                              diffusion_es)
-from luna_core.planning.forecast import constant_velocity_forecast
-from luna_core.planning.objectives import (ObjectiveConfig, action_objective, candidate_actions,
-                                           decision_following, select, speed_interval)
-from luna_core.planning.proposals import idm_proposals, stopping_trajectory
+from luna_core.planning.fallback import stop_along
+from luna_core.planning.forecast import FORECAST_RADIUS, constant_velocity_forecast
+from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following, select,
+                                           speed_interval)
+from luna_core.planning.pdm_closed import emergency_brake_trajectory
+from luna_core.planning.proposals import idm_proposals, idm_rollout, stopping_trajectory
 from luna_core.planning.reference_paths import OffMapError, ReferencePath, reference_paths
-from luna_core.planning.scorer import (PROGRESS_EPSILON, ObjectBoxes, ScorerWeights, ScoringContext,
-                                       score_proposals)
-from luna_core.types import (ACTION_INDEX, EgoState, LaneGraph, PlannerInput, TrackedObjects, Trajectory,
-                             VehicleParameters, validate_distribution, wrap_angle)
+from luna_core.planning.scorer import (CLS_WEIGHTS, PROGRESS_EPSILON, ObjectBoxes, ProposalScores, ScorerWeights,
+                                       ScoringContext, score_proposals)
+from luna_core.types import (EgoState, LaneGraph, PlannerInput, TrackedObjects, Trajectory, VehicleParameters,
+                             wrap_angle)
 
 
 class PlannerInputError(ValueError):
     """The input holds nothing a trajectory can start from (no finite ego state)."""
 
 
-# Degraded modes, as reported in PlanResult.mode (and in the planner node's diagnostics).
+# How each cycle ended, as reported in PlanResult.mode (the planner node's diagnostics, eval results).
 MODE_DECISION = "decision"  # Eq. 19-22 with a valid, fresh decision
 MODE_NO_DECISION = "no_decision"  # configured without decisions (the Diffusion-ES baseline)
 MODE_FALLBACK = "fallback"  # decision missing, stale or invalid: J_gen only
-MODE_STOP = "comfortable_stop"  # off the map or nothing feasible
+MODE_LEAST_BAD = "least_bad"  # nothing feasible: PDM-Closed's least-bad scored trajectory
+MODE_EMERGENCY = "emergency_brake"  # the least-bad one runs into an at-fault collision soon: brake
+MODE_STOP = "comfortable_stop"  # off the map or the search produced nothing
+PLAN_MODES = (MODE_DECISION, MODE_NO_DECISION, MODE_FALLBACK, MODE_LEAST_BAD, MODE_EMERGENCY, MODE_STOP)
 
 
 @dataclass(frozen=True)
 class DecisionGuidedConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     search: DiffusionESConfig = field(default_factory=DiffusionESConfig)
-    scorer_weights: ScorerWeights = field(default_factory=ScorerWeights)
+    scorer_weights: ScorerWeights = CLS_WEIGHTS
     model_path: str = ""  # diffusion prior folder (config.json + model.safetensors); "" = the bundled default
     time_budget: float = 0.4  # s per call; the planner node replans every 0.5 s
     # Deterministic mode for batch evaluation: no wall-clock budget, every stage runs at its full
@@ -88,6 +102,14 @@ class DecisionGuidedConfig:
     change_blend_times: tuple[float, ...] = (3.0, 4.5, 6.0)  # s to reach the target lane (L, R)
     fallback_offsets: tuple[float, ...] = (-1.0, 0.0, 1.0)  # PDM-Closed's proposal offsets (m)
     fallback_speed_fractions: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)  # of the speed limit
+    # Eq. 22 hysteresis: while one decision is in force, another action replaces the previous cycle's
+    # a* only if its Eq. 22 score is higher by this fraction.
+    switch_margin: float = 0.1
+    # PDM-Closed's emergency brake (``pdm_closed``): the least-bad trajectory collides at fault within
+    # this time (s) while the ego is at most this fast (m/s).
+    emergency_time: float = 2.0
+    emergency_max_speed: float = 5.0
+    tail_blend_time: float = 2.0  # s over which the IDM tail joins its lane centre
     # Flat overrides of the two most-tuned nested settings (the planner node's parameters):
     # search.population and objective.gamma_p; None keeps the nested value.
     population: int | None = None
@@ -99,9 +121,12 @@ class DecisionGuidedConfig:
         if self.gamma_p is not None:
             object.__setattr__(self, "objective", replace(self.objective, gamma_p=float(self.gamma_p)))
         if not (self.time_budget > 0.0 and self.decision_timeout > 0.0 and self.output_horizon > 0.0
-                and self.comfortable_deceleration > 0.0):
-            raise ValueError("DecisionGuidedConfig: time_budget, decision_timeout, output_horizon and "
-                             "comfortable_deceleration must be positive")
+                and self.comfortable_deceleration > 0.0 and self.tail_blend_time > 0.0):
+            raise ValueError("DecisionGuidedConfig: time_budget, decision_timeout, output_horizon, "
+                             "comfortable_deceleration and tail_blend_time must be positive")
+        if not (self.switch_margin >= 0.0 and self.emergency_time >= 0.0 and self.emergency_max_speed >= 0.0):
+            raise ValueError("DecisionGuidedConfig: switch_margin, emergency_time and emergency_max_speed "
+                             "must be >= 0")
 
 
 @dataclass
@@ -121,7 +146,7 @@ class CandidateResult:
 @dataclass
 class PlanResult:
     trajectory: Trajectory
-    action: str | None  # a* (None in the J_gen-only modes and when stopping)
+    action: str | None  # a* (None in the J_gen-only modes and when falling back)
     mode: str
     reasons: list[str]
     candidates: list[CandidateResult]
@@ -130,10 +155,11 @@ class PlanResult:
     budget_cut: str  # non-empty if the search stopped early because of the budget
     stages_done: list[str]
     decision_stamp: float | None = None
+    flipped: bool = False  # a* changed from the previous cycle while the same decision was in force
 
     @property
     def degraded(self) -> bool:
-        return self.mode in (MODE_FALLBACK, MODE_STOP)
+        return self.mode in (MODE_FALLBACK, MODE_LEAST_BAD, MODE_EMERGENCY, MODE_STOP)
 
     @property
     def degraded_reason(self) -> str:
@@ -150,7 +176,7 @@ PROGRESS_FLOOR_ACCELERATION = 1.0  # m/s^2 of the ideal start the progress floor
 
 
 def progress_floor(speed: float, speed_limit: float, horizon: float) -> float:
-    """The progress reference (m) when no feasible warm start moves: half the distance covered over
+    """The progress reference (m) when no feasible member moves: half the distance covered over
     ``horizon`` seconds when accelerating gently (1 m/s^2) from ``speed`` up to ``speed_limit`` (no
     limit known: 15 m/s)."""
     v0 = max(speed, 0.0)
@@ -160,12 +186,41 @@ def progress_floor(speed: float, speed_limit: float, horizon: float) -> float:
     return 0.5 * ideal
 
 
+@dataclass
+class ScoredBatch(Evaluation):
+    """An ``Evaluation`` with the raw scorer terms the final selection recomputes J from."""
+
+    poses: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3)))  # (M, N, 3) ego-frame waypoints
+    scores: ProposalScores | None = None  # of the tracked members (rows ``tracked``)
+    tracked: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+
+
+@dataclass
+class Member:
+    """One scored member with its terms under the final progress reference."""
+
+    batch: ScoredBatch
+    row: int
+    j_a: float
+    j_dec: float
+    j_gen: float
+
+    @property
+    def poses(self) -> np.ndarray:
+        return self.batch.poses[self.row]
+
+
 class PlannerObjective:
-    """The ``PopulationObjective`` of one planning call: tracking + J_gen shared, J_dec per group."""
+    """The ``PopulationObjective`` of one planning call: tracking + J_gen shared, J_dec per group.
+
+    Every scored batch is kept, with each group's J_dec of its rows, so that the end of the call can
+    recompute every member's J_gen with the final progress reference (PDM-Closed normalises progress
+    over the whole scored set) and pick each group's best, and the least-bad member for the fallback.
+    """
 
     def __init__(self, ego: EgoState, seed: np.ndarray, waypoint_dt: float, ctx: ScoringContext,
                  weights: ScorerWeights, groups: list[str], paths: dict[str, ReferencePath],
-                 config: ObjectiveConfig) -> None:
+                 config: ObjectiveConfig, decision: DecisionInForce | None = None) -> None:
         self.ego = ego
         self.origin = (ego.x, ego.y, ego.heading)
         self.seed = seed
@@ -176,8 +231,13 @@ class PlannerObjective:
         self.paths = paths
         self.config = config
         self.state0 = state_from_ego(ego)
-        self.progress_reference: float | None = None
+        # V^k from the speed at the decision's stamp, as far into Stop's ramp as the decision's age.
+        self.reference_speed = decision.reference_speed if decision is not None else ego.velocity
+        self.elapsed = max(ego.stamp - decision.stamp, 0.0) if decision is not None else 0.0
+        self.progress_reference = 0.0  # best feasible raw progress so far (m)
         self.progress_floor = progress_floor(ego.velocity, ctx.speed_limit, config.horizon_steps * config.dt)
+        self.batches: list[ScoredBatch] = []
+        self.group_rows: list[list[tuple[ScoredBatch, np.ndarray, np.ndarray | None]]] = [[] for _ in groups]
 
     def map_poses(self, poses: np.ndarray, steps: int) -> np.ndarray:
         dense = densify(poses, self.seed, self.waypoint_dt, self.config.dt, steps)
@@ -190,44 +250,90 @@ class PlannerObjective:
         ok = np.all(np.isfinite(ref), axis=(1, 2))
         states = np.zeros((m, steps + 1, len(StateIndex)))
         states[:] = self.state0
-        j_gen = np.zeros(m)
+        batch = ScoredBatch(states, np.zeros(m), np.asarray(poses, dtype=np.float64))
         if ok.any():
             sim = simulate_proposals(self.state0, ref[ok], self.ctx.vehicle)
             good = np.all(np.isfinite(sim), axis=(1, 2))
             idx = np.flatnonzero(ok)[good]
             states[idx] = sim[good]
             if len(idx):
-                j_gen[idx] = self._j_gen(states[idx])
-        return Evaluation(states, j_gen)
+                batch.tracked = idx
+                batch.scores = score_proposals(states[idx], self.ctx, self.weights)
+                feasible = batch.scores.raw_progress[batch.scores.multiplicative > 0]
+                if len(feasible):
+                    self.progress_reference = max(self.progress_reference, float(feasible.max()))
+                batch.j_gen[idx] = self._j_gen(batch.scores)
+        self.batches.append(batch)
+        return batch
 
-    def _j_gen(self, states: np.ndarray) -> np.ndarray:
-        s = score_proposals(states, self.ctx, self.weights)
-        if self.progress_reference is None:  # fixed by the first batch: comparable across batches
-            feasible = s.raw_progress[s.multiplicative > 0]
-            best = float(feasible.max()) if len(feasible) else 0.0
-            # No feasible warm start that moves: a reference of ~0 would give every member full
-            # progress, and a creeping or reversing trajectory would score like one that drives on.
-            # Then (only then: a max() with the floor would push a planned stop towards the lead
-            # and cost TTC) the floor is the reference.
-            self.progress_reference = best if best > PROGRESS_EPSILON else self.progress_floor
-        ref = self.progress_reference
-        progress = np.clip(s.raw_progress / ref, 0.0, 1.0) if ref > PROGRESS_EPSILON else np.ones(len(states))
+    def reference(self) -> float:
+        """The progress normaliser: the best feasible progress scored so far; when no feasible member
+        moves, a floor (a reference of ~0 would give every member full progress, and a creeping or
+        reversing trajectory would score like one that drives on)."""
+        return self.progress_reference if self.progress_reference > PROGRESS_EPSILON else self.progress_floor
+
+    def _j_gen(self, s: ProposalScores) -> np.ndarray:
+        return s.multiplicative * self._weighted(s)
+
+    def _weighted(self, s: ProposalScores) -> np.ndarray:
+        progress = np.clip(s.raw_progress / self.reference(), 0.0, 1.0)
         w = self.weights
-        weighted = (w.progress * progress + w.ttc * s.ttc + w.comfort * s.comfort
-                    + w.speed_limit * s.speed_limit) / w.total
-        return s.multiplicative * weighted
+        return (w.progress * progress + w.ttc * s.ttc + w.comfort * s.comfort + w.speed_limit * s.speed_limit) / w.total
+
+    def _j_dec(self, action: str, states: np.ndarray) -> np.ndarray:
+        path = self.paths[_lateral(action)]
+        offsets = path.lateral_offset(states[..., :2])
+        return decision_following(action, offsets, states[..., StateIndex.VELOCITY], self.reference_speed,
+                                  self.config, path.speed_limit, self.elapsed)
 
     def group_terms(self, group: int, evaluation: Evaluation, rows: np.ndarray) -> dict[str, np.ndarray]:
         action = self.groups[group]
         j_gen = evaluation.j_gen[rows]
-        if not action:
+        j_dec = self._j_dec(action, evaluation.states[rows, 1:]) if action else None
+        assert isinstance(evaluation, ScoredBatch)
+        self.group_rows[group].append((evaluation, np.asarray(rows), j_dec))
+        if j_dec is None:
             return {"score": action_objective(None, j_gen, self.config), "j_gen": j_gen}
-        states = evaluation.states[rows, 1:]
-        path = self.paths[_lateral(action)]
-        offsets = path.lateral_offset(states[..., :2])
-        j_dec = decision_following(action, offsets, states[..., StateIndex.VELOCITY], self.ego.velocity,
-                                   self.config)
         return {"score": action_objective(j_dec, j_gen, self.config), "j_dec": j_dec, "j_gen": j_gen}
+
+    def final_j_gen(self, batch: ScoredBatch) -> np.ndarray:
+        """J_gen (M,) of a batch under the final progress reference (0 for untracked members)."""
+        out = np.zeros(len(batch.poses))
+        if batch.scores is not None:
+            out[batch.tracked] = self._j_gen(batch.scores)
+        return out
+
+    def best_member(self, group: int) -> Member | None:
+        """The group's X*_a under the final progress reference (first scored on ties)."""
+        best: Member | None = None
+        for batch, rows, j_dec in self.group_rows[group]:
+            j_gen = self.final_j_gen(batch)[rows]
+            j_a = action_objective(j_dec, j_gen, self.config)
+            k = int(np.argmax(j_a))
+            if best is None or j_a[k] > best.j_a:
+                best = Member(batch, int(rows[k]), float(j_a[k]), math.nan if j_dec is None else float(j_dec[k]),
+                              float(j_gen[k]))
+        return best
+
+    def least_bad(self) -> tuple[Member, float] | None:
+        """PDM-Closed's pick when nothing is feasible: the member with the best weighted score among
+        those without an at-fault collision (a static object counts half), and the time (s) to its
+        first at-fault collision (inf if none); None if every member has an at-fault collision."""
+        best: tuple[float, ScoredBatch, int] | None = None
+        for batch in self.batches:
+            if batch.scores is None:
+                continue
+            s = batch.scores
+            key = s.no_at_fault_collision * (1.0 + self._weighted(s))
+            k = int(np.argmax(key))
+            if key[k] > 0.0 and (best is None or key[k] > best[0]):
+                best = (float(key[k]), batch, k)
+        if best is None:
+            return None
+        _, batch, k = best
+        row = int(batch.tracked[k])
+        return (Member(batch, row, 0.0, math.nan, float(self.final_j_gen(batch)[row])),
+                float(batch.scores.time_to_at_fault_collision[k]))
 
 
 def _lateral(action: str) -> str:
@@ -283,6 +389,7 @@ class DecisionGuidedPlanner:
         self.name = "luna" if config.use_decisions else "diffusion_es"
         self.calls = 0
         self.last: PlanResult | None = None
+        self._in_force: DecisionInForce | None = None
         self._local_key: tuple | None = None
         self._local_graph = LaneGraph()
         self.timer = StageTimer()  # stage costs measured in earlier calls, for the anytime budget
@@ -290,9 +397,17 @@ class DecisionGuidedPlanner:
     def reset(self) -> None:
         self.calls = 0
         self.last = None
+        self._in_force = None
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         return self.plan_detailed(planner_input).trajectory
+
+    def cycle_info(self) -> dict[str, object]:
+        """How the last cycle ended, for evaluation statistics (mode, a*, whether a* flipped)."""
+        last = self.last
+        if last is None:
+            return {}
+        return {"mode": last.mode, "action": last.action or "", "flip": last.flipped}
 
     def debug_candidates(self) -> list[tuple[str, Trajectory, float, bool]]:
         """The last cycle's candidates for markers: (action code, X*_a, Eq. 22 score, chosen); the
@@ -325,33 +440,33 @@ class DecisionGuidedPlanner:
             paths = reference_paths(planner_input.lane_graph, planner_input.route, ego, ahead=ahead)
         except OffMapError as exc:
             reasons.append(f"no reference path: {exc}")
-            line = Polyline(np.array([[ego.x, ego.y], [ego.x + 200.0 * math.cos(ego.heading),
-                                                       ego.y + 200.0 * math.sin(ego.heading)]]))
-            return self._finish(stopping_trajectory(ego, line, c.comfortable_deceleration, steps_out,
-                                                    c.objective.dt), None, MODE_STOP, reasons, [], start, budget,
-                                None, planner_input)
+            stop = stop_along(ego, None, c.comfortable_deceleration, c.output_horizon, c.objective.dt)
+            return self._finish(stop, None, MODE_STOP, reasons, [], start, budget, None)
 
-        groups, probs, mode, stamp = self._candidates(planner_input, paths, reasons)
+        groups, probs, mode, decision = self._candidates(planner_input, paths, reasons)
         clean_input = replace(planner_input, ego_history=[ego], objects=TrackedObjects(
             planner_input.objects.stamp, [o for o in planner_input.objects.objects if o.is_finite()]))
         lm = self._local_lanes(planner_input.lane_graph, ego)
         keep = paths["K"]
+        # Objects as far as the 8 s trajectories reach (the warm starts' IDM and the published tail
+        # stop behind them); the scorer sees PDM-Closed's 50 m around the ego over the scored 4 s.
+        reach = max(FORECAST_RADIUS, 30.0 + c.output_horizon * max(ego.velocity, keep.speed_limit))
         full_forecast = constant_velocity_forecast(clean_input, lm, list(keep.lane_ids), steps_out + 1,
-                                                   c.objective.dt)
-        f, n_score = full_forecast, c.objective.horizon_steps + 1
-        forecast = ObjectBoxes(f.ids, f.pose[:, :n_score], f.size, f.speed, f.static, f.red_light)
+                                                   c.objective.dt, radius=reach)
+        near = np.hypot(full_forecast.pose[:, 0, 0] - ego.x, full_forecast.pose[:, 0, 1] - ego.y) <= FORECAST_RADIUS
+        forecast = full_forecast.subset(near | full_forecast.red_light).window(0, c.objective.horizon_steps + 1)
         ctx = ScoringContext(lm, keep.centerline, forecast, keep.speed_limit, planner_input.vehicle,
                              c.objective.dt)
         hist, seed = history_from_states(planner_input.ego_history, self.prior.config)
         objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, ctx, c.scorer_weights, groups,
-                                     paths, c.objective)
-        warm = self._warm_starts(groups, ego, paths, full_forecast, steps_out, planner_input.vehicle)
+                                     paths, c.objective, decision)
+        warm = self._warm_starts(groups, ego, paths, full_forecast, steps_out, planner_input.vehicle, objective)
         gen = torch.Generator().manual_seed(c.search.seed * 1_000_003 + self.calls)
         search = diffusion_es(self.prior, hist, seed, warm, objective, c.search, deadline, gen, self.clock, self.timer)
         if search.budget_cut:
             reasons.append(f"time budget {budget * 1e3:.0f} ms: {search.budget_cut}")
-        return self._select(search, groups, probs, mode, reasons, objective, ego, keep, start, budget, stamp,
-                            planner_input)
+        return self._select(search, groups, probs, mode, reasons, objective, ego, paths, full_forecast, start,
+                            budget, decision, planner_input)
 
     def _local_lanes(self, graph: LaneGraph, ego: EgoState) -> LaneMap:
         """The lane map of the lanes within reach of this cycle's trajectories.
@@ -377,8 +492,8 @@ class DecisionGuidedPlanner:
         return finite[-1]
 
     def _candidates(self, planner_input: PlannerInput, paths: dict[str, ReferencePath], reasons: list[str]
-                    ) -> tuple[list[str], list[float], str, float | None]:
-        """(groups, probabilities, mode, decision stamp); groups [""] = the J_gen-only search."""
+                    ) -> tuple[list[str], list[float], str, DecisionInForce | None]:
+        """(groups, probabilities, mode, decision in force); groups [""] = the J_gen-only search."""
         c = self.config
         if not c.use_decisions:
             return [""], [1.0], MODE_NO_DECISION, None
@@ -386,41 +501,69 @@ class DecisionGuidedPlanner:
         if d is None:
             reasons.append("no decision received: J_gen-only fallback")
             return [""], [1.0], MODE_FALLBACK, None
-        age = planner_input.time - d.stamp
-        if not math.isfinite(age) or age > c.decision_timeout:
+        if self._in_force is None or self._in_force.stamp != d.stamp:
+            try:
+                self._in_force = latch(d, planner_input.ego_history, c.objective.gamma_p)
+            except InvalidDecision as exc:
+                self._in_force = None
+                reasons.append(f"invalid decision: {exc}: J_gen-only fallback")
+                return [""], [1.0], MODE_FALLBACK, None
+            if self._in_force.reference_note:
+                reasons.append(f"decision's reference speed: {self._in_force.reference_note}")
+        decision = self._in_force
+        age = decision.age(planner_input.time)
+        if age > c.decision_timeout:
             reasons.append(f"decision is stale ({age:.2f} s old > {c.decision_timeout:.2f} s): J_gen-only fallback")
-            return [""], [1.0], MODE_FALLBACK, d.stamp
-        try:
-            p = validate_distribution(d.probabilities)
-            unknown = [code for code in d.candidate_set if code not in ACTION_INDEX]
-            if unknown:
-                raise ValueError(f"unknown action code(s) {unknown} in the candidate set")
-        except (ValueError, TypeError) as exc:
-            reasons.append(f"invalid decision: {exc}: J_gen-only fallback")
-            return [""], [1.0], MODE_FALLBACK, d.stamp
+            return [""], [1.0], MODE_FALLBACK, None
         chosen = []
-        for code in candidate_actions(p, c.objective):
+        for code in decision.candidate_set:
             if _lateral(code) not in paths:
                 reasons.append(f"candidate {code} dropped: no lane on that side")
             else:
                 chosen.append(code)
         if not chosen:
             reasons.append("no candidate action is possible here: J_gen-only fallback")
-            return [""], [1.0], MODE_FALLBACK, d.stamp
-        return chosen, [float(p[ACTION_INDEX[a]]) for a in chosen], MODE_DECISION, d.stamp
+            return [""], [1.0], MODE_FALLBACK, None
+        return chosen, [decision.probability(a) for a in chosen], MODE_DECISION, decision
+
+    def _previous_plan(self, ego: EgoState, every: int, steps: int) -> np.ndarray | None:
+        """The last published trajectory from now on, as map-frame poses every dt (1, steps+1, 3),
+        continued at its final speed and heading past its end; None without one."""
+        last = self.last
+        if last is None or last.mode in (MODE_EMERGENCY, MODE_STOP):
+            return None
+        traj = last.trajectory
+        dt = self.config.objective.dt
+        t = (ego.stamp - traj.stamp) + np.arange(steps + 1) * dt
+        if t[0] < traj.t[0] or t[0] > traj.t[-1]:
+            return None
+        s = np.concatenate([[0.0], np.cumsum(np.hypot(np.diff(traj.x), np.diff(traj.y)))])
+        s_at = np.interp(t, traj.t, s) + np.maximum(t - traj.t[-1], 0.0) * max(float(traj.velocity[-1]), 0.0)
+        x = np.interp(s_at, s, traj.x, right=np.nan)
+        y = np.interp(s_at, s, traj.y, right=np.nan)
+        beyond = np.isnan(x)
+        h_end = float(traj.heading[-1])
+        x[beyond] = traj.x[-1] + (s_at[beyond] - s[-1]) * math.cos(h_end)
+        y[beyond] = traj.y[-1] + (s_at[beyond] - s[-1]) * math.sin(h_end)
+        h = np.interp(t, traj.t, np.unwrap(traj.heading))
+        return np.column_stack([x, y, h])[None]
 
     def _warm_starts(self, groups: list[str], ego: EgoState, paths: dict[str, ReferencePath],
-                     forecast: ObjectBoxes, steps: int, vehicle: VehicleParameters) -> list[np.ndarray]:
-        """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals).
+                     forecast: ObjectBoxes, steps: int, vehicle: VehicleParameters,
+                     objective: PlannerObjective) -> list[np.ndarray]:
+        """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals),
+        the previous cycle's plan first (so consecutive cycles can keep a manoeuvre).
 
         IDM proposals run once per reference path for all the groups that share it (one vectorised
-        rollout over every target speed), then each group blends its own lateral profiles.
+        rollout over every target speed), then each group blends its own lateral profiles. Target
+        speeds stay inside the action's speed interval (capped at the lane's speed limit).
         """
         c = self.config
         dt = c.objective.dt
         every = int(round(self.prior.config.waypoint_dt / dt))
         steps = max(steps, every * self.prior.config.num_waypoints)
         origin = (ego.x, ego.y, ego.heading)
+        previous = self._previous_plan(ego, every, steps)
         plans: dict[str, tuple[str, np.ndarray, list[tuple[float, float]]]] = {}
         for action in groups:
             if action and action[0] == "S":
@@ -428,10 +571,10 @@ class DecisionGuidedPlanner:
             lateral = _lateral(action) if action else "K"
             path = paths[lateral]
             if action:
-                lo, hi = speed_interval(action, ego.velocity, c.objective)
+                lo, hi = speed_interval(action, objective.reference_speed, c.objective, path.speed_limit)
                 lo_v, hi_v = float(lo[0]), float(hi[0])
-                if not math.isfinite(hi_v):  # accelerate: up to the limit, at least 3 m/s above the floor
-                    hi_v = max(path.speed_limit, lo_v + 3.0)
+                if not math.isfinite(hi_v):  # accelerate without a known limit: up to 3 m/s above the floor
+                    hi_v = lo_v + 3.0
                 speeds = np.linspace(lo_v, max(hi_v * 0.98, lo_v), c.warm_speeds)
                 blends = c.keep_blend_times if lateral == "K" else c.change_blend_times
                 targets = [(0.0, tb) for tb in blends]
@@ -452,7 +595,7 @@ class DecisionGuidedPlanner:
         for action in groups:
             path = paths[_lateral(action)] if action else paths["K"]
             d0 = float(path.lateral_offset(np.array([ego.x, ego.y])))
-            parts = []
+            parts = [] if previous is None else [previous]
             if action and action[0] == "S":
                 for decel in np.linspace(1.0, 4.0, c.warm_speeds):
                     stop = stopping_trajectory(ego, path.centerline, float(decel), steps, dt)
@@ -467,65 +610,138 @@ class DecisionGuidedPlanner:
             out.append(_to_waypoints(np.concatenate(parts), origin, every)[:, : self.prior.config.num_waypoints])
         return out
 
+    # ---- selection and the published trajectory ----------------------------------------------------
+
     def _select(self, search: ESResult, groups: list[str], probs: list[float], mode: str, reasons: list[str],
-                objective: PlannerObjective, ego: EgoState, keep: ReferencePath, start: float, budget: float,
-                stamp: float | None, planner_input: PlannerInput) -> PlanResult:
+                objective: PlannerObjective, ego: EgoState, paths: dict[str, ReferencePath],
+                forecast: ObjectBoxes, start: float, budget: float, decision: DecisionInForce | None,
+                planner_input: PlannerInput) -> PlanResult:
         c = self.config
         steps_out = int(round(c.output_horizon / c.objective.dt))
         t = np.arange(steps_out + 1) * c.objective.dt
         candidates: list[CandidateResult] = []
         for g, action in enumerate(groups):
-            best = search.best[g]
+            best = objective.best_member(g)
             if best is None:
                 candidates.append(CandidateResult(action, probs[g], None, math.nan, 0.0, 0.0, 0.0, "none"))
                 continue
             poses = objective.map_poses(best.poses[None], steps_out)[0]
-            traj = Trajectory.from_poses(ego.stamp, t, poses)
-            j_gen = best.terms["j_gen"]
-            j_dec = best.terms.get("j_dec", math.nan)
-            candidates.append(CandidateResult(action, probs[g], traj, j_dec, j_gen, best.score, 0.0, best.origin))
+            path = paths[_lateral(action)] if action else paths["K"]
+            traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), path, forecast,
+                                   planner_input.vehicle)
+            candidates.append(CandidateResult(action, probs[g], traj, best.j_dec, best.j_gen, best.j_a, 0.0,
+                                              _origin(search, g)))
         scored = [k for k, cand in enumerate(candidates) if cand.trajectory is not None]
+        flipped = False
         if scored and mode == MODE_DECISION:
             idx, eq22 = select([candidates[k].action for k in scored], [candidates[k].probability for k in scored],
                                [candidates[k].j_dec for k in scored], [candidates[k].j_gen for k in scored],
                                c.objective)
             for k, value in zip(scored, eq22):
                 candidates[k].selection_score = float(value)
-            chosen = scored[idx]
+            chosen = scored[self._hysteresis(idx, eq22, [candidates[k].action for k in scored], decision)]
+            previous = self.last
+            flipped = (previous is not None and previous.mode == MODE_DECISION and decision is not None
+                       and previous.decision_stamp == decision.stamp and previous.action != candidates[chosen].action)
         elif scored:
             for k in scored:
                 candidates[k].selection_score = candidates[k].j_gen
             chosen = max(scored, key=lambda k: candidates[k].j_gen)
         else:
             chosen = None
-        if chosen is None or candidates[chosen].j_gen <= 0.0:
-            why = ("the search produced no trajectory" if chosen is None else
-                   "no feasible trajectory (every candidate's best has J_gen = 0: at-fault collision, "
-                   "off the drivable area or against traffic)")
-            reasons.append(f"{why}: comfortable stop")
-            return self._finish(self._comfortable_stop(ego, keep), None, MODE_STOP, reasons, candidates, start, budget, stamp, planner_input,
-                                search)
-        action = candidates[chosen].action or None
-        return self._finish(candidates[chosen].trajectory, action, mode, reasons, candidates, start, budget, stamp,
-                            planner_input, search)
+        stamp = decision.stamp if decision is not None else None
+        if chosen is not None and candidates[chosen].j_gen > 0.0:
+            return self._finish(candidates[chosen].trajectory, candidates[chosen].action or None, mode, reasons,
+                                candidates, start, budget, stamp, search, flipped)
+        if chosen is None and not objective.batches:
+            reasons.append("the search produced no trajectory: comfortable stop")
+            stop = stop_along(ego, paths["K"].centerline, c.comfortable_deceleration, c.output_horizon, c.objective.dt)
+            return self._finish(stop, None, MODE_STOP, reasons, candidates, start, budget, stamp, search)
+        return self._fallback(objective, ego, paths, forecast, t, reasons, candidates, start, budget, stamp,
+                              search, planner_input.vehicle)
 
-    def _comfortable_stop(self, ego: EgoState, path: ReferencePath) -> Trajectory:
-        """Brake at the comfortable deceleration along ``path``, easing from the ego's lateral offset
-        onto the path so the trajectory starts where the ego is."""
+    def _hysteresis(self, idx: int, eq22: np.ndarray, actions: list[str], decision: DecisionInForce | None) -> int:
+        """Keep the previous cycle's a* under the same decision unless ``idx`` beats it by the margin."""
+        last = self.last
+        if (last is None or decision is None or last.decision_stamp != decision.stamp or last.action is None
+                or last.action not in actions):
+            return idx
+        keep = actions.index(last.action)
+        if keep != idx and eq22[keep] > 0.0 and eq22[idx] <= (1.0 + self.config.switch_margin) * eq22[keep]:
+            return keep
+        return idx
+
+    def _fallback(self, objective: PlannerObjective, ego: EgoState, paths: dict[str, ReferencePath],
+                  forecast: ObjectBoxes, t: np.ndarray, reasons: list[str], candidates: list[CandidateResult],
+                  start: float, budget: float, stamp: float | None, search: ESResult,
+                  vehicle: VehicleParameters) -> PlanResult:
+        """PDM-Closed's answer when nothing is feasible: the least-bad scored trajectory (or the
+        centreline IDM proposal), and its emergency brake for an imminent at-fault collision."""
         c = self.config
-        steps = int(round(c.output_horizon / c.objective.dt))
-        stop = stopping_trajectory(ego, path.centerline, c.comfortable_deceleration, steps, c.objective.dt)
-        poses = np.column_stack([stop.x, stop.y, stop.heading])[None]
-        d0 = float(path.lateral_offset(np.array([ego.x, ego.y])))
-        eased = blended_poses(poses, stop.velocity[None], d0, 0.0, c.keep_blend_times[-1], c.objective.dt)[0]
-        return Trajectory(stop.stamp, stop.t, eased[:, 0], eased[:, 1], wrap_angle(eased[:, 2]), stop.velocity,
-                          stop.acceleration)
+        keep = paths["K"]
+        least = objective.least_bad()
+        if least is not None:
+            member, t_fault = least
+            poses = objective.map_poses(member.poses[None], len(t) - 1)[0]
+            traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), keep, forecast, vehicle)
+            what = "the least-bad scored trajectory (no at-fault collision, best weighted score)"
+        else:
+            props = idm_proposals(ego, keep.centerline, forecast, offsets=(0.0,),
+                                  target_speeds=(keep.speed_limit or 15.0,), steps=len(t) - 1,
+                                  simulate_steps=c.objective.horizon_steps, dt=c.objective.dt, vehicle=vehicle)
+            scores = score_proposals(props.states, objective.ctx, c.scorer_weights)
+            t_fault = float(scores.time_to_at_fault_collision[0])
+            traj = props.trajectory(0, ego.stamp)
+            what = "the centreline IDM proposal (every scored trajectory has an at-fault collision)"
+        reasons.append(f"no feasible trajectory (every candidate's best has J_gen = 0): {what}")
+        if t_fault <= c.emergency_time and ego.velocity <= c.emergency_max_speed:
+            reasons.append(f"at-fault collision in {t_fault:.1f} s at {ego.velocity:.1f} m/s: emergency brake")
+            brake = emergency_brake_trajectory(ego, len(t) - 1, c.objective.dt, vehicle)
+            return self._finish(brake, None, MODE_EMERGENCY, reasons, candidates, start, budget, stamp, search)
+        return self._finish(traj, None, MODE_LEAST_BAD, reasons, candidates, start, budget, stamp, search)
+
+    def _with_tail(self, trajectory: Trajectory, path: ReferencePath, forecast: ObjectBoxes,
+                   vehicle: VehicleParameters) -> Trajectory:
+        """``trajectory`` for the scored horizon, then an IDM continuation along ``path`` behind the
+        forecast objects in its corridor at the speed reached (capped at the limit), joining the lane
+        centre over ``tail_blend_time``: the tracker fits the whole published trajectory, and an
+        unscored tail must not run through a stopped car."""
+        c = self.config
+        k0 = c.objective.horizon_steps
+        n = len(trajectory.t) - 1 - k0
+        if n <= 0:
+            return trajectory
+        dt = c.objective.dt
+        xy0 = np.array([trajectory.x[k0], trajectory.y[k0]])
+        v0 = max(float(trajectory.velocity[k0]), 0.0)
+        limit = path.speed_limit if path.speed_limit > 0.0 else math.inf
+        target = min(v0, limit)
+        s0 = float(path.centerline.project(xy0).s)
+        tail_objects = forecast.window(k0)
+        if target < 0.1:  # standing (or all but): the tail stands too
+            s = np.full((1, n + 1), s0)
+            v = np.zeros((1, n + 1))
+        else:
+            s, v, _ = idm_rollout(v0, np.array([s0]), np.zeros(1, dtype=int), [path.centerline], tail_objects,
+                                  pdm_policy(target), np.array([target]), n, dt, vehicle)
+        base = path.centerline.interpolate(s[0])[None]
+        d0 = float(path.lateral_offset(xy0))
+        tail = blended_poses(base, v, d0, 0.0, c.tail_blend_time, dt)[0]
+        tail[0] = (trajectory.x[k0], trajectory.y[k0], trajectory.heading[k0])
+        head = np.column_stack([trajectory.x, trajectory.y, trajectory.heading])[: k0 + 1]
+        tail[:, 2] = head[-1, 2] + wrap_angle(tail[:, 2] - head[-1, 2])  # headings continuous at the join
+        return Trajectory.from_poses(trajectory.stamp, trajectory.t, np.concatenate([head, tail[1:]]))
 
     def _finish(self, trajectory: Trajectory, action: str | None, mode: str, reasons: list[str],
                 candidates: list[CandidateResult], start: float, budget: float, stamp: float | None,
-                planner_input: PlannerInput, search: ESResult | None = None) -> PlanResult:
+                search: ESResult | None = None, flipped: bool = False) -> PlanResult:
         result = PlanResult(trajectory, action, mode, reasons, candidates, self.clock() - start, budget,
-                            search.budget_cut if search else "", search.stages_done if search else [], stamp)
+                            search.budget_cut if search else "", search.stages_done if search else [], stamp,
+                            flipped)
         self.last = result
         return result
 
+
+def _origin(search: ESResult, group: int) -> str:
+    best = search.best[group]
+    return best.origin if best is not None else "none"

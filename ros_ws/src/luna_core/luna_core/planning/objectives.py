@@ -12,13 +12,17 @@ the lane term is the mean lateral deviation on a d_max scale. With T counted in 
 CALMM-Drive Table III) the speed term is 1 - dt * (mean speed deviation): zero at a mean deviation of
 1 / dt = 10 m/s, the same 10 m/s scale as the language-guided Diffusion-ES speed term.
 
-The speed interval V^k (Eq. 5) from the ego speed v_t at planning time:
+The speed interval V^k (Eq. 5) from the ego speed v_t at the DECISION's stamp (latched for the
+decision's life, ``luna_core.decision``: recomputing it from the current speed at every replan would let
+repeated C or A decisions compound speed):
     A: [max(lambda v_t, v_bar), +inf)     C: [gamma v_t, max(lambda v_t, v_bar))     D: [0, gamma v_t)
-    S (Stop, our definition; CALMM-Drive has no Stop): V_tau = [0, max(v_t - b_stop tau dt, 0)], the
-      speeds at or below a comfortable stop at b_stop (2 m/s^2 by default) from the current speed, so
-      any trajectory that is stopping at least that firmly follows the decision, and one that is
-      still moving at the end of the ramp is penalised by how much faster it goes. Stop follows the
-      current lane (lateral K).
+    S (Stop, our definition; CALMM-Drive has no Stop): V_tau = [0, max(v_t - b_stop (e + tau dt), 0)],
+      the speeds at or below a comfortable stop at b_stop (2 m/s^2 by default) begun at the decision
+      (e s before this plan), so any trajectory that is stopping at least that firmly follows the
+      decision, and one that is still moving at the end of the ramp is penalised by how much faster
+      it goes. Stop follows the current lane (lateral K).
+With a known speed limit v_lim of the action's lane every bound is capped at v_lim: no decision asks for
+more than the limit (A at the limit means holding it).
 
 J_a = J_dec^omega_dec * J_gen^omega_gen (LUNA-AD Eq. 20); J_gen is the shared PDM-style scorer
 (``luna_core.planning.scorer``), evaluated elsewhere and passed in. Without a decision (fallback, and
@@ -79,9 +83,12 @@ def _check_code(action: str) -> None:
         raise ValueError(f"unknown action code {action!r}")
 
 
-def speed_interval(action: str, v0: float, config: ObjectiveConfig = ObjectiveConfig()
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """V^k (Eq. 5, plus our Stop) as per-step bounds (lo, hi), each (T,) for tau = 1..T."""
+def speed_interval(action: str, v0: float, config: ObjectiveConfig = ObjectiveConfig(), speed_limit: float = 0.0,
+                   elapsed: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """V^k (Eq. 5, plus our Stop) as per-step bounds (lo, hi), each (T,) for tau = 1..T.
+
+    ``v0``: the ego speed (m/s) at the decision's stamp; ``speed_limit`` (m/s, 0 = unknown) caps every
+    bound; ``elapsed``: s from the decision's stamp to this plan (where Stop's ramp has got to)."""
     _check_code(action)
     v0 = max(float(v0), 0.0)  # reversing counts as standing still for the interval
     steps = config.horizon_steps
@@ -94,8 +101,10 @@ def speed_interval(action: str, v0: float, config: ObjectiveConfig = ObjectiveCo
     elif lon == "D":
         lo, hi = 0.0, config.gamma * v0
     else:  # "S"
-        tau = np.arange(1, steps + 1) * config.dt
+        tau = max(float(elapsed), 0.0) + np.arange(1, steps + 1) * config.dt
         return np.zeros(steps), np.maximum(v0 - config.stop_deceleration * tau, 0.0)
+    if speed_limit > 0.0:
+        lo, hi = min(lo, speed_limit), min(hi, speed_limit)
     return np.full(steps, lo), np.full(steps, hi)
 
 
@@ -117,12 +126,14 @@ def speed_following(speed: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
 
 def decision_following(action: str, lateral_offset: np.ndarray, speed: np.ndarray, v0: float,
-                       config: ObjectiveConfig = ObjectiveConfig()) -> np.ndarray:
+                       config: ObjectiveConfig = ObjectiveConfig(), speed_limit: float = 0.0,
+                       elapsed: float = 0.0) -> np.ndarray:
     """J_dec (B,) of CALMM-Drive Eq. 4 for states (B, T) against ``action``'s lane and speed targets.
 
-    ``lateral_offset`` is measured from the action's own reference path (K for Stop).
+    ``lateral_offset`` is measured from the action's own reference path (K for Stop); ``v0``,
+    ``speed_limit`` and ``elapsed`` define the speed interval (``speed_interval``).
     """
-    lo, hi = speed_interval(action, v0, config)
+    lo, hi = speed_interval(action, v0, config, speed_limit, elapsed)
     lateral_offset = np.asarray(lateral_offset, dtype=np.float64)
     speed = np.asarray(speed, dtype=np.float64)
     if lateral_offset.shape[-1] != config.horizon_steps or speed.shape[-1] != config.horizon_steps:

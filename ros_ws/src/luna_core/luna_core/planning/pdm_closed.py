@@ -13,15 +13,15 @@ ego is at most 5 m/s, brake as PDM-Closed does (``emergency_brake_trajectory``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from luna_core.control import BicycleParameters, StateIndex, TrackerParameters, lqr_commands, propagate, state_from_ego
 from luna_core.lanes import lane_map
 from luna_core.planning.proposals import ProposalSet, idm_proposals, planning_setup
-from luna_core.planning.scorer import (MAX_LON_ACCEL, MIN_LON_ACCEL, ProposalScores, ScorerWeights, ScoringContext,
-                                       score_proposals)
+from luna_core.planning.scorer import (MAX_LON_ACCEL, MIN_LON_ACCEL, PDM_WEIGHTS, ProposalScores, ScorerWeights,
+                                       ScoringContext, score_proposals)
 from luna_core.types import EgoState, PlannerInput, Trajectory, VehicleParameters
 
 
@@ -37,7 +37,7 @@ class PDMClosedConfig:
     dt: float = 0.1
     emergency_time: float = 2.0  # s to an at-fault collision of the best proposal
     emergency_max_speed: float = 5.0  # m/s
-    weights: ScorerWeights = field(default_factory=ScorerWeights)
+    weights: ScorerWeights = PDM_WEIGHTS
 
 
 def pdm_correcting_velocity(velocity: float, acceleration: float) -> float:
@@ -102,6 +102,10 @@ class PDMClosedPlanner:
 
     def reset(self) -> None:
         self.last = None
+
+    def cycle_info(self) -> dict[str, object]:
+        """How the last cycle ended: its best proposal, or the emergency brake."""
+        return {} if self.last is None else {"mode": "emergency_brake" if self.last.emergency_brake else "proposal"}
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         c = self.config

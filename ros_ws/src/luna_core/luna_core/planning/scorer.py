@@ -16,10 +16,9 @@ Per proposal (PDM-Closed, tuplan_garage; nuPlan's at-fault rules):
   multiplicative terms; all 1 if that best is <= 0.1 m; if none passes, by the best of all),
   ``ttc`` 5 (0 if the ego box projected at constant velocity by +0, 0.3, 0.6, 0.9 s overlaps, at
   that future time, an object ahead of it, or one not behind it while the ego straddles lanes,
-  leaves them or is in a junction), ``comfort`` 2 (nuPlan's comfort bounds over the horizon), and ``speed_limit`` with weight
-  0 by default (PDM-Closed has no such term; nuPlan's CLS weighs it 4: set
-  ``ScorerWeights.speed_limit`` to include it; its value is nuPlan's max(0, 1 - mean over-speed /
-  2.23 m/s) over the horizon);
+  leaves them or is in a junction), ``comfort`` 2 (nuPlan's comfort bounds over the horizon), and ``speed_limit``
+  (nuPlan's max(0, 1 - mean over-speed / 2.23 m/s) over the horizon) with weight 0 in ``PDM_WEIGHTS``
+  (PDM-Closed has no such term) and 4 in ``CLS_WEIGHTS`` (nuPlan's CLS; the LUNA planner's J_gen);
 * total = product x weighted sum / sum of weights.
 
 At-fault classification at the first overlap of a proposal with an object (later overlaps with it
@@ -212,6 +211,16 @@ class ObjectBoxes:
         return cls([], np.zeros((0, steps, 3)), np.zeros((0, 2)), np.zeros(0), np.zeros(0, dtype=bool),
                    np.zeros(0, dtype=bool))
 
+    def window(self, start: int, stop: int | None = None) -> "ObjectBoxes":
+        """The same objects over time steps [start, stop) only."""
+        return ObjectBoxes(self.ids, self.pose[:, start:stop], self.size, self.speed, self.static, self.red_light)
+
+    def subset(self, rows: np.ndarray) -> "ObjectBoxes":
+        """The objects where ``rows`` (a boolean mask over objects) is true."""
+        keep = np.flatnonzero(rows)
+        return ObjectBoxes([self.ids[k] for k in keep], self.pose[keep], self.size[keep], self.speed[keep],
+                           self.static[keep], self.red_light[keep])
+
 
 @dataclass
 class ScoringContext:
@@ -233,6 +242,12 @@ class ScorerWeights:
     @property
     def total(self) -> float:
         return self.progress + self.ttc + self.comfort + self.speed_limit
+
+
+PDM_WEIGHTS = ScorerWeights()  # PDM-Closed's weighting: no speed-limit term
+# nuPlan's closed-loop score weighs the speed limit 4 beside progress 5, TTC 5 and comfort 2: the LUNA
+# planner's J_gen and the simulation-grounded teacher use it, so no plan trades the limit for progress.
+CLS_WEIGHTS = ScorerWeights(speed_limit=4.0)
 
 
 @dataclass
@@ -382,7 +397,7 @@ def _driving_direction(states: np.ndarray, ctx: ScoringContext) -> np.ndarray:
 
 
 def score_proposals(states: np.ndarray, ctx: ScoringContext,
-                    weights: ScorerWeights = ScorerWeights()) -> ProposalScores:
+                    weights: ScorerWeights = PDM_WEIGHTS) -> ProposalScores:
     """Score simulated proposals ``(P, T+1, 8)`` (``[:, 0]`` = the current state)."""
     with single_threaded_blas():  # the comfort derivatives are small products (luna_core.blas)
         return _score_proposals(states, ctx, weights)
