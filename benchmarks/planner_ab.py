@@ -8,9 +8,14 @@ decision-guided planner (|C_t| = 3: CK, CL, DK; population 128, 2 rounds) on the
 cycle each in turn, the order alternating, so that load hits both alike. Reported: p50 wall and CPU
 time per cycle of each side, and whether the two published the same action and a bit-identical
 trajectory in every cycle (two planners called in lockstep draw the same random streams). With
-``--breakdown``, where one profiled cycle's time goes on each side (road and CommonRoad).
+``--breakdown``, where one profiled cycle's time goes on each side (road and CommonRoad). With
+``--eval "ARGS"``, also ``luna-bridge eval ARGS`` in closed loop with each side's code (the revision
+first, then this checkout, one process each): per run, the CPU seconds against the simulated
+seconds (the runs' ``timings/``), and whether the two result files are byte-identical.
 
     .venv/bin/python benchmarks/planner_ab.py --against c8e939b --cycles 5 --breakdown --markdown /tmp/ab.md
+    .venv/bin/python benchmarks/planner_ab.py --against main --cycles 0 \
+        --eval "--suite synthetic-hard --every 7 --planner luna --replan-every 5 --mode non-reactive"
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -86,6 +92,49 @@ def serve(population: int) -> int:
     return 0
 
 
+def closed_loop(args: str, tree: Path | None, out: Path) -> None:
+    """``luna-bridge eval ARGS --out OUT`` with the code of the exported ``tree`` (None: this checkout)."""
+    from luna_bridge.scenarios import commonroad_dir
+    from luna_core.assets import models_dir
+
+    env = dict(os.environ, LUNA_MODELS_DIR=str(models_dir()), LUNA_COMMONROAD_DIR=str(commonroad_dir()))
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([f"{tree}/ros_ws/src/luna_core", f"{tree}/bridge"])
+    subprocess.run([sys.executable, "-m", "luna_bridge.cli", "eval", *shlex.split(args), "--out", str(out)],
+                   check=True, env=env, cwd=tree or ROOT, stdout=subprocess.DEVNULL)
+
+
+def closed_loop_lines(args: str, rev: str, tree: Path, scratch: Path) -> list[str]:
+    runs = {}
+    for side, code in (("rev", tree), ("here", None)):
+        closed_loop(args, code, scratch / side)
+        for f in sorted((scratch / side / "scenarios").rglob("*.json")):
+            key = f.relative_to(scratch / side / "scenarios")
+            timing = json.loads((scratch / side / "timings" / key).read_text())
+            data = f.read_bytes()
+            if code is not None:  # a bundled suite's files lie in each side's tree: same `source` path
+                data = data.replace(str(code).encode(), str(ROOT).encode())
+            runs.setdefault(key, {})[side] = (data, timing)
+    lines = ["", f"Closed loop, `luna-bridge eval {args}` with each side's code ({rev} first, then this "
+             "checkout; CPU seconds of each run against its simulated seconds, from the runs' `timings/`; the "
+             "files compared with the export's folder replaced by this checkout's in the scenario paths):", "",
+             f"| run | simulated (s) | CPU {rev} (s) | CPU this (s) | CPU / simulated, this | result file "
+             "byte-identical |", "|---|---:|---:|---:|---:|---|"]
+    total = {"sim": 0.0, "rev": 0.0, "here": 0.0}
+    for key, side in runs.items():
+        (a, ta), (b, tb) = side["rev"], side["here"]
+        sim = tb["simulated_s"]
+        total["sim"] += sim
+        total["rev"] += ta["cpu_s"]
+        total["here"] += tb["cpu_s"]
+        lines.append(f"| {key.with_suffix('')} | {sim:.1f} | {ta['cpu_s']:.1f} | {tb['cpu_s']:.1f} | "
+                     f"{tb['cpu_s'] / max(sim, 1e-9):.2f} | {'yes' if a == b else 'NO'} |")
+    lines.append(f"| all {len(runs)} runs | {total['sim']:.1f} | {total['rev']:.1f} | {total['here']:.1f} | "
+                 f"{total['here'] / max(total['sim'], 1e-9):.2f} | "
+                 f"{'all' if all(s['rev'][0] == s['here'][0] for s in runs.values()) else 'NOT all'} |")
+    return lines
+
+
 class Worker:
     """The revision's side, in a subprocess on its exported code."""
 
@@ -133,11 +182,14 @@ def same(a: dict, b: dict) -> tuple[bool, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", default="HEAD", help="git revision to compare with (default HEAD)")
-    ap.add_argument("--cycles", type=int, default=5, help="timed cycles per side and scene (after one warm-up)")
+    ap.add_argument("--cycles", type=int, default=5,
+                    help="timed cycles per side and scene (after one warm-up); 0: no cycle comparison")
     ap.add_argument("--scenes", default="road,junction,lanker", help=f"comma-separated, of {', '.join(SCENES)}")
     ap.add_argument("--population", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on each side")
     ap.add_argument("--breakdown", action="store_true", help="profile one cycle per side (road, CommonRoad)")
+    ap.add_argument("--eval", action="append", default=[], metavar="ARGS",
+                    help="also run `luna-bridge eval ARGS` in closed loop with each side's code (repeatable)")
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -153,7 +205,7 @@ def main() -> int:
     local = Side(args.population)
     rows = []
     try:
-        for key in args.scenes.split(","):
+        for key in [k for k in args.scenes.split(",") if k] if args.cycles > 0 else []:
             times: dict[str, list[tuple[float, float]]] = {"rev": [], "here": []}
             identical, max_diff = True, 0.0
             for k in tqdm(range(args.cycles + 1), desc=key, unit="cycle", leave=False):
@@ -171,17 +223,20 @@ def main() -> int:
         if args.breakdown:
             for key in ("road", "lanker"):
                 shares[key] = (worker.ask("breakdown", key), local.breakdown(key))
+        loop = [line for k, a in enumerate(args.eval)
+                for line in closed_loop_lines(a, rev, Path(worker.tmp.name), Path(worker.tmp.name) / f"eval{k}")]
     finally:
         worker.close()
     load.append(os.getloadavg()[0])
     lines = [f"Command: `.venv/bin/python benchmarks/planner_ab.py --against {args.against} --cycles {args.cycles}"
              f"{' --scenes ' + args.scenes if args.scenes != 'road,junction,lanker' else ''}"
-             f"{' --breakdown' if args.breakdown else ''}` (this checkout: {here}; the other side: {rev}, "
-             f"luna_core from {worker.hello['luna_core']}). 1-minute load average {load[0]:.1f} at the start, "
-             f"{load[1]:.1f} at the end; torch {torch.__version__}, {args.threads} thread(s) per side.", "",
-             f"| scene | p50 {rev} (ms) | p50 this (ms) | change | CPU p50 {rev} (ms) | CPU p50 this (ms) | "
-             "same action and bit-identical trajectory every cycle |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             f"{' --breakdown' if args.breakdown else ''}"
+             f"{''.join(' --eval ' + shlex.quote(a) for a in args.eval)}` (this checkout: {here}; the other side: "
+             f"{rev}, luna_core from {worker.hello['luna_core']}). 1-minute load average {load[0]:.1f} at the start, "
+             f"{load[1]:.1f} at the end; torch {torch.__version__}, {args.threads} thread(s) per side."]
+    if rows:
+        lines += ["", f"| scene | p50 {rev} (ms) | p50 this (ms) | change | CPU p50 {rev} (ms) | CPU p50 this (ms) | "
+                  "same action and bit-identical trajectory every cycle |", "|---|---:|---:|---:|---:|---:|---|"]
     for key, times, identical, max_diff in rows:
         w = {s: pct([t[0] for t in times[s]], 50) for s in times}
         c = {s: pct([t[1] for t in times[s]], 50) for s in times}
@@ -198,7 +253,7 @@ def main() -> int:
         for label, _, _ in PARTS:
             lines.append(f"| {label} | " + " | ".join(f"{100 * side['shares'][label]:.0f} %"
                                                      for key in ("road", "lanker") for side in shares[key]) + " |")
-    text = "\n".join(lines)
+    text = "\n".join(lines + loop)
     print(text)
     if args.markdown:
         args.markdown.write_text(text + "\n")
