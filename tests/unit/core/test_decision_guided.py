@@ -161,21 +161,23 @@ def test_nothing_feasible_publishes_the_least_bad_trajectory_not_a_stop(prior) -
     pi = make_input(dec=decision({"CK": 0.7, "DK": 0.3}), graph=g)
     res = planner(prior).plan_detailed(pi)
     assert res.mode == MODE_LEAST_BAD and res.action is None and res.degraded
-    assert any("least-bad scored trajectory" in r for r in res.reasons), res.reasons
+    assert any("no feasible trajectory" in r and ("least-bad searched" in r or "PDM-Closed's proposal" in r)
+               for r in res.reasons), res.reasons
     assert all(c.j_gen == 0.0 for c in res.candidates)
     assert_valid(res.trajectory, pi.ego)
     assert res.trajectory.velocity[40] > 1.0  # not a stop
 
 
-def test_everything_colliding_at_speed_falls_back_to_the_centreline_idm_proposal(prior) -> None:
+def test_everything_colliding_at_speed_falls_back_to_pdm_closeds_own_pick(prior) -> None:
     # Stopped vehicles 8 m ahead across all three lanes at 10 m/s: every scored trajectory hits one at
-    # fault. Above 5 m/s PDM-Closed does not emergency-brake: its centreline IDM proposal brakes for them.
+    # fault. Above 5 m/s PDM-Closed does not emergency-brake: it drives its own pick, the first proposal
+    # (centreline, the slowest IDM policy), which brakes for them.
     wall = [TrackedObject(f"w{k}", ObjectClass.VEHICLE, 62.0, y, 0.0, 0.0, 0.0, 1.0, 3.4)
             for k, y in enumerate((-3.5, 0.0, 3.5))]
     pi = make_input(wall, decision({"CK": 0.7, "DK": 0.3}))
     res = planner(prior).plan_detailed(pi)
     assert res.mode == MODE_LEAST_BAD and all(c.j_gen == 0.0 for c in res.candidates)
-    assert any("centreline IDM proposal" in r for r in res.reasons), res.reasons
+    assert any("PDM-Closed's proposal 0 (offset +0 m" in r for r in res.reasons), res.reasons
     assert_valid(res.trajectory, pi.ego)
     assert np.all(np.abs(res.trajectory.y) < 0.1) and res.trajectory.velocity[20] < 7.0  # braking for them
 

@@ -1,7 +1,7 @@
 """Issue 12's planning rules against hand-computed values: the decision's speed interval is latched at
 its stamp and capped at the speed limit, warm starts never exceed the limit, progress is normalised by
-the best feasible progress of everything scored in the call (PDM-Closed), a* does not flip on near-ties
-under one decision, and the published tail stops behind a car the scored horizon never reached."""
+the best feasible progress of PDM-Closed's proposals, a* does not flip on near-ties under one decision,
+and the published tail stops behind a car the scored horizon never reached."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from luna_core.assets import default_path
 from luna_core.decision import InvalidDecision, latch, speed_at
 from luna_core.lanes import lane_map, make_lane
 from luna_core.planning.decision_guided import (MODE_DECISION, DecisionGuidedConfig, DecisionGuidedPlanner,
-                                                PlannerObjective, ScoredBatch)
+                                                PlannerObjective)
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior
 from luna_core.planning.diffusion_es import DiffusionESConfig
 from luna_core.planning.objectives import ObjectiveConfig, speed_interval
@@ -125,7 +125,8 @@ def test_warm_starts_never_exceed_the_speed_limit(prior) -> None:
     dec = latch(pin.decision, hist)
     forecast = ObjectBoxes.empty(81)
     ctx = ScoringContext(lane_map(g), paths["K"].centerline, ObjectBoxes.empty(41), 13.0)
-    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, ["AK", "AL"], paths, CFG, dec)
+    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, ["AK", "AL"], paths, CFG,
+                           _scores([50.0], [1.0]), dec)
     warm = pl._warm_starts(["AK", "AL"], ego, paths, forecast, 80, pin.vehicle, obj)
     for w in warm:
         speed = np.hypot(*np.diff(w[..., :2], axis=1).transpose(2, 0, 1)) / 0.5  # between waypoints
@@ -135,31 +136,27 @@ def test_warm_starts_never_exceed_the_speed_limit(prior) -> None:
 # ---- progress normalisation ----------------------------------------------------------------------
 
 
-def _batch(raw_progress: list[float], multiplicative: list[float]) -> ScoredBatch:
+def _scores(raw_progress: list[float], multiplicative: list[float]) -> ProposalScores:
     m = len(raw_progress)
     ones = np.ones(m)
-    scores = ProposalScores(ones, ones, ones, ones, np.array(raw_progress), ones, ones, ones,
-                            np.array(multiplicative), ones, ones, np.full(m, np.inf))
-    return ScoredBatch(np.zeros((m, 41, 8)), np.zeros(m), np.zeros((m, 16, 3)), scores, np.arange(m))
+    return ProposalScores(ones, ones, ones, ones, np.array(raw_progress), ones, ones, ones,
+                          np.array(multiplicative), ones, ones, np.full(m, np.inf))
 
 
-def test_progress_is_normalised_by_the_best_feasible_progress_of_the_whole_call() -> None:
+def test_progress_is_normalised_by_pdm_closeds_best_feasible_proposal() -> None:
     ego = EgoState(0.0, 0.0, 0.0, 0.0, 10.0)
     g = road()
     paths = reference_paths(g, Route(0.0, ["A"]), ego, ahead=200.0)
     ctx = ScoringContext(lane_map(g), paths["K"].centerline, ObjectBoxes.empty(41), 15.0)
-    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], paths, CFG)
-    first, second = _batch([20.0, 30.0], [1.0, 1.0]), _batch([40.0, 60.0], [1.0, 0.0])
-    for b in (first, second):
-        obj.progress_reference = max(obj.progress_reference,
-                                     float(b.scores.raw_progress[b.scores.multiplicative > 0].max()))
-        obj.batches.append(b)
-        obj.group_rows[0].append((b, np.arange(2), None))
-    # 60 m is infeasible: the reference is 40 m, so 30 m scores (5 * 0.75 + 5 + 2 + 4) / 16.
-    assert obj.reference() == 40.0
-    np.testing.assert_allclose(obj.final_j_gen(first), [(5 * 0.5 + 11) / 16, (5 * 0.75 + 11) / 16])
-    best = obj.best_member(0)
-    assert best.batch is second and best.row == 0 and best.j_gen == pytest.approx(1.0)
+    # PDM-Closed's proposals made 20, 40 and (infeasible) 60 m: the reference is 40 m, fixed for the call.
+    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], paths, CFG,
+                           _scores([20.0, 40.0, 60.0], [1.0, 1.0, 0.0]))
+    assert obj.progress_reference == 40.0
+    # A member making 30 m scores (5 * 0.75 + 5 + 2 + 4) / 16; one making 55 m gains nothing over 40 m.
+    np.testing.assert_allclose(obj.weighted(_scores([30.0, 55.0], [1.0, 1.0])), [(5 * 0.75 + 11) / 16, 1.0])
+    # Nothing feasible moves: the floor (half of a gentle 1 m/s^2 start to the limit over 4 s).
+    still = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, [""], paths, CFG, _scores([0.0], [1.0]))
+    assert still.progress_reference == pytest.approx(0.5 * (10 * 4 + 0.5 * 16))
 
 
 # ---- consistency and the published tail -----------------------------------------------------------

@@ -19,17 +19,17 @@ Each call (``plan`` / ``plan_detailed``):
    force, another action must beat the previous cycle's a* by ``switch_margin`` (no flipping between
    manoeuvres on near-ties);
 6. if every candidate's best has J_gen = 0 (at-fault collision, off the drivable area or against
-   traffic), PDM-Closed's fallback: the least-bad scored trajectory (the best weighted score among
-   those without an at-fault collision; none: the centreline IDM proposal), and an emergency brake
-   only when that one runs into an at-fault collision within ``emergency_time`` at low speed.
+   traffic), PDM-Closed's fallback: the least-bad trajectory among the searched members and PDM-Closed's
+   own proposals (the best weighted score among those without an at-fault collision; if everything
+   collides, PDM-Closed's own pick), and an emergency brake only when that one runs into an at-fault
+   collision within ``emergency_time`` at low speed.
 
 J_gen is the shared PDM-style scorer (``planning.scorer``, nuPlan's CLS weights: the speed limit counts
-4) on LQR + bicycle rollouts over 40 steps of 0.1 s. Progress is normalised as PDM-Closed does, by the
-best progress among all feasible members scored in the call: during the search by the best so far
-(for elite resampling), and at the end every scored member's J is recomputed with the final reference
-before the candidates X*_a are picked. The published trajectory is the chosen member for the scored 4 s
-and an IDM continuation along the action's lane behind the forecast objects for the rest of the 8 s, so
-no part of it drives through an object the scorer never saw.
+4) on LQR + bicycle rollouts over 40 steps of 0.1 s. Progress is normalised as PDM-Closed normalises it,
+by the best feasible progress of PDM-Closed's proposal set (IDM along the route centreline), scored
+first and fixed for the call (``PlannerObjective``). The published trajectory is the chosen member for
+the scored 4 s and an IDM continuation along the action's lane behind the forecast objects for the rest
+of the 8 s, so no part of it drives through an object the scorer never saw.
 
 The time budget is handled by ``diffusion_es`` (anytime): past the budget the best found so far is
 published and the result says which stage was cut. ``deterministic=True`` drops the budget (fixed
@@ -60,7 +60,7 @@ from luna_core.planning.forecast import FORECAST_RADIUS, constant_velocity_forec
 from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following, select,
                                            speed_interval)
 from luna_core.planning.pdm_closed import emergency_brake_trajectory
-from luna_core.planning.proposals import idm_proposals, idm_rollout, stopping_trajectory
+from luna_core.planning.proposals import ProposalSet, idm_proposals, idm_rollout, stopping_trajectory
 from luna_core.planning.reference_paths import OffMapError, ReferencePath, reference_paths
 from luna_core.planning.scorer import (CLS_WEIGHTS, PROGRESS_EPSILON, ObjectBoxes, ProposalScores, ScorerWeights,
                                        ScoringContext, score_proposals)
@@ -78,7 +78,7 @@ MODE_NO_DECISION = "no_decision"  # configured without decisions (the Diffusion-
 MODE_FALLBACK = "fallback"  # decision missing, stale or invalid: J_gen only
 MODE_LEAST_BAD = "least_bad"  # nothing feasible: PDM-Closed's least-bad scored trajectory
 MODE_EMERGENCY = "emergency_brake"  # the least-bad one runs into an at-fault collision soon: brake
-MODE_STOP = "comfortable_stop"  # off the map or the search produced nothing
+MODE_STOP = "comfortable_stop"  # off the map: no reference path to plan along
 PLAN_MODES = (MODE_DECISION, MODE_NO_DECISION, MODE_FALLBACK, MODE_LEAST_BAD, MODE_EMERGENCY, MODE_STOP)
 
 
@@ -100,7 +100,7 @@ class DecisionGuidedConfig:
     warm_speeds: int = 5
     keep_blend_times: tuple[float, ...] = (1.5, 2.5, 3.5)  # s to reach the lane centre (K, Stop)
     change_blend_times: tuple[float, ...] = (3.0, 4.5, 6.0)  # s to reach the target lane (L, R)
-    fallback_offsets: tuple[float, ...] = (-1.0, 0.0, 1.0)  # PDM-Closed's proposal offsets (m)
+    fallback_offsets: tuple[float, ...] = (0.0, -1.0, 1.0)  # PDM-Closed's proposal offsets (m), centreline first
     fallback_speed_fractions: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)  # of the speed limit
     # Eq. 22 hysteresis: while one decision is in force, another action replaces the previous cycle's
     # a* only if its Eq. 22 score is higher by this fraction.
@@ -188,39 +188,29 @@ def progress_floor(speed: float, speed_limit: float, horizon: float) -> float:
 
 @dataclass
 class ScoredBatch(Evaluation):
-    """An ``Evaluation`` with the raw scorer terms the final selection recomputes J from."""
+    """An ``Evaluation`` with the raw scorer terms of its tracked members (for the least-bad fallback)."""
 
     poses: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3)))  # (M, N, 3) ego-frame waypoints
     scores: ProposalScores | None = None  # of the tracked members (rows ``tracked``)
     tracked: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
 
 
-@dataclass
-class Member:
-    """One scored member with its terms under the final progress reference."""
-
-    batch: ScoredBatch
-    row: int
-    j_a: float
-    j_dec: float
-    j_gen: float
-
-    @property
-    def poses(self) -> np.ndarray:
-        return self.batch.poses[self.row]
-
-
 class PlannerObjective:
     """The ``PopulationObjective`` of one planning call: tracking + J_gen shared, J_dec per group.
 
-    Every scored batch is kept, with each group's J_dec of its rows, so that the end of the call can
-    recompute every member's J_gen with the final progress reference (PDM-Closed normalises progress
-    over the whole scored set) and pick each group's best, and the least-bad member for the fallback.
+    Progress is normalised as PDM-Closed normalises it: by the best progress of PDM-Closed's own
+    proposal set (IDM along the route centreline at offsets x fractions of the speed limit, scored
+    before the search: ``reference_scores``) among the feasible ones, fixed for the call so that members
+    scored in different Diffusion-ES batches stay comparable and the reference does not depend on C_t.
+    A member that makes more progress than the best car-following proposal gains nothing by it (a
+    sampled trajectory closing in on a braking lead is not rewarded over keeping the IDM gap).
+    Every scored batch is kept for the least-bad fallback.
     """
 
     def __init__(self, ego: EgoState, seed: np.ndarray, waypoint_dt: float, ctx: ScoringContext,
                  weights: ScorerWeights, groups: list[str], paths: dict[str, ReferencePath],
-                 config: ObjectiveConfig, decision: DecisionInForce | None = None) -> None:
+                 config: ObjectiveConfig, reference_scores: ProposalScores,
+                 decision: DecisionInForce | None = None) -> None:
         self.ego = ego
         self.origin = (ego.x, ego.y, ego.heading)
         self.seed = seed
@@ -234,10 +224,13 @@ class PlannerObjective:
         # V^k from the speed at the decision's stamp, as far into Stop's ramp as the decision's age.
         self.reference_speed = decision.reference_speed if decision is not None else ego.velocity
         self.elapsed = max(ego.stamp - decision.stamp, 0.0) if decision is not None else 0.0
-        self.progress_reference = 0.0  # best feasible raw progress so far (m)
-        self.progress_floor = progress_floor(ego.velocity, ctx.speed_limit, config.horizon_steps * config.dt)
+        feasible = reference_scores.raw_progress[reference_scores.multiplicative > 0]
+        best = float(feasible.max()) if len(feasible) else 0.0
+        # No feasible proposal that moves: a reference of ~0 would give every member full progress, and a
+        # creeping or reversing trajectory would score like one that drives on; the floor is used then.
+        self.progress_reference = best if best > PROGRESS_EPSILON else \
+            progress_floor(ego.velocity, ctx.speed_limit, config.horizon_steps * config.dt)
         self.batches: list[ScoredBatch] = []
-        self.group_rows: list[list[tuple[ScoredBatch, np.ndarray, np.ndarray | None]]] = [[] for _ in groups]
 
     def map_poses(self, poses: np.ndarray, steps: int) -> np.ndarray:
         dense = densify(poses, self.seed, self.waypoint_dt, self.config.dt, steps)
@@ -259,81 +252,44 @@ class PlannerObjective:
             if len(idx):
                 batch.tracked = idx
                 batch.scores = score_proposals(states[idx], self.ctx, self.weights)
-                feasible = batch.scores.raw_progress[batch.scores.multiplicative > 0]
-                if len(feasible):
-                    self.progress_reference = max(self.progress_reference, float(feasible.max()))
-                batch.j_gen[idx] = self._j_gen(batch.scores)
+                batch.j_gen[idx] = batch.scores.multiplicative * self.weighted(batch.scores)
         self.batches.append(batch)
         return batch
 
-    def reference(self) -> float:
-        """The progress normaliser: the best feasible progress scored so far; when no feasible member
-        moves, a floor (a reference of ~0 would give every member full progress, and a creeping or
-        reversing trajectory would score like one that drives on)."""
-        return self.progress_reference if self.progress_reference > PROGRESS_EPSILON else self.progress_floor
-
-    def _j_gen(self, s: ProposalScores) -> np.ndarray:
-        return s.multiplicative * self._weighted(s)
-
-    def _weighted(self, s: ProposalScores) -> np.ndarray:
-        progress = np.clip(s.raw_progress / self.reference(), 0.0, 1.0)
+    def weighted(self, s: ProposalScores) -> np.ndarray:
+        """The weighted terms of J_gen with progress normalised by the call's reference."""
+        progress = np.clip(s.raw_progress / self.progress_reference, 0.0, 1.0)
         w = self.weights
         return (w.progress * progress + w.ttc * s.ttc + w.comfort * s.comfort + w.speed_limit * s.speed_limit) / w.total
-
-    def _j_dec(self, action: str, states: np.ndarray) -> np.ndarray:
-        path = self.paths[_lateral(action)]
-        offsets = path.lateral_offset(states[..., :2])
-        return decision_following(action, offsets, states[..., StateIndex.VELOCITY], self.reference_speed,
-                                  self.config, path.speed_limit, self.elapsed)
 
     def group_terms(self, group: int, evaluation: Evaluation, rows: np.ndarray) -> dict[str, np.ndarray]:
         action = self.groups[group]
         j_gen = evaluation.j_gen[rows]
-        j_dec = self._j_dec(action, evaluation.states[rows, 1:]) if action else None
-        assert isinstance(evaluation, ScoredBatch)
-        self.group_rows[group].append((evaluation, np.asarray(rows), j_dec))
-        if j_dec is None:
+        if not action:
             return {"score": action_objective(None, j_gen, self.config), "j_gen": j_gen}
+        path = self.paths[_lateral(action)]
+        states = evaluation.states[rows, 1:]
+        j_dec = decision_following(action, path.lateral_offset(states[..., :2]), states[..., StateIndex.VELOCITY],
+                                   self.reference_speed, self.config, path.speed_limit, self.elapsed)
         return {"score": action_objective(j_dec, j_gen, self.config), "j_dec": j_dec, "j_gen": j_gen}
 
-    def final_j_gen(self, batch: ScoredBatch) -> np.ndarray:
-        """J_gen (M,) of a batch under the final progress reference (0 for untracked members)."""
-        out = np.zeros(len(batch.poses))
-        if batch.scores is not None:
-            out[batch.tracked] = self._j_gen(batch.scores)
-        return out
-
-    def best_member(self, group: int) -> Member | None:
-        """The group's X*_a under the final progress reference (first scored on ties)."""
-        best: Member | None = None
-        for batch, rows, j_dec in self.group_rows[group]:
-            j_gen = self.final_j_gen(batch)[rows]
-            j_a = action_objective(j_dec, j_gen, self.config)
-            k = int(np.argmax(j_a))
-            if best is None or j_a[k] > best.j_a:
-                best = Member(batch, int(rows[k]), float(j_a[k]), math.nan if j_dec is None else float(j_dec[k]),
-                              float(j_gen[k]))
-        return best
-
-    def least_bad(self) -> tuple[Member, float] | None:
-        """PDM-Closed's pick when nothing is feasible: the member with the best weighted score among
-        those without an at-fault collision (a static object counts half), and the time (s) to its
-        first at-fault collision (inf if none); None if every member has an at-fault collision."""
+    def least_bad(self) -> tuple[np.ndarray, float, float] | None:
+        """PDM-Closed's pick when nothing is feasible, among the searched members: the one with the best
+        weighted score among those without an at-fault collision (a static object counts half), as
+        (ego-frame waypoints, its key no_at_fault x (1 + weighted), time in s to its first at-fault
+        collision, inf if none); None if every member has an at-fault collision with an agent."""
         best: tuple[float, ScoredBatch, int] | None = None
         for batch in self.batches:
             if batch.scores is None:
                 continue
-            s = batch.scores
-            key = s.no_at_fault_collision * (1.0 + self._weighted(s))
+            key = batch.scores.no_at_fault_collision * (1.0 + self.weighted(batch.scores))
             k = int(np.argmax(key))
             if key[k] > 0.0 and (best is None or key[k] > best[0]):
                 best = (float(key[k]), batch, k)
         if best is None:
             return None
-        _, batch, k = best
-        row = int(batch.tracked[k])
-        return (Member(batch, row, 0.0, math.nan, float(self.final_j_gen(batch)[row])),
-                float(batch.scores.time_to_at_fault_collision[k]))
+        key, batch, k = best
+        return batch.poses[batch.tracked[k]], key, float(batch.scores.time_to_at_fault_collision[k])
 
 
 def _lateral(action: str) -> str:
@@ -458,15 +414,21 @@ class DecisionGuidedPlanner:
         ctx = ScoringContext(lm, keep.centerline, forecast, keep.speed_limit, planner_input.vehicle,
                              c.objective.dt)
         hist, seed = history_from_states(planner_input.ego_history, self.prior.config)
+        # PDM-Closed's own proposals: the progress reference of every member, and the fallback's last resort.
+        proposals = idm_proposals(ego, keep.centerline, full_forecast, offsets=c.fallback_offsets,
+                                  target_speeds=tuple(f * keep.speed_limit for f in c.fallback_speed_fractions),
+                                  steps=steps_out, simulate_steps=c.objective.horizon_steps, dt=c.objective.dt,
+                                  vehicle=planner_input.vehicle)
+        proposal_scores = score_proposals(proposals.states, ctx, c.scorer_weights)
         objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, ctx, c.scorer_weights, groups,
-                                     paths, c.objective, decision)
+                                     paths, c.objective, proposal_scores, decision)
         warm = self._warm_starts(groups, ego, paths, full_forecast, steps_out, planner_input.vehicle, objective)
         gen = torch.Generator().manual_seed(c.search.seed * 1_000_003 + self.calls)
         search = diffusion_es(self.prior, hist, seed, warm, objective, c.search, deadline, gen, self.clock, self.timer)
         if search.budget_cut:
             reasons.append(f"time budget {budget * 1e3:.0f} ms: {search.budget_cut}")
         return self._select(search, groups, probs, mode, reasons, objective, ego, paths, full_forecast, start,
-                            budget, decision, planner_input)
+                            budget, decision, planner_input, (proposals, proposal_scores))
 
     def _local_lanes(self, graph: LaneGraph, ego: EgoState) -> LaneMap:
         """The lane map of the lanes within reach of this cycle's trajectories.
@@ -615,13 +577,13 @@ class DecisionGuidedPlanner:
     def _select(self, search: ESResult, groups: list[str], probs: list[float], mode: str, reasons: list[str],
                 objective: PlannerObjective, ego: EgoState, paths: dict[str, ReferencePath],
                 forecast: ObjectBoxes, start: float, budget: float, decision: DecisionInForce | None,
-                planner_input: PlannerInput) -> PlanResult:
+                planner_input: PlannerInput, pdm: tuple[ProposalSet, ProposalScores]) -> PlanResult:
         c = self.config
         steps_out = int(round(c.output_horizon / c.objective.dt))
         t = np.arange(steps_out + 1) * c.objective.dt
         candidates: list[CandidateResult] = []
         for g, action in enumerate(groups):
-            best = objective.best_member(g)
+            best = search.best[g]
             if best is None:
                 candidates.append(CandidateResult(action, probs[g], None, math.nan, 0.0, 0.0, 0.0, "none"))
                 continue
@@ -629,8 +591,8 @@ class DecisionGuidedPlanner:
             path = paths[_lateral(action)] if action else paths["K"]
             traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), path, forecast,
                                    planner_input.vehicle)
-            candidates.append(CandidateResult(action, probs[g], traj, best.j_dec, best.j_gen, best.j_a, 0.0,
-                                              _origin(search, g)))
+            candidates.append(CandidateResult(action, probs[g], traj, best.terms.get("j_dec", math.nan),
+                                              best.terms["j_gen"], best.score, 0.0, best.origin))
         scored = [k for k, cand in enumerate(candidates) if cand.trajectory is not None]
         flipped = False
         if scored and mode == MODE_DECISION:
@@ -653,11 +615,7 @@ class DecisionGuidedPlanner:
         if chosen is not None and candidates[chosen].j_gen > 0.0:
             return self._finish(candidates[chosen].trajectory, candidates[chosen].action or None, mode, reasons,
                                 candidates, start, budget, stamp, search, flipped)
-        if chosen is None and not objective.batches:
-            reasons.append("the search produced no trajectory: comfortable stop")
-            stop = stop_along(ego, paths["K"].centerline, c.comfortable_deceleration, c.output_horizon, c.objective.dt)
-            return self._finish(stop, None, MODE_STOP, reasons, candidates, start, budget, stamp, search)
-        return self._fallback(objective, ego, paths, forecast, t, reasons, candidates, start, budget, stamp,
+        return self._fallback(objective, pdm, ego, paths, forecast, t, reasons, candidates, start, budget, stamp,
                               search, planner_input.vehicle)
 
     def _hysteresis(self, idx: int, eq22: np.ndarray, actions: list[str], decision: DecisionInForce | None) -> int:
@@ -671,28 +629,37 @@ class DecisionGuidedPlanner:
             return keep
         return idx
 
-    def _fallback(self, objective: PlannerObjective, ego: EgoState, paths: dict[str, ReferencePath],
-                  forecast: ObjectBoxes, t: np.ndarray, reasons: list[str], candidates: list[CandidateResult],
-                  start: float, budget: float, stamp: float | None, search: ESResult,
-                  vehicle: VehicleParameters) -> PlanResult:
-        """PDM-Closed's answer when nothing is feasible: the least-bad scored trajectory (or the
-        centreline IDM proposal), and its emergency brake for an imminent at-fault collision."""
+    def _fallback(self, objective: PlannerObjective, pdm: tuple[ProposalSet, ProposalScores], ego: EgoState,
+                  paths: dict[str, ReferencePath], forecast: ObjectBoxes, t: np.ndarray, reasons: list[str],
+                  candidates: list[CandidateResult], start: float, budget: float, stamp: float | None,
+                  search: ESResult, vehicle: VehicleParameters) -> PlanResult:
+        """PDM-Closed's answer when nothing is feasible: the least-bad trajectory among the searched members
+        and PDM-Closed's proposals (no at-fault collision, best weighted score; if everything collides,
+        PDM-Closed's own pick among its proposals), and its emergency brake for an imminent at-fault
+        collision at low speed."""
         c = self.config
-        keep = paths["K"]
+        proposals, scores = pdm
+        proposal_keys = scores.no_at_fault_collision * (1.0 + objective.weighted(scores))
+        k = int(np.argmax(proposal_keys))
         least = objective.least_bad()
-        if least is not None:
-            member, t_fault = least
-            poses = objective.map_poses(member.poses[None], len(t) - 1)[0]
-            traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), keep, forecast, vehicle)
-            what = "the least-bad scored trajectory (no at-fault collision, best weighted score)"
+        if least is not None and least[1] > proposal_keys[k]:
+            waypoints, _, t_fault = least
+            poses = objective.map_poses(waypoints[None], len(t) - 1)[0]
+            traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), paths["K"], forecast, vehicle)
+            what = "the least-bad searched trajectory (no at-fault collision, best weighted score)"
         else:
-            props = idm_proposals(ego, keep.centerline, forecast, offsets=(0.0,),
-                                  target_speeds=(keep.speed_limit or 15.0,), steps=len(t) - 1,
-                                  simulate_steps=c.objective.horizon_steps, dt=c.objective.dt, vehicle=vehicle)
-            scores = score_proposals(props.states, objective.ctx, c.scorer_weights)
-            t_fault = float(scores.time_to_at_fault_collision[0])
-            traj = props.trajectory(0, ego.stamp)
-            what = "the centreline IDM proposal (every scored trajectory has an at-fault collision)"
+            if proposal_keys[k] <= 0.0:
+                k = scores.best  # every trajectory collides at fault: PDM-Closed's own choice
+            t_fault = float(scores.time_to_at_fault_collision[k])
+            # The proposal runs along its offset path from the ego's foot point there; published, it
+            # starts at the ego and eases onto that path (as the warm starts do).
+            d0 = float(paths["K"].lateral_offset(np.array([ego.x, ego.y]))) - float(proposals.offsets[k])
+            poses = blended_poses(proposals.poses[k][None], proposals.velocity[k][None], d0, 0.0,
+                                  c.keep_blend_times[-1], c.objective.dt)[0]
+            traj = Trajectory(ego.stamp, t, poses[:, 0], poses[:, 1], wrap_angle(poses[:, 2]),
+                              proposals.velocity[k].copy(), proposals.acceleration[k].copy())
+            what = (f"PDM-Closed's proposal {k} (offset {proposals.offsets[k]:+.0f} m, "
+                    f"{proposals.target_speeds[k]:.1f} m/s)")
         reasons.append(f"no feasible trajectory (every candidate's best has J_gen = 0): {what}")
         if t_fault <= c.emergency_time and ego.velocity <= c.emergency_max_speed:
             reasons.append(f"at-fault collision in {t_fault:.1f} s at {ego.velocity:.1f} m/s: emergency brake")
@@ -741,7 +708,3 @@ class DecisionGuidedPlanner:
         self.last = result
         return result
 
-
-def _origin(search: ESResult, group: int) -> str:
-    best = search.best[group]
-    return best.origin if best is not None else "none"
