@@ -59,7 +59,7 @@ class PolygonRaster:
         self.kind = (np.concatenate(kinds) if kinds else np.zeros(0, dtype=np.int8))[order]
         self.owner = (np.concatenate(owners) if owners else np.zeros(0, dtype=np.intp))[order]
         counts = np.bincount(key, minlength=int(np.prod(self.shape)))
-        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.intp)
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)  # 16 MB at MAX_CELLS
 
     def _cells(self, geometry: shapely.Geometry, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(keys, kinds) of the INSIDE and EDGE cells of one geometry (flat lattice keys)."""
