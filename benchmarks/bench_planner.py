@@ -90,8 +90,10 @@ def commonroad_scene(probs: dict[str, float], name: str = "USA_Lanker-1_10_T-1",
 PARTS = [("denoiser network (DDIM steps)", "diffusion.py", "denoise"),
          ("LQR + bicycle tracking", "control.py", "simulate_proposals"),
          ("J_gen: PDM-style scorer", "scorer.py", "score_proposals"),
-         ("  of which lane occupancy (shapely point-in-lane)", "scorer.py", "lane_membership"),
+         ("  of which lane occupancy (point-in-lane)", "scorer.py", "lane_membership"),
          ("  of which same-or-connected-lanes test", "scorer.py", "in_common_or_connected_lanes"),
+         ("  of which SAT box overlaps (collisions, TTC)", "geometry.py", "proposals_vs_objects"),
+         ("  of which driving direction", "scorer.py", "_driving_direction"),
          ("J_dec terms (per candidate action)", "decision_guided.py", "group_terms"),
          ("Polyline.project (all callers)", "lanes.py", "project")]
 

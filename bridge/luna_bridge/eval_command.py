@@ -8,6 +8,7 @@ Example::
         --planner luna-onehot --planner diffusion-es --population 32 --iterations 1
     luna-bridge eval --set standard --replan-every 5 --planner idm --planner pdm --planner pdm@10hz \
         --planner diffusion-es --planner luna-oracle --planner luna --mode both --workers 2
+    luna-bridge eval --set standard --planner luna --executor ray --ray-address auto   # on a Ray cluster
 
 The stack planners (``luna`` and its ablations ``luna-k0``, ``luna-onehot``, ``luna-no-reflection``;
 see ``luna_bridge.stack_planner``) decide every T_d with the student and the memory bank in process;
@@ -18,13 +19,15 @@ they and ``diffusion-es`` run the decision-guided Diffusion-ES in deterministic 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shlex
 import sys
 from pathlib import Path
 
 from luna_bridge.baselines import planner_names
-from luna_bridge.evaluate import EVALUATION_SETS, MODES, EvalConfig, EvaluationError, run_evaluation, run_set
+from luna_bridge.evaluate import (EVALUATION_SETS, EXECUTORS, MODES, EvalConfig, EvaluationError, ray_session,
+                                  run_evaluation, run_set)
 from luna_bridge.stack_planner import StackConfigError, StackSettings
 
 
@@ -42,7 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"with its own replanning rate (pdm@10hz); registered: {', '.join(planner_names())}")
     p.add_argument("--mode", choices=sorted(MODES), default="both",
                    help="non-reactive (log-replay agents), reactive (IDM agents) or both")
-    p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes (default 1); with --executor ray, the CPUs of the local Ray instance")
+    p.add_argument("--executor", choices=EXECUTORS, default="process",
+                   help="process: worker processes on this machine (default); ray: Ray tasks, on a local Ray "
+                        "instance or on the cluster at --ray-address (same result files)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster address (e.g. ray://head:10001 or auto); default: start a local instance")
     p.add_argument("--out", type=Path, default=None, help="output directory (default out/eval/<suite>, git-ignored)")
     p.add_argument("--render", action="store_true", help="also write a BEV PNG and GIF per run")
     p.add_argument("--expect-count", type=int, default=None,
@@ -80,10 +89,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = EvalConfig(suite=args.suite or "", planners=args.planner or ["pdm"], modes=MODES[args.mode],
                      workers=args.workers, out_dir=out, render=args.render, expect_count=args.expect_count,
-                     limit=args.limit, every=args.every, replan_every=args.replan_every, stack=stack)
+                     limit=args.limit, every=args.every, replan_every=args.replan_every, stack=stack,
+                     executor=args.executor, ray_address=args.ray_address)
     command = "luna-bridge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        summaries = run_set(args.eval_set, cfg, command) if args.eval_set else {args.suite: run_evaluation(cfg, command)}
+        with ray_session(cfg) if args.executor == "ray" else contextlib.nullcontext():  # one Ray for every suite
+            summaries = run_set(args.eval_set, cfg, command) if args.eval_set else {
+                args.suite: run_evaluation(cfg, command)}
     except EvaluationError as exc:
         print(f"luna-bridge eval: {exc}", file=sys.stderr)
         return 2

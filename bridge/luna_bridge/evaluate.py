@@ -1,5 +1,6 @@
-"""Batch closed-loop evaluation: planners x modes x scenarios in worker processes, nuPlan metrics,
-results files and the Table-III-layout summary.
+"""Batch closed-loop evaluation: planners x modes x scenarios in worker processes or on Ray (a local
+instance or a cluster, ``executor="ray"``), nuPlan metrics, results files and the Table-III-layout
+summary.
 
 Output directory layout::
 
@@ -29,6 +30,7 @@ with the stack). The expert log replay always runs at nuPlan's 10 Hz. Named eval
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -40,7 +42,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from tqdm import tqdm
 
@@ -52,6 +54,9 @@ from luna_bridge.stack_planner import SEARCH_PLANNERS, STACK_PLANNERS, StackSett
 
 MODES = {"non-reactive": (False,), "reactive": (True,), "both": (False, True)}
 STATUS_OK, STATUS_LOAD_ERROR, STATUS_CRASHED = "ok", "load_error", "crashed"
+# Where the runs execute: worker processes on this machine, or Ray tasks (a local instance or a cluster).
+EXECUTORS = ("process", "ray")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # one thread per worker
 
 #: Named evaluation sets: (suite, every N-th scenario of the sorted suite, scenarios the suite must have).
 #: ``standard`` is the one protocol of the results tables (2 per scenario type of each synthetic split
@@ -139,11 +144,14 @@ class Job:
         return Path(self.out_dir) / "timings" / self.planner / mode_name(self.reactive) / f"{self.ref.name}.json"
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
     """Write via a temporary file and rename, so a killed run never leaves a half-written result."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    if isinstance(text, bytes):
+        tmp.write_bytes(text)
+    else:
+        tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -244,6 +252,8 @@ class EvalConfig:
     every: int = 1  # every N-th scenario of the sorted suite (an even subset across scenario types)
     replan_every: int = 1  # simulation steps between planner calls (nuPlan: 1, i.e. 10 Hz)
     stack: StackSettings = field(default_factory=StackSettings)  # for the stack / Diffusion-ES planners
+    executor: str = "process"  # one of EXECUTORS: where the runs execute
+    ray_address: str | None = None  # executor "ray": the cluster (None: a local instance of `workers` CPUs)
 
     def job_stack(self, planner: str) -> StackSettings | None:
         name = planner_spec(planner)[0]
@@ -396,6 +406,8 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
         raise EvaluationError(f"suite {cfg.suite!r} has {len(refs)} scenarios, expected {cfg.expect_count}")
     if cfg.every < 1 or cfg.replan_every < 1:
         raise EvaluationError(f"every ({cfg.every}) and replan_every ({cfg.replan_every}) must be >= 1")
+    if cfg.executor not in EXECUTORS:
+        raise EvaluationError(f"unknown executor {cfg.executor!r}; one of {', '.join(EXECUTORS)}")
     refs = refs[:: cfg.every][: cfg.limit]
     planners = _planner_order(cfg.planners)
     unknown = [p for p in planners if planner_spec(p)[0] not in planner_names()]
@@ -410,13 +422,15 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
     todo = [j for j in jobs if not _finished(j)]
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"eval {cfg.suite}", unit="run",
                disable=not progress)
-    if cfg.workers <= 1:
+    if cfg.executor == "ray":
+        _run_on_ray(todo, cfg, bar)
+    elif cfg.workers <= 1:
         _worker_init()  # one torch thread here too: spare threads spin on a busy machine (6x slower seen)
         for job in todo:
             run_job(job)
             bar.update()
     else:
-        env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        env = {k: os.environ.get(k) for k in THREAD_VARIABLES}
         os.environ.update({k: "1" for k in env})  # inherited by the spawned workers
         try:
             with mp.get_context("spawn").Pool(cfg.workers, initializer=_worker_init) as pool:
@@ -442,6 +456,53 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
     info.update(command=command, suite=cfg.suite, planners=planners, modes=[mode_name(m) for m in cfg.modes])
     write_atomic(cfg.out_dir / "run.json", json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
     return summary
+
+
+@contextlib.contextmanager
+def ray_session(cfg: EvalConfig) -> Iterator[None]:
+    """Ray connected for the block: the cluster at ``cfg.ray_address``, or a local instance of
+    ``cfg.workers`` CPUs, started here and stopped at the end (an already connected Ray is used as
+    it is, so several suites can share one instance)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=cfg.ray_address, num_cpus=None if cfg.ray_address else max(cfg.workers, 1),
+                 include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {k: "1" for k in THREAD_VARIABLES}})
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_on_ray(jobs: list[Job], cfg: EvalConfig, bar: tqdm) -> None:
+    """``jobs`` as Ray tasks of one CPU each (``ray_session``). A task runs its job into a scratch
+    folder of its node and returns the files the job wrote; this process writes them under
+    ``cfg.out_dir`` as they arrive, so the files are the process pool's, byte for byte, a stopped
+    evaluation resumes as before, and the nodes share no output folder (they need this code and the
+    scenario files at the same paths)."""
+    import ray
+
+    with ray_session(cfg):
+        task = ray.remote(num_cpus=1)(_job_files)
+        pending = [task.remote(job) for job in jobs]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for name, data in ray.get(done[0]).items():
+                write_atomic(cfg.out_dir / name, data)
+            bar.update()
+
+
+def _job_files(job: Job) -> dict[str, bytes]:
+    """Run ``job`` into a scratch folder (a Ray task); its files by path relative to the folder."""
+    import tempfile
+
+    _worker_init()
+    with tempfile.TemporaryDirectory(prefix="luna-eval-") as scratch:
+        run_job(replace(job, out_dir=scratch))
+        return {str(f.relative_to(scratch)): f.read_bytes() for f in sorted(Path(scratch).rglob("*")) if f.is_file()}
 
 
 def _finished(job: Job) -> bool:

@@ -105,12 +105,17 @@ class RosStackPlanner:
 
     def connect(self) -> None:
         """Wait until the stack subscribes to the inputs and publishes trajectories."""
-        pubs = (self.clock_pub, self.odom_pub, self.objects_pub)
+        pubs = self._inputs_to_connect()
         ok = self._spin_until(lambda: all(p.get_subscription_count() > 0 for p in pubs) and
                               self.node.count_publishers("planning/trajectory") > 0, self.config.connect_timeout)
         if not ok:
             raise PlannerTimeout("no stack found: nothing subscribes to the simulator's topics or publishes "
-                                 "planning/trajectory (start it with `luna up --sim-time`)")
+                                 f"planning/trajectory (start it with `{self.stack_command}`)")
+
+    stack_command = "luna up --sim-time"  # how to start a stack this bridge drives (for the error above)
+
+    def _inputs_to_connect(self) -> tuple:
+        return self.clock_pub, self.odom_pub, self.objects_pub
 
     def _publish_ego(self, ego, t: float) -> None:
         ego_msg = convert.ego_to_odometry(dataclasses.replace(ego, stamp=t + self.config.time_offset))

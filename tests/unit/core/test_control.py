@@ -167,3 +167,51 @@ def test_custom_parameters_change_the_response() -> None:
     slow = simulate_proposals(_state(y=-1.0, v=10.0), ref, bicycle=BicycleParameters(steering_time_constant=1.0))
     fast = simulate_proposals(_state(y=-1.0, v=10.0), ref, tracker=TrackerParameters())
     assert abs(slow[0, -1, StateIndex.Y]) > abs(fast[0, -1, StateIndex.Y])
+
+
+def _lqr_lateral_by_recursion(states: np.ndarray, reference_pose: np.ndarray, accel: np.ndarray,
+                              curvature: np.ndarray, wheelbase: float, params: TrackerParameters) -> np.ndarray:
+    """The lateral LQR command (no stopping: the references below are above the stopping speed) as
+    the step-by-step recursion over the look-ahead, the form before issue 14's running sums."""
+    dt, v0 = params.dt, states[:, StateIndex.VELOCITY]
+    ref_h = reference_pose[:, 2]
+    dx, dy = states[:, StateIndex.X] - reference_pose[:, 0], states[:, StateIndex.Y] - reference_pose[:, 1]
+    lateral_error = -dx * np.sin(ref_h) + dy * np.cos(ref_h)
+    heading_error = np.arctan2(np.sin(states[:, StateIndex.HEADING] - ref_h), np.cos(states[:, StateIndex.HEADING] - ref_h))
+    steering = states[:, StateIndex.STEERING_ANGLE]
+    a01, a02, a12, b0, b1, b2, g0, g1 = (np.zeros_like(v0) for _ in range(8))
+    for k in range(params.horizon):
+        v_k = v0 + accel * dt * k
+        m01, m12 = v_k * dt, v_k * dt / wheelbase
+        a02 = a02 + m01 * a12
+        a01 = a01 + m01
+        a12 = a12 + m12
+        b0 = b0 + m01 * b1
+        b1 = b1 + m12 * b2
+        b2 = b2 + dt
+        g0 = g0 + m01 * g1
+        g1 = g1 - v_k * curvature[:, k] * dt
+    e0 = lateral_error + a01 * heading_error + a02 * steering + g0
+    e1 = np.arctan2(np.sin(heading_error + a12 * steering + g1), np.cos(heading_error + a12 * steering + g1))
+    e2 = np.arctan2(np.sin(steering), np.cos(steering))
+    q0, q1, q2 = params.q_lateral
+    return -(q0 * b0 * e0 + q1 * b1 * e1 + q2 * b2 * e2) / (q0 * b0 * b0 + q1 * b1 * b1 + q2 * b2 * b2
+                                                              + params.r_lateral)
+
+
+def test_lateral_lqr_running_sums_equal_the_recursion_bit_for_bit() -> None:
+    rng = np.random.default_rng(7)
+    b = 500
+    states = np.zeros((b, STATE_SIZE))
+    states[:, StateIndex.X] = rng.normal(0, 2, b)
+    states[:, StateIndex.Y] = rng.normal(0, 2, b)
+    states[:, StateIndex.HEADING] = rng.uniform(-4, 4, b)
+    states[:, StateIndex.VELOCITY] = np.concatenate([rng.uniform(-3, 25, b - 4), [0.0, -0.0, 1e-300, 3.0]])
+    states[:, StateIndex.STEERING_ANGLE] = rng.uniform(-1, 1, b)
+    reference = np.column_stack([rng.normal(0, 2, b), rng.normal(0, 2, b), rng.uniform(-4, 4, b)])
+    reference_velocity = rng.uniform(1.0, 25.0, b)  # above the stopping threshold
+    curvature = rng.normal(0, 0.05, (b, 10))
+    params = TrackerParameters()
+    accel, rate = lqr_commands(states, reference, reference_velocity, curvature, WB, params)
+    expected = _lqr_lateral_by_recursion(states, reference, accel, curvature, WB, params)
+    assert np.array_equal(rate, expected)

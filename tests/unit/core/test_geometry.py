@@ -189,3 +189,23 @@ def test_chunked_evaluation_matches_unchunked(monkeypatch: pytest.MonkeyPatch) -
     np.testing.assert_array_equal(proposals_vs_objects(props, objs, valid), whole)
     np.testing.assert_array_equal(pairwise_overlaps(objs), whole_pairs)
     assert not whole[:, ~valid].any()
+
+
+def test_box_corners_equal_the_rotation_matrix_product_bit_for_bit() -> None:
+    """box_corners writes the rotation out; it must give exactly what the matrix form gave (the
+    scorer's collision and lane tests must not change), for broadcast sizes too."""
+    rng = np.random.default_rng(11)
+    x, y = rng.normal(0, 300, (50, 41)), rng.normal(0, 300, (50, 41))
+    heading = np.concatenate([rng.uniform(-7, 7, (50, 37)), np.tile([0.0, -0.0, np.pi, -np.pi / 2], (50, 1))], axis=1)
+    length, width = rng.uniform(0.5, 12, (50, 1)), rng.uniform(0.5, 3, (50, 1))
+    c, s = np.cos(heading), np.sin(heading)
+    hl, hw = np.broadcast_to(length / 2.0, heading.shape), np.broadcast_to(width / 2.0, heading.shape)
+    local = np.stack([np.stack([hl, hw], -1), np.stack([-hl, hw], -1),
+                      np.stack([-hl, -hw], -1), np.stack([hl, -hw], -1)], -2)
+    rot = np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2)
+    expected = np.einsum("...ij,...vj->...vi", rot, local) + np.stack([x, y], -1)[..., None, :]
+    got = box_corners(x, y, heading, length, width)
+    assert got.shape == (50, 41, 4, 2)
+    assert np.array_equal(got, expected)
+    # scalars: front-left, rear-left, rear-right, front-right of a 4 x 2 box at (1, 2), heading 0
+    np.testing.assert_array_equal(box_corners(1.0, 2.0, 0.0, 4.0, 2.0), [[3, 3], [-1, 3], [-1, 1], [3, 1]])

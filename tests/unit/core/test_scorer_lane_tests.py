@@ -1,6 +1,9 @@
-"""The scorer's lane tests (bounding-box prefilter before shapely, lane families built only from the
-lanes holding some corner) give exactly what the plain definitions give: every point tested against
-every lane polygon with ``shapely.intersects_xy``, and every lane's family checked in turn.
+"""The scorer's lane tests (the lane-id raster of ``luna_core.raster`` with GEOS near the polygon
+edges, lane families built only from the lanes holding some corner) give exactly what the plain
+definitions give: every point tested against every lane polygon with ``shapely.intersects_xy``, and
+every lane's family checked in turn. The raster alone is checked against shapely on awkward
+geometries (a hole, ``make_valid``'s bow tie, lines and points, UTM-sized coordinates) with points on
+and beside edges, vertices and cell corners.
 
 Maps: the real NGSIM intersection USA_Lanker-1_10_T-1 (CommonRoad, ../shared/scenarios/commonroad or
 $LUNA_COMMONROAD_DIR) and the synthetic suite's left-turn junction (hard_starting_left_turn_00).
@@ -16,9 +19,10 @@ import shapely
 
 from luna_bridge.scenarios import commonroad_dir, suite_refs
 from luna_bridge.scenarios.registry import load_entry
-from luna_core.lanes import LaneMap, intersects_xy_in_box, lane_map
-from luna_core.planning.scorer import in_common_or_connected_lanes, in_junction, lane_membership
-from luna_core.types import box_corners
+from luna_core.lanes import LaneMap, lane_map
+from luna_core.planning.scorer import in_common_or_connected_lanes, in_junction, lane_membership, oncoming_mask
+from luna_core.raster import EDGE, MAX_CELLS, PolygonRaster
+from luna_core.types import box_corners, wrap_angle
 
 CR_DIR = commonroad_dir()
 SCENARIOS = [
@@ -111,6 +115,36 @@ def test_lane_membership_and_junction_equal_the_plain_shapely_test(case) -> None
     assert not lane_membership(lanes, odd).any()
 
 
+def test_oncoming_mask_equals_every_lane_checked(case) -> None:
+    """Points in some lane but agreeing with none (heading within 90 deg of the lane's at the foot
+    point): the plain form projects every point on every lane holding it."""
+    lanes, centre = case
+    rng = np.random.default_rng(5)
+    pts = probe_points(lanes, centre, rng)
+    heading = rng.uniform(-np.pi, np.pi, len(pts))
+    member = reference_membership(lanes, pts)
+    agree = np.zeros(len(pts), dtype=bool)
+    for j, lane_id in enumerate(lanes.ids):
+        hit = member[:, j]
+        if hit.any():
+            proj = lanes.centerlines[lane_id].project(pts[hit])
+            agree[hit] |= np.abs(wrap_angle(heading[hit] - proj.heading)) < np.pi / 2
+    expected = member.any(axis=1) & ~agree
+    np.testing.assert_array_equal(oncoming_mask(lanes, pts, heading), expected)
+    assert expected.any() and (member.any(axis=1) & ~expected).any()
+    grid = pts[:600].reshape(20, 30, 2)
+    np.testing.assert_array_equal(oncoming_mask(lanes, grid, heading[:600].reshape(20, 30)),
+                                  expected[:600].reshape(20, 30))
+
+
+def test_lanes_within_is_the_set_match_lanes_finds(case) -> None:
+    lanes, centre = case
+    for reach in (5.0, 40.0, 200.0):
+        assert lanes.lanes_within(centre[0], centre[1], reach) == sorted(
+            (m.lane_id for m in lanes.match_lanes(centre[0], centre[1], None, reach)), key=lanes.ids.index)
+    assert lanes.lanes_within(centre[0] + 1e4, centre[1], 40.0) == []
+
+
 def test_in_drivable_area_equals_the_plain_shapely_test(case) -> None:
     lanes, centre = case
     pts = probe_points(lanes, centre, np.random.default_rng(1))
@@ -150,12 +184,62 @@ def test_in_common_or_connected_lanes_equals_the_lane_family_definition(case) ->
     np.testing.assert_array_equal(in_common_or_connected_lanes(lanes, grid), expected[:1200].reshape(30, 40))
 
 
-def test_intersects_xy_in_box_skips_nothing_on_the_box_border() -> None:
-    square = shapely.box(0.0, 0.0, 1.0, 1.0)
-    x = np.array([0.0, 1.0, 0.5, np.nextafter(1.0, 2.0), -1e-300, 0.5])
-    y = np.array([0.0, 1.0, 1.0, 0.5, 0.5, 0.5])
-    got = intersects_xy_in_box(square, shapely.bounds(square), x, y)
-    np.testing.assert_array_equal(got, [True, True, True, False, False, True])
-    np.testing.assert_array_equal(got, shapely.intersects_xy(square, x, y))
-    empty = shapely.Polygon()
-    assert not intersects_xy_in_box(empty, shapely.bounds(empty), x, y).any()
+def raster_probes(geometry: shapely.Geometry, rng: np.random.Generator, cell: float) -> np.ndarray:
+    """(N, 2): random points over the geometry's box, its vertices, points on (and within 1e-9 m of)
+    its edges, the lattice cell corners around it, and the next floats beside each of those."""
+    x0, y0, x1, y1 = shapely.bounds(geometry)
+    pts = [np.column_stack([rng.uniform(x0 - 1, x1 + 1, 4000), rng.uniform(y0 - 1, y1 + 1, 4000)])]
+    for ring in [shapely.get_coordinates(g) for g in shapely.get_parts(shapely.get_rings(geometry))] or \
+            [shapely.get_coordinates(geometry)]:
+        pts.append(ring)
+        if len(ring) > 1:
+            t = rng.uniform(0.0, 1.0, (len(ring) - 1, 50, 1))
+            on = ring[:-1, None] + t * np.diff(ring, axis=0)[:, None]
+            pts += [on.reshape(-1, 2), on.reshape(-1, 2) + rng.normal(0.0, 1e-9, (on.size // 2, 2))]
+    gx, gy = np.meshgrid(np.arange(np.floor(x0 / cell) - 1, np.floor(x1 / cell) + 2) * cell,
+                         np.arange(np.floor(y0 / cell) - 1, np.floor(y1 / cell) + 2) * cell)
+    pts.append(np.column_stack([gx.ravel(), gy.ravel()]))
+    pts = np.vstack(pts)
+    return np.vstack([pts, np.nextafter(pts, np.inf), np.nextafter(pts, -np.inf)])
+
+
+def _bow_tie(ox: float, oy: float) -> shapely.Geometry:
+    # make_valid of a self-intersecting ring: two triangles meeting at a point
+    return shapely.make_valid(shapely.Polygon([(ox, oy), (ox + 4, oy + 3), (ox + 4, oy), (ox, oy + 3)]))
+
+
+@pytest.mark.parametrize("name", ["square", "rotated strip", "bow tie", "hole", "with line", "far away"])
+def test_polygon_raster_equals_shapely_everywhere(name: str) -> None:
+    geometry = {
+        "square": shapely.box(0.0, 0.0, 1.0, 1.0),
+        "rotated strip": shapely.Polygon([(0.1, 0.0), (30.0, 17.3), (28.3, 20.2), (-1.6, 2.9)]),
+        "bow tie": _bow_tie(0.3, -0.7),
+        "hole": shapely.box(-3.0, -3.0, 3.0, 3.0).difference(shapely.box(-1.0, -1.1, 1.3, 1.0)),
+        "with line": shapely.GeometryCollection([shapely.box(0.0, 0.0, 2.0, 1.0),
+                                                 shapely.LineString([(2.0, 0.5), (5.3, 2.7)]),
+                                                 shapely.Point(6.1, -0.2)]),
+        "far away": shapely.Polygon([(512345.6, 5402111.1), (512401.2, 5402131.9), (512399.9, 5402135.4),
+                                     (512344.3, 5402114.6)]),  # UTM-sized coordinates
+    }[name]
+    raster = PolygonRaster([geometry, shapely.Polygon()])
+    pts = raster_probes(geometry, np.random.default_rng(3), raster.cell)
+    got = raster.membership(pts[:, 0], pts[:, 1])
+    expected = shapely.intersects_xy(geometry, pts[:, 0], pts[:, 1])
+    np.testing.assert_array_equal(got[:, 0], expected)
+    assert expected.any() and not expected.all()
+    assert not got[:, 1].any()  # the empty polygon holds nothing
+    if name in ("rotated strip", "hole", "far away"):  # lane-sized: most cells answer without GEOS
+        assert (raster.kind == EDGE).mean() < 0.4
+    odd = np.array([np.nan, np.inf, -np.inf, 0.5])
+    assert not raster.membership(odd, odd[::-1]).any()
+
+
+def test_polygon_raster_coarsens_its_cells_on_a_large_map() -> None:
+    big = [shapely.box(0.0, 0.0, 4000.0, 3.5), shapely.box(0.0, 0.0, 3.5, 4000.0)]
+    raster = PolygonRaster(big)
+    assert raster.cell > 0.25 and np.prod(raster.shape) <= MAX_CELLS
+    pts = raster_probes(big[0], np.random.default_rng(4), raster.cell)
+    np.testing.assert_array_equal(raster.membership(pts[:, 0], pts[:, 1]),
+                                  np.column_stack([shapely.intersects_xy(g, pts[:, 0], pts[:, 1]) for g in big]))
+    empty = PolygonRaster([])
+    assert empty.membership(np.zeros(3), np.zeros(3)).shape == (3, 0)

@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from luna_core.blas import single_threaded_blas
 from luna_core.types import EgoState, Trajectory, VehicleParameters, wrap_angle
 
 
@@ -157,6 +158,28 @@ def fit_velocity_curvature(poses: np.ndarray, dt: float, jerk_penalty: float = 1
 # --------------------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=8)
+def _horizon_steps(horizon: int) -> np.ndarray:
+    k = np.arange(horizon, dtype=np.float64)
+    k.setflags(write=False)  # cached: shared by every call
+    return k
+
+
+@lru_cache(maxsize=8)
+def _dt_sums(horizon: int, dt: float) -> np.ndarray:
+    """(H + 1,) 0, dt, dt + dt, ...: dt added k times in order (not k * dt, which rounds differently)."""
+    sums = _running_sum(np.full((horizon, 1), dt))[:, 0]
+    sums.setflags(write=False)  # cached: shared by every call
+    return sums
+
+
+def _running_sum(terms: np.ndarray) -> np.ndarray:
+    """(H + 1, ...) sums of ``terms`` (H, ...) over the first axis before each step and after the
+    last, added from 0 in order (``np.cumsum`` accumulates sequentially, unlike ``np.sum``), as a
+    loop ``s = s + terms[k]`` computes them."""
+    return np.cumsum(np.concatenate([np.zeros((1,) + terms.shape[1:]), terms]), axis=0)
+
+
 def lqr_commands(states: np.ndarray, reference_pose: np.ndarray, reference_velocity: np.ndarray,
                  curvature: np.ndarray, wheelbase: float,
                  params: TrackerParameters = TrackerParameters()) -> tuple[np.ndarray, np.ndarray]:
@@ -183,27 +206,20 @@ def lqr_commands(states: np.ndarray, reference_pose: np.ndarray, reference_veloc
 
     # Lateral: compose the H per-step affine maps x_{k+1} = M_k x_k + B u + g_k, where M_k is unit
     # upper-triangular with (0,1) = v_k dt and (1,2) = v_k dt / L, so the product stays in closed
-    # form (entries a01, a02, a12) and costs O(H) vector operations for the whole batch.
-    a01 = np.zeros_like(v0)
-    a02 = np.zeros_like(v0)
-    a12 = np.zeros_like(v0)
-    b0 = np.zeros_like(v0)
-    b1 = np.zeros_like(v0)
-    b2 = np.zeros_like(v0)
-    g0 = np.zeros_like(v0)
-    g1 = np.zeros_like(v0)
-    for k in range(horizon):
-        v_k = v0 + accel * dt * k
-        m01 = v_k * dt
-        m12 = v_k * dt / wheelbase
-        a02 = a02 + m01 * a12
-        a01 = a01 + m01
-        a12 = a12 + m12
-        b0 = b0 + m01 * b1
-        b1 = b1 + m12 * b2
-        b2 = b2 + dt
-        g0 = g0 + m01 * g1
-        g1 = g1 - v_k * curvature[:, k] * dt
+    # form (entries a01, a02, a12). Each entry is a running sum over k, taken over (H, B) arrays
+    # from 0 and in order, so it equals the step-by-step recursion to the last bit (a loop over k
+    # cost 10x more NumPy calls).
+    v_k = v0[None] + accel[None] * dt * _horizon_steps(horizon)[:, None]  # (H, B)
+    m01 = v_k * dt
+    m12 = v_k * dt / wheelbase
+    b2_k = _dt_sums(horizon, dt)  # b2 before each step: dt added k times, (H + 1,)
+    # Entries before each step k and after the last, (H + 1, B) each; the recursion's g1 - x adds -x
+    # exactly. a01, a12, b1, g1 first, then the entries that grow with them (a02, b0, g0).
+    a01_k, a12_k, b1_k, g1_k = _running_sum(np.stack(
+        [m01, m12, m12 * b2_k[:-1, None], -(v_k * curvature[:, :horizon].T * dt)], axis=1)).transpose(1, 0, 2)
+    a02, b0, g0 = _running_sum(m01[:, None] * np.stack([a12_k[:-1], b1_k[:-1], g1_k[:-1]], axis=1))[-1]
+    a01, a12, b1, g1 = a01_k[-1], a12_k[-1], b1_k[-1], g1_k[-1]
+    b2 = np.full_like(v0, b2_k[-1])
     e0 = lateral_error + a01 * heading_error + a02 * steering + g0
     e1 = wrap_angle(heading_error + a12 * steering + g1)
     e2 = wrap_angle(steering)
@@ -255,8 +271,9 @@ def simulate_proposals(initial_state: np.ndarray, proposals: np.ndarray,
     proposals = np.asarray(proposals, dtype=np.float64)
     b, n, _ = proposals.shape
     states = np.broadcast_to(np.asarray(initial_state, dtype=np.float64), (b, STATE_SIZE)).copy()
-    velocity, curvature = fit_velocity_curvature(proposals, tracker.dt, tracker.jerk_penalty,
-                                                 tracker.curvature_rate_penalty)
+    with single_threaded_blas():  # small batched products and solves (luna_core.blas)
+        velocity, curvature = fit_velocity_curvature(proposals, tracker.dt, tracker.jerk_penalty,
+                                                     tracker.curvature_rate_penalty)
     m = velocity.shape[1]
     # Curvature look-ahead windows, padded with the last value past the end.
     pad = np.concatenate([curvature, np.repeat(curvature[:, -1:], tracker.horizon, axis=1)], axis=1)

@@ -201,11 +201,15 @@ def _origin(arrays: list[Array | None]) -> np.ndarray | torch.Tensor | None:
             continue
         flat = b.reshape(-1, 4, 2)
         if isinstance(flat, torch.Tensor):
-            finite = torch.isfinite(flat).flatten(1).all(1)
+            finite = torch.isfinite(flat[:1]).flatten(1).all(1)  # usually the first box: no full scan
+            if not bool(finite[0]):
+                finite = torch.isfinite(flat).flatten(1).all(1)
             if bool(finite.any()):
                 return flat[int(torch.argmax(finite.to(torch.uint8)))].mean(0)
         else:
-            finite = np.isfinite(flat).reshape(len(flat), -1).all(1)
+            finite = np.isfinite(flat[:1]).reshape(1, -1).all(1)  # usually the first box: no full scan
+            if not finite[0]:
+                finite = np.isfinite(flat).reshape(len(flat), -1).all(1)
             if finite.any():
                 return np.asarray(flat[int(np.argmax(finite))], dtype=np.float64).mean(0)
     return None
@@ -337,7 +341,7 @@ def pairwise_overlaps(boxes: Array, valid: Array | None = None, tolerance: float
 
 def proposals_vs_objects(proposals: Array, objects: Array, objects_valid: Array | None = None,
                          tolerance: float = TOUCH_TOLERANCE, *, backend: Backend | None = None,
-                         device: torch.device | str | None = None) -> Array:
+                         device: torch.device | str | None = None, validate_proposals: bool = True) -> Array:
     """Overlap of each ego proposal with each object at each step, for the planner's scorer.
 
     Args:
@@ -346,6 +350,9 @@ def proposals_vs_objects(proposals: Array, objects: Array, objects_valid: Array 
             velocity futures).
         objects_valid: optional ``(N, T)`` mask; False steps never overlap.
         tolerance: touching gap in metres.
+        validate_proposals: False skips the finiteness and rectangle checks of ``proposals``, for a
+            caller whose boxes are ``box_corners`` of states it has checked (the planner's scorer:
+            the checks cost a third of the call there).
     Returns:
         ``(P, N, T)`` booleans (NumPy if the inputs were NumPy, else a tensor on the inputs' device).
     """
@@ -353,7 +360,8 @@ def proposals_vs_objects(proposals: Array, objects: Array, objects_valid: Array 
         raise GeometryError(f"proposals {tuple(proposals.shape)} and objects {tuple(objects.shape)}: "
                             "expected (P, T, 4, 2) and (N, T, 4, 2) with the same T")
     xp, (tp, _, to, m), as_numpy = _prepare([proposals, None, objects, objects_valid], backend, device)
-    tp = _check_boxes(xp, tp, "proposals", None)
+    if validate_proposals:
+        tp = _check_boxes(xp, tp, "proposals", None)
     to = _check_boxes(xp, to, "objects", m)
     p, n, steps = tp.shape[0], to.shape[0], tp.shape[1]
     fp = _box_frames(xp, tp).map(lambda x: x[:, None])

@@ -27,6 +27,7 @@ import numpy as np
 import shapely
 from shapely.geometry import Polygon
 
+from luna_core.raster import PolygonRaster
 from luna_core.types import Lane, LaneGraph, Route, wrap_angle
 
 # Weight (m per unit of 1 - cos(heading error)) that makes the nearest-lane search heading aware:
@@ -163,21 +164,6 @@ def make_lane(lane_id: str, centerline: np.ndarray, width: float, speed_limit: f
 # --------------------------------------------------------------------------------------------------
 
 
-def intersects_xy_in_box(geometry: shapely.Geometry, bounds: np.ndarray, x: np.ndarray,
-                         y: np.ndarray) -> np.ndarray:
-    """``shapely.intersects_xy(geometry, x, y)`` for flat arrays, run only on the points inside the
-    geometry's bounding box ``bounds`` (min x, min y, max x, max y, as ``shapely.bounds`` gives it,
-    borders included). The result is identical: the box holds the exact extremes of the geometry's
-    coordinates, so no point outside it can touch the geometry; most lanes of a junction map are
-    far from most points of a proposal, and the box test is far cheaper than GEOS's."""
-    near = (x >= bounds[0]) & (x <= bounds[2]) & (y >= bounds[1]) & (y <= bounds[3])
-    out = np.zeros(len(x), dtype=bool)
-    idx = np.flatnonzero(near)
-    if len(idx):
-        out[idx] = shapely.intersects_xy(geometry, x[idx], y[idx])
-    return out
-
-
 @dataclass(frozen=True)
 class LaneMatch:
     """A pose located on a lane."""
@@ -224,10 +210,7 @@ class LaneMap:
         """Every lane within ``max_distance`` of (x, y), best first (distance + heading cost)."""
         if len(self._seg_a) == 0:
             return []
-        rel = np.array([x, y]) - self._seg_a
-        t = np.clip(np.einsum("mk,mk->m", rel, self._seg_v) / np.maximum(self._seg_len ** 2, 1e-18), 0, 1)
-        foot = self._seg_a + t[:, None] * self._seg_v
-        dist = np.hypot(x - foot[:, 0], y - foot[:, 1])
+        dist = self._segment_distances(x, y)
         herr = np.zeros_like(dist) if heading is None else wrap_angle(heading - self._seg_heading)
         cost = dist + HEADING_COST * (1.0 - np.cos(herr))
         # Best segment per lane: sort by cost and keep the first occurrence of each lane.
@@ -243,6 +226,21 @@ class LaneMap:
             out.append(LaneMatch(lane_id, float(p.s), float(p.lateral),
                                  float(herr[m]) if heading is not None else 0.0, float(dist[m])))
         return out
+
+    def lanes_within(self, x: float, y: float, max_distance: float) -> list[str]:
+        """Ids of the lanes whose centreline passes within ``max_distance`` of (x, y), in ``ids`` order:
+        the lanes ``match_lanes`` returns, without locating the point on each."""
+        near = np.zeros(len(self.ids), dtype=bool)
+        if len(self._seg_a):
+            near[self._seg_lane[self._segment_distances(x, y) <= max_distance]] = True
+        return [self.ids[k] for k in np.flatnonzero(near)]
+
+    def _segment_distances(self, x: float, y: float) -> np.ndarray:
+        """(M,) distance (m) from (x, y) to every centreline segment of the map."""
+        rel = np.array([x, y]) - self._seg_a
+        t = np.clip(np.einsum("mk,mk->m", rel, self._seg_v) / np.maximum(self._seg_len ** 2, 1e-18), 0, 1)
+        foot = self._seg_a + t[:, None] * self._seg_v
+        return np.hypot(x - foot[:, 0], y - foot[:, 1])
 
     def nearest_lane(self, x: float, y: float, heading: float | None = None,
                      max_distance: float = 10.0) -> LaneMatch | None:
@@ -351,6 +349,12 @@ class LaneMap:
         return polys
 
     @cached_property
+    def lane_raster(self) -> PolygonRaster:
+        """Exact point-in-lane tests for all lane polygons at once (``luna_core.raster``), in ``ids`` order."""
+        polys = self.lane_polygons
+        return PolygonRaster([polys[i] for i in self.ids])
+
+    @cached_property
     def lane_bounds(self) -> np.ndarray:
         """(L, 4) bounding box (min x, min y, max x, max y) of each lane polygon, in ``ids`` order
         (NaN for an empty polygon: no point is inside its box)."""
@@ -368,12 +372,11 @@ class LaneMap:
         """Boolean (...,) for points (..., 2): inside (or on the border of) the drivable area."""
         pts = np.asarray(points, dtype=np.float64)
         flat = pts.reshape(-1, 2)
-        inside = intersects_xy_in_box(self.drivable_area, self._drivable_bounds, flat[:, 0], flat[:, 1])
-        return inside.reshape(pts.shape[:-1])
+        return self._drivable_raster.membership(flat[:, 0], flat[:, 1])[:, 0].reshape(pts.shape[:-1])
 
     @cached_property
-    def _drivable_bounds(self) -> np.ndarray:
-        return shapely.bounds(self.drivable_area)
+    def _drivable_raster(self) -> PolygonRaster:
+        return PolygonRaster([self.drivable_area])
 
     def distance_to_drivable_area(self, points: np.ndarray) -> np.ndarray:
         """(...,) distance (m) of points (..., 2) outside the drivable area; 0 inside."""

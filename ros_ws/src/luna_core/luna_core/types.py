@@ -149,12 +149,13 @@ def box_corners(x: np.ndarray | float, y: np.ndarray | float, heading: np.ndarra
     """Corners (..., 4, 2) of centred boxes, counter-clockwise from front-left."""
     x, y, heading, length, width = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64)
                                                         for v in (x, y, heading, length, width)))
-    c, s = np.cos(heading), np.sin(heading)
+    c, s = np.cos(heading)[..., None], np.sin(heading)[..., None]
     hl, hw = length / 2.0, width / 2.0
-    local = np.stack([np.stack([hl, hw], -1), np.stack([-hl, hw], -1),
-                      np.stack([-hl, -hw], -1), np.stack([hl, -hw], -1)], -2)  # (..., 4, 2)
-    rot = np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2)  # (..., 2, 2)
-    return np.einsum("...ij,...vj->...vi", rot, local) + np.stack([x, y], -1)[..., None, :]
+    lx = np.stack([hl, -hl, -hl, hl], -1)  # (..., 4) corners in the box frame
+    ly = np.stack([hw, hw, -hw, -hw], -1)
+    # The rotation written out (the same products and sums as a rotation-matrix product, which
+    # costs more as an einsum over axes of length 2).
+    return np.stack([c * lx + (-s) * ly + x[..., None], s * lx + c * ly + y[..., None]], -1)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -458,7 +458,7 @@ class DecisionGuidedPlanner:
         while the set of nearby lanes stays the same, so its polygons are built once per change.
         """
         reach = 60.0 + 2.0 * self.config.objective.horizon_steps * self.config.objective.dt * max(ego.velocity, 15.0)
-        ids = tuple(sorted(m.lane_id for m in lane_map(graph).match_lanes(ego.x, ego.y, None, reach)))
+        ids = tuple(sorted(lane_map(graph).lanes_within(ego.x, ego.y, reach)))
         key = (id(graph), ids)
         if self._local_key != key:
             self._local_graph = LaneGraph({i: graph.lanes[i] for i in ids}, graph.frame_id, graph.stamp)

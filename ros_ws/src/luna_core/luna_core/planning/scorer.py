@@ -39,10 +39,11 @@ from functools import lru_cache
 import numpy as np
 from scipy.signal import savgol_filter
 
+from luna_core.blas import single_threaded_blas
 from luna_core.collision_kinds import BEHIND_ANGLE, STOPPED_SPEED
 from luna_core.control import StateIndex
 from luna_core.geometry import proposals_vs_objects
-from luna_core.lanes import LaneMap, Polyline, intersects_xy_in_box
+from luna_core.lanes import LaneMap, Polyline
 from luna_core.types import VehicleParameters, box_corners, wrap_angle
 
 TTC_STOPPED_SPEED = 0.005  # m/s, below which TTC is not evaluated
@@ -117,9 +118,7 @@ def lane_membership(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
     """(..., L) bool: point (..., 2) inside lane ``lanes.ids[l]`` (polygon, border included)."""
     pts = np.asarray(points, dtype=np.float64)
     flat = pts.reshape(-1, 2)
-    out = np.zeros((len(flat), len(lanes.ids)), dtype=bool)
-    for j, lane_id in enumerate(lanes.ids):
-        out[:, j] = intersects_xy_in_box(lanes.lane_polygons[lane_id], lanes.lane_bounds[j], flat[:, 0], flat[:, 1])
+    out = lanes.lane_raster.membership(flat[:, 0], flat[:, 1])
     return out.reshape(pts.shape[:-1] + (len(lanes.ids),))
 
 
@@ -138,6 +137,8 @@ def _connection_matrix(lanes: LaneMap) -> np.ndarray:
 def in_common_or_connected_lanes(lanes: LaneMap, corners: np.ndarray) -> np.ndarray:
     """(...,) True where all 4 footprint corners (..., 4, 2) lie in one lane or in lanes connected
     end to end (nuPlan's ego_lane_change test); False when straddling lanes or off the lanes."""
+    if np.shape(corners)[-2:] != (4, 2):
+        raise ValueError(f"footprint corners must be (..., 4, 2), got {np.shape(corners)}")
     member = lane_membership(lanes, corners)  # (..., 4, L)
     if member.shape[-1] == 0:
         return np.zeros(member.shape[:-2], dtype=bool)
@@ -155,24 +156,28 @@ def in_common_or_connected_lanes(lanes: LaneMap, corners: np.ndarray) -> np.ndar
     for lane, hits in zip(used, np.ascontiguousarray(flat[:, used].T)):
         for f in np.flatnonzero(c[lane]):
             in_family[row[f]] |= hits
-    footprints = member.shape[:-2]
-    per_footprint = in_family.reshape((len(families), int(np.prod(footprints)), member.shape[-2]))
-    return np.any(np.all(per_footprint, axis=-1), axis=0).reshape(footprints)
+    # A footprint's 4 corners are 4 consecutive bytes of a row: all in the family when their uint32
+    # is 0x01010101 (one comparison instead of a reduction over an axis of length 4).
+    all_four = in_family.view(np.uint32) == 0x01010101
+    return np.any(all_four, axis=0).reshape(member.shape[:-2])
 
 
 def oncoming_mask(lanes: LaneMap, points: np.ndarray, heading: np.ndarray) -> np.ndarray:
     """(...,) True where a point (..., 2) with ``heading`` lies in some lane but in none whose
     direction agrees with the heading (within 90 deg): driving against the traffic flow."""
-    member = lane_membership(lanes, points)
-    agree = np.zeros(member.shape[:-1], dtype=bool)
     pts = np.asarray(points, dtype=np.float64)
-    for j, lane_id in enumerate(lanes.ids):
-        hit = member[..., j]
-        if not hit.any():
-            continue
-        proj = lanes.centerlines[lane_id].project(pts[hit])
-        agree[hit] |= np.abs(wrap_angle(heading[hit] - proj.heading)) < np.pi / 2
-    return member.any(axis=-1) & ~agree
+    member = lane_membership(lanes, pts)
+    flat = member.reshape(-1, member.shape[-1])
+    xy, h = pts.reshape(-1, 2), np.broadcast_to(heading, member.shape[:-1]).reshape(-1)
+    agree = np.zeros(len(flat), dtype=bool)
+    lane, point = np.nonzero(flat.T)  # (lane, point) pairs, lane by lane: only the lanes holding points
+    bounds = np.flatnonzero(np.diff(lane)) + 1
+    for j, idx in zip(lane[np.r_[0, bounds]] if len(lane) else [], np.split(point, bounds)):
+        idx = idx[~agree[idx]]  # a point that agrees with one lane needs no other
+        if len(idx):
+            proj = lanes.centerlines[lanes.ids[j]].project(xy[idx])
+            agree[idx] = np.abs(wrap_angle(h[idx] - proj.heading)) < np.pi / 2
+    return (flat.any(axis=-1) & ~agree).reshape(member.shape[:-1])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -285,12 +290,15 @@ def ego_corners(states: np.ndarray, vehicle: VehicleParameters) -> np.ndarray:
     return box_corners(cx, cy, h, vehicle.length, vehicle.width)
 
 
-def _relative_angle(states: np.ndarray, obj_xy: np.ndarray) -> np.ndarray:
-    """(P, N, T') |angle| between the ego heading and the line of sight from the rear axle to the
-    object centre; ``states`` (P, T', >=3), ``obj_xy`` (N, T', 2)."""
-    rel = obj_xy[None] - states[:, None, :, :2]
+def _relative_angle(states: np.ndarray, obj_xy: np.ndarray, pairs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """|angle| between the ego heading and the line of sight from the rear axle to the object
+    centre, for the (proposal, object, step) index triples ``pairs`` only; ``states`` (P, T', >=3),
+    ``obj_xy`` (N, T', 2). The rules need it only where boxes meet (a few of the P x N x T' pairs),
+    and element by element it is the same arithmetic as over all pairs."""
+    p, n, t = pairs
+    rel = obj_xy[n, t] - states[p, t, :2]
     bearing = np.arctan2(rel[..., 1], rel[..., 0])
-    return np.abs(wrap_angle(bearing - states[:, None, :, StateIndex.HEADING]))
+    return np.abs(wrap_angle(bearing - states[p, t, StateIndex.HEADING]))
 
 
 def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
@@ -303,17 +311,20 @@ def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
     if n == 0:
         return np.ones(p), np.full(p, np.inf), np.zeros((p, 0, steps), dtype=bool)
     obj_corners = obj.corners()
-    overlap = proposals_vs_objects(corners, obj_corners, backend="numpy")  # (P, N, T+1)
+    # The ego boxes are box_corners of states checked finite on entry: no need to validate them.
+    overlap = proposals_vs_objects(corners, obj_corners, backend="numpy", validate_proposals=False)  # (P, N, T+1)
     overlap[..., 0] = False
     first = overlap & (np.cumsum(overlap, axis=-1) == 1)
     collided = np.cumsum(overlap, axis=-1) > 0
     front_edge = corners[..., [0, 3, 3, 0], :]  # zero-width boxes: the front bumper segments
-    front = proposals_vs_objects(front_edge, obj_corners, backend="numpy")
+    front = proposals_vs_objects(front_edge, obj_corners, backend="numpy", validate_proposals=False)
     ego_stopped = states[..., StateIndex.VELOCITY] <= STOPPED_SPEED  # (P, T+1)
     obj_stopped = obj.speed <= STOPPED_SPEED  # (N,)
-    behind = _relative_angle(states, obj.pose[..., :2]) > BEHIND_ANGLE
-    at_fault = first & ~ego_stopped[:, None] & (
-        obj_stopped[None, :, None] | (~behind & (front | multi_lane[:, None])))
+    pairs = np.nonzero(first & ~ego_stopped[:, None])  # the first contacts the ego drove into
+    pi, ni, ti = pairs
+    behind = _relative_angle(states, obj.pose[..., :2], pairs) > BEHIND_ANGLE
+    at_fault = np.zeros_like(first)
+    at_fault[pairs] = obj_stopped[ni] | (~behind & (front[pairs] | multi_lane[pi, ti]))
     penalty = np.where(obj.static & ~obj.red_light, 0.5, 0.0)  # score after an at-fault collision
     score = np.min(np.where(at_fault.any(-1), penalty[None], 1.0), axis=1)
     any_fault = at_fault.any(axis=1)  # (P, T+1)
@@ -323,13 +334,8 @@ def _collisions(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext,
 
 def in_junction(lanes: LaneMap, points: np.ndarray) -> np.ndarray:
     """(...,) True where a point (..., 2) lies in a junction lane (nuPlan's INTERSECTION layer)."""
-    pts = np.asarray(points, dtype=np.float64)
-    flat = pts.reshape(-1, 2)
-    out = np.zeros(len(flat), dtype=bool)
-    for j, lane_id in enumerate(lanes.ids):
-        if lanes.graph.lanes[lane_id].in_junction:
-            out |= intersects_xy_in_box(lanes.lane_polygons[lane_id], lanes.lane_bounds[j], flat[:, 0], flat[:, 1])
-    return out.reshape(pts.shape[:-1])
+    junction = [j for j, lane_id in enumerate(lanes.ids) if lanes.graph.lanes[lane_id].in_junction]
+    return lane_membership(lanes, points)[..., junction].any(axis=-1)
 
 
 def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided: np.ndarray,
@@ -356,16 +362,20 @@ def _ttc(states: np.ndarray, corners: np.ndarray, ctx: ScoringContext, collided:
         shift = (states[:, t_now, StateIndex.VELOCITY] * k * ctx.dt)[..., None, None] * direction[:, t_now, None]
         ego_future = corners[:, t_now] + shift  # (P, T', 4, 2)
         fut = slice(1 + k, steps)
-        hit = proposals_vs_objects(ego_future, obj_corners[:, fut], backend="numpy")  # (P, N, T')
-        angle = _relative_angle(states[:, t_now], obj.pose[:, fut, :2])  # (P, N, T')
-        hit &= (angle <= BEHIND_ANGLE) & ~collided[:, :, t_now] & moving[:, None, t_now]
-        beside = hit & (angle >= AHEAD_ANGLE)
-        pi, ti = np.nonzero(beside.any(axis=1))  # proposal steps where only the wide rule can count
-        if len(pi):
-            wide = np.zeros(beside.shape[::2], dtype=bool)
-            wide[pi, ti] = multi_lane[pi, ti + 1] | in_junction(ctx.lanes, states[pi, ti + 1, :2])
-            hit &= (angle < AHEAD_ANGLE) | wide[:, None, :]
-        ok &= ~hit.any(axis=(1, 2))
+        hit = proposals_vs_objects(ego_future, obj_corners[:, fut], backend="numpy",
+                                   validate_proposals=False)  # (P, N, T')
+        hit &= ~collided[:, :, t_now] & moving[:, None, t_now]
+        pairs = np.nonzero(hit)  # the angle rules only matter where the boxes meet
+        pi, _, ti = pairs
+        angle = _relative_angle(states[:, t_now], obj.pose[:, fut, :2], pairs)
+        counts = angle <= BEHIND_ANGLE
+        beside = counts & (angle >= AHEAD_ANGLE)
+        if beside.any():  # proposal steps where only the wide rule can count
+            bp, bt = pi[beside], ti[beside]
+            wide = np.zeros(hit.shape[::2], dtype=bool)
+            wide[bp, bt] = multi_lane[bp, bt + 1] | in_junction(ctx.lanes, states[bp, bt + 1, :2])
+            counts &= (angle < AHEAD_ANGLE) | wide[pi, ti]
+        ok[pi[counts]] = False
     return ok.astype(np.float64)
 
 
@@ -388,6 +398,11 @@ def _driving_direction(states: np.ndarray, ctx: ScoringContext) -> np.ndarray:
 def score_proposals(states: np.ndarray, ctx: ScoringContext,
                     weights: ScorerWeights = PDM_WEIGHTS) -> ProposalScores:
     """Score simulated proposals ``(P, T+1, 8)`` (``[:, 0]`` = the current state)."""
+    with single_threaded_blas():  # the comfort derivatives are small products (luna_core.blas)
+        return _score_proposals(states, ctx, weights)
+
+
+def _score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWeights) -> ProposalScores:
     states = np.asarray(states, dtype=np.float64)
     if states.ndim != 3 or states.shape[1] < 2 or states.shape[2] < len(StateIndex):
         raise ValueError(f"proposal states must be (P, T+1>=2, {len(StateIndex)}), got {states.shape}")
