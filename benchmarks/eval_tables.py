@@ -117,6 +117,30 @@ def run_facts(runs: dict, planner: str, common: dict[str, list[str]]) -> list[st
     return [f"- {planner}: {over} of {len(sel)} runs with speed-limit compliance below 1{cycled}{decided}"]
 
 
+METRIC_COLUMNS = (("no_ego_at_fault_collisions", "no coll."), ("drivable_area_compliance", "drivable"),
+                  ("driving_direction_compliance", "direction"), ("ego_is_making_progress", "making prog."),
+                  ("ego_progress_along_expert_route", "progress"), ("time_to_collision_within_bound", "TTC"),
+                  ("speed_limit_compliance", "speed limit"), ("ego_is_comfortable", "comfort"))
+
+
+def per_metric(runs: dict, planners: list[str], common: dict[str, list[str]]) -> list[str]:
+    """Mean score x 100 of each nuPlan metric per (planner, mode): where a row's CLS points go."""
+    short = dict(MODES)
+    out = ["| planner | mode | " + " | ".join(name for _, name in METRIC_COLUMNS) + " |",
+           "|---|---|" + "---:|" * len(METRIC_COLUMNS)]
+    for mode in common:
+        for p in planners:
+            sel = [runs[(p, mode)][s] for s in common[mode] if s in runs.get((p, mode), {})]
+            if not sel:
+                continue
+            cells = []
+            for key, _ in METRIC_COLUMNS:
+                vals = [r["metrics"][key]["score"] for r in sel if key in r.get("metrics", {})]
+                cells.append(f"{100 * sum(vals) / len(vals):.1f}" if vals else "-")
+            out.append(f"| {p} | {short[mode]} | " + " | ".join(cells) + " |")
+    return out
+
+
 def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
 
@@ -133,6 +157,8 @@ def markdown(title: str, rows: list[dict[str, Any]], common: dict[str, list[str]
             out += ["", f"Not in every {mode} row (left out of it): {', '.join(names)}."]
     out += [f"\n{note}." for note in notes if EXPERT in planners]
     out += [""] + [line for p in planners for line in run_facts(runs, p, common)]
+    out += ["", f"<details><summary>{title}: mean score of each metric (x 100)</summary>", ""]
+    out += per_metric(runs, planners, common) + ["", "</details>"]
     types, tcols, means = per_type(runs, planners, common)
     short = dict(MODES)
     out += ["", f"<details><summary>{title}: mean CLS per scenario type</summary>", "",

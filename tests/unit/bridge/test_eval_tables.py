@@ -61,3 +61,18 @@ def test_the_same_run_in_two_folders_is_refused(tmp_path: Path) -> None:
         _run(folder, "pdm", "reactive", "a_0", 1.0)
     with pytest.raises(SystemExit, match="pdm / reactive / a_0 is in two folders"):
         _script().main([str(tmp_path / "x"), str(tmp_path / "y"), "--title", "t"])
+
+
+def test_per_metric_breakdown_says_where_the_points_go(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for planner, limit in (("pdm", (1.0, 1.0)), ("luna", (0.0, 1.0))):
+        for s, score in zip(("a_0", "b_0"), limit):
+            path = tmp_path / "scenarios" / planner / "non_reactive" / f"{s}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"planner": planner, "mode": "non_reactive", "scenario": s, "score": score,
+                                        "metrics": {"speed_limit_compliance": {"score": score},
+                                                    "ego_is_comfortable": {"score": 1.0}}}))
+    assert _script().main([str(tmp_path), "--title", "t", "--planner", "pdm", "--planner", "luna"]) == 0
+    out = capsys.readouterr().out
+    assert "| pdm | NR | - | - | - | - | - | - | 100.0 | 100.0 |" in out
+    assert "| luna | NR | - | - | - | - | - | - | 50.0 | 100.0 |" in out  # half the runs over the limit
+    assert "- luna: 1 of 2 runs with speed-limit compliance below 1" in out
