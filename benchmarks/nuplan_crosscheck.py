@@ -15,18 +15,28 @@ venv used here)::
    built from the same lane graph (devkit ``Lane`` / ``RoadBlockGraphEdgeMapObject`` subclasses with
    the devkit's own ``NuPlanPolylineMapObject`` paths).
 
-Prints Markdown tables (copied into docs/nuplan.md).
+Prints Markdown tables (copied into docs/nuplan.md), then the verdict: exit status 0 when every value
+agrees (tracking to 1e-6, metrics to 0.01), 1 with each disagreement listed, 2 without the devkit.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
+
+if __name__ == "__main__":  # before the devkit imports, so that --help works without the devkit
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from crosscheck_verdict import (EXIT_NO_DEVKIT, METRIC_TOLERANCE, TRACKING_TOLERANCE,  # noqa: E402
+                                exit_status, metric_disagreement, tracking_disagreements)
 
 try:
     import pandas as pd
@@ -71,7 +81,7 @@ try:
     from nuplan.planning.simulation.trajectory.interpolated_trajectory import InterpolatedTrajectory
 except ImportError as exc:  # the devkit is optional and never installed by the project
     print(f"nuPlan devkit not importable ({exc}); see docs/nuplan.md", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(EXIT_NO_DEVKIT)
 
 from luna_core.control import track_step
 from luna_core.lanes import make_lane
@@ -534,6 +544,7 @@ def main() -> int:
           "| final position diff (m) | ours: max distance to the reference (m) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     rows = []
+    disagreements = []
     for kind in ("straight 10 m/s", "accelerate 0 -> 12 m/s", "brake 12 m/s -> stop", "circle R 25 m, 8 m/s",
                  "lane change 3.5 m, 12 m/s", "S-curve 10 m/s"):
         for off in ((0.0, 0.0, 0.0), (0.5, 0.05, 1.0)):
@@ -541,6 +552,8 @@ def main() -> int:
                 off = (0.5, 0.05, 0.5)
             r = compare_tracking(kind, off)
             rows.append(r)
+            disagreements += tracking_disagreements(f"{r.case}, {r.start}", r.max_position, r.max_heading,
+                                                    r.max_velocity)
             print(f"| {r.case} | {r.start} | {r.max_position:.1e} | {r.max_heading:.1e} | {r.max_velocity:.1e} "
                   f"| {r.final_position:.1e} | {r.max_tracking_error:.2f} |")
     graph = lane_graph()
@@ -554,16 +567,25 @@ def main() -> int:
         metric = COMPARED[case.name.split(":")[0]]
         # every compared metric on every case, the case's own metric listed first
         for m in [metric] + [k for k in COMPARED.values() if k != metric]:
-            ok = abs(ours[m] - theirs[m]) <= 0.01
+            wrong = metric_disagreement(case.name, m, ours[m], theirs[m])
+            ok = wrong is None
+            if wrong is not None:
+                disagreements.append(wrong)
             agree[m][0] += ok
             agree[m][1] += 1
             if m == metric or not ok:
                 print(f"| {case.name} | {case.what if m == metric else '(side metric)'} | {m} | {theirs[m]:.3f} "
                       f"| {ours[m]:.3f} | {'yes' if ok else '**no**'} |")
-    print("\nAgreement within 0.01 over all cases (each case scored on all five metrics):\n")
+    print(f"\nAgreement within {METRIC_TOLERANCE} over all cases (each case scored on all five metrics):\n")
     for m, (ok, n) in agree.items():
         print(f"- {m}: {ok}/{n}")
-    return 0
+    if disagreements:
+        print(f"\n**{len(disagreements)} disagreement(s)** (tracking tolerance {TRACKING_TOLERANCE:g}, "
+              f"metrics {METRIC_TOLERANCE}):\n")
+        print("\n".join(f"- {d}" for d in disagreements))
+    else:
+        print("\nEvery compared value agrees.")
+    return exit_status(disagreements)
 
 
 if __name__ == "__main__":
