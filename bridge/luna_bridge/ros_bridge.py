@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import rclpy
 from geometry_msgs.msg import AccelWithCovarianceStamped
 from nav_msgs.msg import Odometry
+from rclpy.duration import Duration
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
@@ -33,6 +34,7 @@ from luna_bridge.scenario import SIM_DT, Scenario
 
 TIME_OFFSET = 100.0  # s added to simulation time on the wire
 HEARTBEAT = 0.5  # s of wall time between re-sends of the held /clock (every node handles each one)
+LATCHED_SETTLE = 0.5  # s of wall time after the stack acknowledged a scenario's lane graph and route
 
 
 class PlannerTimeout(RuntimeError):
@@ -145,6 +147,20 @@ class RosStackPlanner:
         route.stamp = self.config.time_offset
         self.route_pub.publish(convert.route_to_msg(route))
         self.connect()
+        self._deliver_latched()
+
+    def _deliver_latched(self) -> None:
+        """Make sure the stack has this scenario's lane graph and route before its first instant: a
+        stack that drove another scenario still holds that one's, and would plan on it."""
+        latched = (self.graph_pub, self.route_pub)
+        matched = self._spin_until(lambda: all(p.get_subscription_count() >= self.node.count_subscribers(p.topic_name)
+                                               for p in latched), self.config.connect_timeout)
+        acked = matched and all(p.wait_for_all_acked(Duration(seconds=self.config.connect_timeout)) for p in latched)
+        if not acked:
+            raise PlannerTimeout("the stack did not acknowledge the lane graph and route within "
+                                 f"{self.config.connect_timeout:.0f} s")
+        # Acknowledged is received, not yet handled: give the nodes' executors a moment (they are idle).
+        self._spin_until(lambda: False, LATCHED_SETTLE)
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         t = planner_input.time

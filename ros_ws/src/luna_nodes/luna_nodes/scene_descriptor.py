@@ -133,9 +133,11 @@ class SceneDescriptorNode(LunaNode):
                                          ("lane graph", self.graph)) if value is None]
 
     def _has_inputs_of(self, now: float) -> bool:
+        if self.graph is None or self.route is None or self.ego is None:
+            return False
         # None = never heard (no lights source, e.g. in some bags): not waited for.
-        return self.ego is not None and self.ego.stamp >= now - 1e-6 and all(
-            m is None or m.stamp >= now - 1e-6 for m in (self.objects, self.lights))
+        return self.ego.stamp >= now - 1e-6 and all(m is None or m.stamp >= now - 1e-6
+                                                    for m in (self.objects, self.lights))
 
     def _at(self, kind: str, now: float, latest):
         """The latest input of ``kind`` stamped at or before ``now`` (the latest one if all are newer)."""
