@@ -57,6 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--expect-count", type=int, default=None,
                    help="refuse to run unless the suite has this many (with --set: the set's)")
     p.add_argument("--limit", type=int, default=None, help="only the first N scenarios (smoke runs)")
+    p.add_argument("--only", action="append", default=None, metavar="NAME",
+                   help="only this scenario of the --suite (repeatable)")
     p.add_argument("--every", type=int, default=1,
                    help="every N-th scenario of the sorted suite (an even subset over scenario types)")
     p.add_argument("--replan-every", type=int, default=1,
@@ -79,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("luna-bridge eval: --workers must be >= 1", file=sys.stderr)
         return 2
+    if args.only and args.eval_set:
+        print("luna-bridge eval: --only names scenarios of one --suite, not of a --set", file=sys.stderr)
+        return 2
     out = args.out or Path("out/eval") / (args.eval_set or Path(args.suite).name)
     try:
         stack = StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
@@ -89,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = EvalConfig(suite=args.suite or "", planners=args.planner or ["pdm"], modes=MODES[args.mode],
                      workers=args.workers, out_dir=out, render=args.render, expect_count=args.expect_count,
-                     limit=args.limit, every=args.every, replan_every=args.replan_every, stack=stack,
+                     limit=args.limit, every=args.every, only=tuple(args.only or ()),
+                     replan_every=args.replan_every, stack=stack,
                      executor=args.executor, ray_address=args.ray_address)
     command = "luna-bridge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:

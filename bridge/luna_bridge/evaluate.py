@@ -196,8 +196,8 @@ def run_job(job: Job) -> dict[str, Any]:
                 base = Path(job.out_dir) / "renders" / job.planner / mode_name(job.reactive)
                 base.mkdir(parents=True, exist_ok=True)
                 title = f"{job.planner} {mode_name(job.reactive)} {scenario.name} CLS {score.score:.2f}"
-                render_png(sim_log, base / f"{job.ref.name}.png", title)
-                render_gif(sim_log, base / f"{job.ref.name}.gif", title)
+                render_png(sim_log, base / f"{job.ref.name}.png", title, score=score)
+                render_gif(sim_log, base / f"{job.ref.name}.gif", title, score=score)
         except Exception as exc:  # noqa: BLE001 - a crash is a zero score with its reason
             result = {**head, "status": STATUS_CRASHED, "score": 0.0, "scenario_type": scenario.scenario_type,
                       "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5),
@@ -250,6 +250,7 @@ class EvalConfig:
     expect_count: int | None = None  # refuse to run when the suite does not have this many scenarios
     limit: int | None = None  # first N scenarios only (smoke runs)
     every: int = 1  # every N-th scenario of the sorted suite (an even subset across scenario types)
+    only: tuple[str, ...] = ()  # these scenarios of the suite by name (before ``every``); () = all
     replan_every: int = 1  # simulation steps between planner calls (nuPlan: 1, i.e. 10 Hz)
     stack: StackSettings = field(default_factory=StackSettings)  # for the stack / Diffusion-ES planners
     executor: str = "process"  # one of EXECUTORS: where the runs execute
@@ -408,6 +409,11 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
         raise EvaluationError(f"every ({cfg.every}) and replan_every ({cfg.replan_every}) must be >= 1")
     if cfg.executor not in EXECUTORS:
         raise EvaluationError(f"unknown executor {cfg.executor!r}; one of {', '.join(EXECUTORS)}")
+    if cfg.only:
+        unknown = sorted(set(cfg.only) - {r.name for r in refs})
+        if unknown:
+            raise EvaluationError(f"suite {cfg.suite!r} has no scenario(s) {unknown}")
+        refs = [r for r in refs if r.name in cfg.only]
     refs = refs[:: cfg.every][: cfg.limit]
     planners = _planner_order(cfg.planners)
     unknown = [p for p in planners if planner_spec(p)[0] not in planner_names()]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import rclpy
 from geometry_msgs.msg import AccelWithCovarianceStamped
 from nav_msgs.msg import Odometry
+from rclpy.duration import Duration
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
@@ -32,6 +33,8 @@ from luna_nodes import convert, qos
 from luna_bridge.scenario import SIM_DT, Scenario
 
 TIME_OFFSET = 100.0  # s added to simulation time on the wire
+HEARTBEAT = 0.5  # s of wall time between re-sends of the held /clock (every node handles each one)
+LATCHED_SETTLE = 0.5  # s of wall time after the stack acknowledged a scenario's lane graph and route
 
 
 class PlannerTimeout(RuntimeError):
@@ -61,8 +64,8 @@ class RosStackPlanner:
         self.executor.add_node(self.node)
         n = self.node
         self.clock_pub = n.create_publisher(Clock, "/clock", qos.RELIABLE)
-        self.odom_pub = n.create_publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
-        self.accel_pub = n.create_publisher(AccelWithCovarianceStamped, "localization/acceleration", qos.SENSOR)
+        self.odom_pub = n.create_publisher(Odometry, "localization/kinematic_state", qos.STATE)
+        self.accel_pub = n.create_publisher(AccelWithCovarianceStamped, "localization/acceleration", qos.STATE)
         self.objects_pub = n.create_publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
         self.lights_pub = n.create_publisher(lm.TrafficLightStateArray, "perception/traffic_lights", qos.SENSOR)
         self.graph_pub = n.create_publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED)
@@ -90,23 +93,29 @@ class RosStackPlanner:
         self.decisions.append(d)
 
     def _spin_until(self, predicate, timeout: float, heartbeat=None) -> bool:
-        """Spin until ``predicate``; ``heartbeat`` is called every 50 ms meanwhile."""
+        """Spin until ``predicate``; ``heartbeat`` is called every ``HEARTBEAT`` s meanwhile."""
         deadline = time.monotonic() + timeout
-        beat = time.monotonic() + 0.05
+        beat = time.monotonic() + HEARTBEAT
         while not predicate():
             now = time.monotonic()
             if now >= deadline:
                 return False
             if heartbeat is not None and now >= beat:
                 heartbeat()
-                beat = now + 0.05
+                beat = now + HEARTBEAT
             self.executor.spin_once(timeout_sec=0.005)
         return True
 
     def connect(self) -> None:
-        """Wait until the stack subscribes to the inputs and publishes trajectories."""
+        """Wait until the stack publishes trajectories and each input publisher has matched every
+        subscriber the graph lists for its topic: a message published before a reader matched is lost
+        to it, and in lock step that reader's instant would then wait for it in vain."""
         pubs = self._inputs_to_connect()
-        ok = self._spin_until(lambda: all(p.get_subscription_count() > 0 for p in pubs) and
+
+        def matched(pub) -> bool:
+            return pub.get_subscription_count() >= max(1, self.node.count_subscribers(pub.topic_name))
+
+        ok = self._spin_until(lambda: all(matched(p) for p in pubs) and
                               self.node.count_publishers("planning/trajectory") > 0, self.config.connect_timeout)
         if not ok:
             raise PlannerTimeout("no stack found: nothing subscribes to the simulator's topics or publishes "
@@ -115,7 +124,7 @@ class RosStackPlanner:
     stack_command = "luna up --sim-time"  # how to start a stack this bridge drives (for the error above)
 
     def _inputs_to_connect(self) -> tuple:
-        return self.clock_pub, self.odom_pub, self.objects_pub
+        return self.clock_pub, self.odom_pub, self.accel_pub, self.objects_pub, self.lights_pub
 
     def _publish_ego(self, ego, t: float) -> None:
         ego_msg = convert.ego_to_odometry(dataclasses.replace(ego, stamp=t + self.config.time_offset))
@@ -138,6 +147,20 @@ class RosStackPlanner:
         route.stamp = self.config.time_offset
         self.route_pub.publish(convert.route_to_msg(route))
         self.connect()
+        self._deliver_latched()
+
+    def _deliver_latched(self) -> None:
+        """Make sure the stack has this scenario's lane graph and route before its first instant: a
+        stack that drove another scenario still holds that one's, and would plan on it."""
+        latched = (self.graph_pub, self.route_pub)
+        matched = self._spin_until(lambda: all(p.get_subscription_count() >= self.node.count_subscribers(p.topic_name)
+                                               for p in latched), self.config.connect_timeout)
+        acked = matched and all(p.wait_for_all_acked(Duration(seconds=self.config.connect_timeout)) for p in latched)
+        if not acked:
+            raise PlannerTimeout("the stack did not acknowledge the lane graph and route within "
+                                 f"{self.config.connect_timeout:.0f} s")
+        # Acknowledged is received, not yet handled: give the nodes' executors a moment (they are idle).
+        self._spin_until(lambda: False, LATCHED_SETTLE)
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         t = planner_input.time
@@ -171,6 +194,13 @@ class RosStackPlanner:
     def decide(self, planner_input: PlannerInput) -> DecisionDistribution | None:
         """As the simulator's decision source: the stack's latest decision (recorded in the log)."""
         return self.decisions[-1] if self.decisions else None
+
+    def await_decisions(self, period: float, until: float, timeout: float = 10.0) -> bool:
+        """Spin until this node has the stack's decision for every multiple of ``period`` up to ``until``
+        (scenario time): the planner waited for each, but this node's copy may still be on the way."""
+        instants = [k * period for k in range(int(until / period + 1e-9) + 1)]
+        return self._spin_until(lambda: all(any(abs(d.stamp - t) < 1e-6 for d in self.decisions)
+                                            for t in instants), timeout)
 
     def close(self) -> None:
         self.executor.shutdown()

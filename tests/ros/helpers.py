@@ -167,7 +167,7 @@ class StalledCarTraffic:
         from luna_nodes import qos
 
         self.probe, self.ego_x, self.ego_v = probe, ego_x, ego_v
-        self.odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        self.odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
         self.objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
         lanes = probe.publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED)
         route = probe.publisher(lm.Route, "planning/route", qos.LATCHED)

@@ -32,7 +32,7 @@ def test_monitor_rejection_warning_clears_when_odometry_recovers_and_parameters_
     probe = Probe(ros_context)
     try:
         diags = probe.diagnostics("progress_monitor")
-        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
         wait_for_subscribers(odom)
         odom.publish(C.ego_to_odometry(_ego(_now(probe), x=math.nan)))
         probe.wait(lambda: diags and "input localization/kinematic_state: rejected" in diags[-1].message, 20.0,
@@ -69,7 +69,7 @@ def test_scene_keeps_an_object_of_unknown_size_and_logs_a_stale_odometry_once(tm
     try:
         diags = probe.diagnostics("scene_descriptor")
         scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
-        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
         objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
         route = probe.publisher(lm.Route, "planning/route", qos.LATCHED)
         graph = probe.publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED)

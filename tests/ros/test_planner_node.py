@@ -58,7 +58,7 @@ def stack(tmp_path_factory):
                        "decision_timeout": DECISION_TIMEOUT}, tmp_path_factory.mktemp("planner"))
     probe = Probe(context)
     try:
-        s = Stack(probe, probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR),
+        s = Stack(probe, probe.publisher(Odometry, "localization/kinematic_state", qos.STATE),
                   probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR),
                   probe.publisher(lm.DecisionDistribution, "luna/decision", qos.RELIABLE),
                   probe.publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED),

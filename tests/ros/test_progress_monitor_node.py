@@ -16,7 +16,7 @@ def test_stalled_ego_touching_an_object_yields_failure_with_decision(tmp_path, r
     probe = Probe(ros_context)
     try:
         failures = probe.collect(lm.FailureEvent, "luna/failure", qos.RELIABLE)
-        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
         objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
         decisions = probe.publisher(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
         for p in (odom, objects, decisions):
@@ -58,7 +58,7 @@ def test_standing_behind_a_stopped_car_in_the_scene_is_reported_as_blocked_not_a
     probe = Probe(ros_context)
     try:
         failures = probe.collect(lm.FailureEvent, "luna/failure", qos.RELIABLE)
-        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
         scenes = probe.publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
         for p in (odom, scenes):
             wait_for_subscribers(p)

@@ -26,7 +26,7 @@ def scene_node(tmp_path, ros_context):
 
 def _inputs(probe):
     pubs = {
-        "odom": probe.publisher(Odometry, "localization/kinematic_state", qos.SENSOR),
+        "odom": probe.publisher(Odometry, "localization/kinematic_state", qos.STATE),
         "objects": probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR),
         "route": probe.publisher(lm.Route, "planning/route", qos.LATCHED),
         "graph": probe.publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED),

@@ -123,7 +123,7 @@ def stack(tmp_path_factory):
         for status in msg.status:
             s.diagnostics.setdefault(status.name.removeprefix("luna: "), []).append(time.monotonic())
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, qos.DIAGNOSTICS)
-    odom = node.create_publisher(Odometry, "localization/kinematic_state", qos.SENSOR)
+    odom = node.create_publisher(Odometry, "localization/kinematic_state", qos.STATE)
     objects = node.create_publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
     route = node.create_publisher(lm.Route, "planning/route", qos.LATCHED)
     route.publish(C.route_to_msg(T.Route(0.0, ["r0", "j"])))

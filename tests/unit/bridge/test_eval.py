@@ -119,6 +119,17 @@ def test_eval_refuses_unknown_planner_and_wrong_count(suite: Path, tmp_path: Pat
         run_evaluation(EvalConfig(str(suite), ["nope"], out_dir=tmp_path / "x"), progress=False)
     with pytest.raises(EvaluationError, match="has 6 scenarios, expected 5"):
         run_evaluation(EvalConfig(str(suite), ["idm"], out_dir=tmp_path / "x", expect_count=5), progress=False)
+    with pytest.raises(EvaluationError, match=r"no scenario\(s\) \['z_nope'\]"):
+        run_evaluation(EvalConfig(str(suite), ["idm"], out_dir=tmp_path / "x", only=("b_lead_far", "z_nope")),
+                       progress=False)
+
+
+def test_eval_only_named_scenarios(suite: Path, tmp_path: Path) -> None:
+    summary = run_evaluation(EvalConfig(str(suite), ["idm"], out_dir=tmp_path / "only", only=("b_lead_far",)),
+                             progress=False)
+    assert summary.scenario_count == 1
+    assert [p.stem for p in (tmp_path / "only" / "scenarios" / "idm" / "non_reactive").glob("*.json")] == ["b_lead_far"]
+    assert main(["eval", "--set", "standard", "--only", "b_lead_far", "--planner", "idm"]) == 2  # one suite only
 
 
 def test_cli_eval(suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

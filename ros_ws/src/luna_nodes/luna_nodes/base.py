@@ -21,6 +21,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode
@@ -48,6 +49,11 @@ MAX_TRACKED_OBJECTS = ParamSpec("max_tracked_objects", int, 256, "Objects per pe
                                 min=1, max=100_000, runtime=True)
 
 
+#: Wall seconds a sim-time node waits for the very first odometry: a lock-step simulator holds its clock
+#: until the stack answers, so a first instant that gave up early would leave the run stuck.
+FIRST_ODOMETRY_WAIT = 30.0
+
+
 class Diagnostics:
     """A node's health: named conditions (each with a level and message) plus key values, published
     as one ``diagnostic_msgs/DiagnosticStatus`` at 1 Hz. The worst condition sets the level."""
@@ -60,9 +66,12 @@ class Diagnostics:
         self._logged: dict[tuple[str, int, str], float] = {}  # (condition, level, message sans numbers) -> when
         self._announced: set[str] = set()  # conditions whose latest raise was logged (their clearing is too)
         self._pub = node.create_publisher(DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
-        self._timer = node.create_timer(period, self.publish)
+        # On wall (steady) time even under use_sim_time: a paused, held or finished simulation clock must
+        # not silence a node's health (a monitor would take it for dead, and the last counts would be lost).
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self._timer = node.create_timer(period, self.publish, clock=steady)
         # Once at once when the node starts spinning: a (re)started node is seen without waiting a period.
-        self._first = node.create_timer(0.01, self._publish_first)
+        self._first = node.create_timer(0.01, self._publish_first, clock=steady)
 
     def _publish_first(self) -> None:
         self._first.cancel()
@@ -142,6 +151,7 @@ class LunaNodeMixin:
 
     def _luna_setup(self, interface: NodeInterface) -> None:
         self.interface = interface
+        self._periodic_instant = threading.local()  # the instant a periodic callback runs for (sim time)
         self.params = declare_parameters(self, interface.params)
         self.diagnostics = Diagnostics(self)
         self._last_rejection_log = 0.0
@@ -192,8 +202,10 @@ class LunaNodeMixin:
         return objects
 
     def now_s(self) -> float:
-        """Node-clock time in seconds (simulation time under use_sim_time)."""
-        return self.get_clock().now().nanoseconds * 1e-9
+        """Node-clock time in seconds (simulation time under use_sim_time). Inside a periodic callback
+        under sim time: the instant k * period it runs for (``create_periodic``)."""
+        instant = getattr(self._periodic_instant, "value", None)
+        return instant if instant is not None else self.get_clock().now().nanoseconds * 1e-9
 
     def sim_time(self) -> bool:
         return bool(self.get_parameter("use_sim_time").value)
@@ -204,7 +216,10 @@ class LunaNodeMixin:
         On wall time this is a plain timer. Under ``use_sim_time`` the calls happen at the instants
         k * period of simulation time, driven by ``/clock`` messages: a lock-step simulator that
         holds the clock gets exactly one call per instant, never a burst after a clock jump, never a
-        call at the unset time 0, and nothing runs while the clock stands still.
+        call at the unset time 0, and nothing runs while the clock stands still. A call is for the
+        latest instant due, and ``now_s()`` in it is that instant, not whatever the node clock (or a
+        /clock message that arrived late) says by then: on a loaded machine the node clock can lag
+        behind /clock, or run ahead of a callback that waited its turn.
         """
         if not self.sim_time():
             return self.create_timer(period, callback, callback_group=callback_group)
@@ -217,9 +232,14 @@ class LunaNodeMixin:
             if state["next"] is None:
                 state["next"] = math.ceil(now / period - 1e-9) * period
             if now + 1e-9 >= state["next"]:
-                state["next"] = (math.floor(now / period + 1e-9) + 1) * period
+                k = math.floor(now / period + 1e-9)
+                state["next"] = (k + 1) * period
                 self._await_clock(now)
-                callback()
+                self._periodic_instant.value = k * period
+                try:
+                    callback()
+                finally:
+                    self._periodic_instant.value = None
 
         # Own callback group: rclpy's time source updates the node clock from /clock in the default
         # group, which must stay free while _await_clock waits for it.
@@ -227,14 +247,27 @@ class LunaNodeMixin:
         return self.create_subscription(Clock_, "/clock", on_clock, qos.CLOCK, callback_group=group)
 
     def _await_clock(self, now: float, timeout: float = 5.0) -> None:
-        """The node clock follows /clock through its own subscription: make sure it has reached ``now``
-        before a periodic callback reads it (on a loaded machine that can take a while; a callback
-        reading a lagging clock would stamp and compute its output for the wrong instant)."""
+        """The node clock follows /clock through its own subscription: give it a while to reach ``now``
+        before a periodic callback runs (what the callback computes is for its instant in any case;
+        this keeps the node clock's other readers, e.g. message stamps, in step)."""
         if not self.wait_until(lambda: self.now_s() >= now - 1e-9, timeout):
             self.diagnostics.set_condition("clock", WARN, f"node clock still behind /clock {now:.3f} s "
                                                           f"after {timeout:.1f} s")
         else:
             self.diagnostics.clear("clock")
+
+    def await_instant(self, now: float, ready: Callable[[], bool], timeout: float) -> bool:
+        """Lock step (sim time): wait up to ``timeout`` s of wall time until ``ready()`` says the inputs of
+        the instant ``now`` are in. A miss goes on with the latest inputs, so its result depends on how
+        loaded the machine is: it is counted (``input_sync_timeouts``) and raised as the "lock step"
+        WARN until an instant's inputs are complete again (``luna demo`` reports the count)."""
+        if self.wait_until(ready, timeout):
+            self.diagnostics.clear("lock step")
+            return True
+        self.diagnostics.increment("input_sync_timeouts")
+        self.diagnostics.set_condition("lock step", WARN, f"inputs of t={now:.2f} s incomplete after "
+                                                          f"input_sync_timeout ({timeout:g} s): went on with the latest")
+        return False
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Poll ``predicate`` for up to ``timeout`` s of wall time (inputs arrive on other threads)."""

@@ -3,7 +3,9 @@
 ``decision_inference`` loads the student and the memory bank in ``configure`` and every T_d turns the
 latest scene descriptor into a decision distribution (one forward pass, K retrieved items), published
 with the candidate set, the query, the retrieved ids and the latency. It reloads the memory index in
-the background when ``luna/memory/version`` (or the bank on disk) changes, without pausing decisions.
+the background when ``luna/memory/version`` (or the bank on disk) changes, without pausing decisions
+(unless ``memory_reload`` is false, as in ``luna demo``: a lock-step run must not depend on when a
+reflection lands).
 
 ``explainer`` explains, on each failure event, the decision that was being executed; generation runs
 in a worker that yields to the periodic decision (the student pauses between tokens while a decision
@@ -106,6 +108,9 @@ DECISION_INTERFACE = NodeInterface(
                       "the scene of its own instant.", "s", min=0.0, runtime=True),
             ParamSpec("memory_poll_period", float, 2.0, "How often the bank on disk is checked for new items "
                       "(besides luna/memory/version).", "s", min=0.1),
+            ParamSpec("memory_reload", bool, True, "Load reflection items appended while running; false = decide "
+                      "on the bank as it was at configure, so a lock-step run (luna demo) does not depend on "
+                      "when a reflection lands (they apply from the next start)."),
             *MODEL_PARAMS],
 )
 
@@ -140,8 +145,9 @@ class DecisionInference(LunaLifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state) -> TransitionCallbackReturn:
-        self.cycle_timers = [self.create_periodic(self.params["decision_period"], self.tick),
-                       self.create_timer(self.params["memory_poll_period"], self.poll_memory)]
+        self.cycle_timers = [self.create_periodic(self.params["decision_period"], self.tick)]
+        if self.params["memory_reload"]:
+            self.cycle_timers.append(self.create_timer(self.params["memory_poll_period"], self.poll_memory))
         return super().on_activate(state)
 
     def on_deactivate(self, state) -> TransitionCallbackReturn:
@@ -157,7 +163,7 @@ class DecisionInference(LunaLifecycleNode):
             self.scenes.append(scene)
 
     def on_memory_version(self, msg: UInt64) -> None:
-        if self.heuristic is not None and msg.data > self.heuristic.memory_version:
+        if self.params["memory_reload"] and self.heuristic is not None and msg.data > self.heuristic.memory_version:
             self.memory_worker.submit(self._reload_memory)
 
     def poll_memory(self) -> None:
@@ -196,8 +202,8 @@ class DecisionInference(LunaLifecycleNode):
             if self.sim_time():
                 if not self.scenes:  # worth waiting for (lock step: the first instant of a replay)
                     self.wait_until(lambda: bool(self.scenes), FIRST_SCENE_WAIT)
-                self.wait_until(lambda: bool(self.scenes) and self.scenes[-1].stamp >= now - 1e-6,
-                                self.params["input_sync_timeout"])
+                self.await_instant(now, lambda: bool(self.scenes) and self.scenes[-1].stamp >= now - 1e-6,
+                                   self.params["input_sync_timeout"])
             scene = self.scene_for(now)
             if scene is None:
                 self.diagnostics.set_condition("inputs", WARN, "waiting for luna/scene")

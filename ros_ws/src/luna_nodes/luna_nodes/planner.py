@@ -37,17 +37,15 @@ from luna_core.planning.fallback import comfortable_stop
 from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
                              TrafficLights)
 from luna_nodes import convert, markers, qos
-from luna_nodes.base import ERROR, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
+from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
-
-FIRST_ODOMETRY_WAIT = 30.0  # s of wall time a sim-time cycle waits for the very first odometry
 
 INTERFACE = NodeInterface(
     name="planner",
     summary="Decision-guided motion planner (LUNA-AD Sec. III-D): Diffusion-ES per candidate action, "
             "selection by Eq. 22; replans on a timer and always publishes a valid trajectory.",
-    inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 5 (2 s history kept)"),
-            ("localization/acceleration", "geometry_msgs/AccelWithCovarianceStamped", "reliable, keep last 5; "
+    inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 50 (2 s history kept)"),
+            ("localization/acceleration", "geometry_msgs/AccelWithCovarianceStamped", "reliable, keep last 50; "
              "optional"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
@@ -62,6 +60,10 @@ INTERFACE = NodeInterface(
         ParamSpec("replan_period", float, 0.5, "Planning cycle.", "s", min=0.02, max=10.0),
         ParamSpec("time_budget", float, 0.4, "Search budget per cycle; the best trajectory found so far is "
                   "published when it runs out.", "s", min=0.01),
+        ParamSpec("deterministic", str, "auto", "Search without the wall-clock time_budget, every stage at its "
+                  "full size (luna, diffusion-es): the same inputs give the same trajectory however loaded the "
+                  "machine. auto = on under use_sim_time (lock step, replay on bag time), off on wall time.",
+                  choices=("auto", "on", "off")),
         ParamSpec("decision_timeout", float, 4.0, "A decision older than this (2 T_d) is ignored: fallback "
                   "objective without the decision term.", "s", min=0.0, runtime=True),
         ParamSpec("history_duration", float, 2.0, "Ego history passed to the planner.", "s", min=0.0, max=10.0,
@@ -100,9 +102,9 @@ class PlannerNode(LunaLifecycleNode):
         inputs = MutuallyExclusiveCallbackGroup()  # inputs keep flowing while a cycle runs
         sub = lambda t, topic, cb, q: self.luna_subscription(t, topic, cb, q, callback_group=inputs)  # noqa: E731
         # Odometry has a group of its own: a huge objects message must not hold it up (issue 17).
-        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR,
+        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.STATE,
                                callback_group=MutuallyExclusiveCallbackGroup())
-        sub(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration, qos.SENSOR)
+        sub(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration, qos.STATE)
         sub(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
         sub(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
         sub(lm.LaneGraph, "map/lane_graph", self.on_lane_graph, qos.LATCHED)
@@ -116,7 +118,8 @@ class PlannerNode(LunaLifecycleNode):
         p = self.params
         options = {}
         if p["planner"] in ("luna", "diffusion-es"):
-            options = {"population": p["population"], "gamma_p": p["gamma_p"], "time_budget": p["time_budget"]}
+            options = {"population": p["population"], "gamma_p": p["gamma_p"], "time_budget": p["time_budget"],
+                       "deterministic": self.deterministic()}
             if p["diffusion_model"]:
                 options["model_path"] = p["diffusion_model"]
         try:
@@ -128,8 +131,15 @@ class PlannerNode(LunaLifecycleNode):
         self.markers_pub = self.luna_publisher(MarkerArray, "planning/debug/candidates", qos.RELIABLE,
                                                lifecycle=True)
         self.diagnostics.set_value("missed_deadlines", 0)
-        self.get_logger().info(f"configured planner '{p['planner']}'")
+        self.get_logger().info(f"configured planner '{p['planner']}'"
+                               + (" (deterministic search)" if options.get("deterministic") else ""))
         return TransitionCallbackReturn.SUCCESS
+
+    def deterministic(self) -> bool:
+        """Whether the search ignores the wall clock: on sim time a lock-step simulator or a replay waits
+        for every cycle anyway, and a budget cut would make the result depend on the machine's load."""
+        mode = self.params["deterministic"]
+        return mode == "on" or (mode == "auto" and self.sim_time())
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         self.timer = self.create_periodic(self.params["replan_period"], self.cycle, self.cycle_group)
@@ -247,10 +257,9 @@ class PlannerNode(LunaLifecycleNode):
         if self.sim_time():
             # Lock step: the odometry, acceleration, objects, lights (and, at a decision instant, the
             # decision) of this very instant.
-            self.wait_until(lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
             if not self.history:  # nothing could be published: worth waiting for (a loaded start-up)
                 self.wait_until(lambda: bool(self.history), FIRST_ODOMETRY_WAIT)
-                self.wait_until(lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
+            self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
         pin = self.planner_input(now)
         if pin is None:
             return

@@ -24,7 +24,7 @@ INTERFACE = NodeInterface(
             "(Eq. 23: low progress while no red light, no stopped or slower leader within the stopping "
             "distance and no crossing pedestrian held the ego) or for being blocked (low progress behind a "
             "stopped leader over all H cycles), and publishes the failure tuple (Eq. 24) when there is a failure.",
-    inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 5"),
+    inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 50"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("luna/scene", "luna_msgs/SceneDescriptor", "reliable; its traffic light and its objects of the "
              "ego lane say what holds the ego"),
@@ -69,7 +69,7 @@ class ProgressMonitorNode(LunaNode):
         self.gate = FailureGate(self.params["failure_cooldown"])
         self.ego_xy: tuple[float, float] | None = None  # the latest odometry's position (the objects cap)
         self.publisher = self.luna_publisher(lm.FailureEvent, "luna/failure", qos.RELIABLE)
-        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR)
+        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.STATE)
         self.luna_subscription(lm.TrackedObjects, "perception/objects",
                                lambda m: self.monitor.update_objects(self.usable_objects_of(m, self.ego_xy)),
                                qos.SENSOR)

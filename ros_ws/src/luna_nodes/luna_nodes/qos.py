@@ -2,9 +2,13 @@
 
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
-#: Odometry, objects, traffic lights: only the newest matter; reliable so lock-step replay is exact.
+#: Objects, traffic lights: only the newest matter; reliable so lock-step replay is exact.
 SENSOR = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5, reliability=ReliabilityPolicy.RELIABLE,
                     durability=DurabilityPolicy.VOLATILE)
+#: Odometry and acceleration: every sample counts (the planner's ego history, the scene's differentiated
+#: acceleration), and a lock-step simulator sends the 2 s history before its first instant at once.
+STATE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50, reliability=ReliabilityPolicy.RELIABLE,
+                   durability=DurabilityPolicy.VOLATILE)
 #: Map and route: published once (or on change); late joiners must get the last one.
 LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
                      durability=DurabilityPolicy.TRANSIENT_LOCAL)

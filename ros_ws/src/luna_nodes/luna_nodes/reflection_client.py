@@ -38,7 +38,7 @@ INTERFACE = NodeInterface(
             "the endpoint is down.",
     inputs=[("luna/failure", "luna_msgs/FailureEvent", "reliable, keep last 10"),
             ("luna/explanation", "luna_msgs/DecisionExplanation", "reliable, keep last 10"),
-            ("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 5 (hindsight)"),
+            ("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 50 (hindsight)"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5 (hindsight)"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5 (hindsight)"),
             ("luna/scene", "luna_msgs/SceneDescriptor", "reliable, keep last 10 (the revision's facts)"),
@@ -107,7 +107,7 @@ class ReflectionClient(LunaNode):
         self.luna_subscription(lm.FailureEvent, "luna/failure", self.on_failure, qos.RELIABLE)
         self.luna_subscription(lm.DecisionExplanation, "luna/explanation", self.on_explanation, qos.RELIABLE)
         record = self.recorder
-        self._record(Odometry, "localization/kinematic_state", qos.SENSOR,
+        self._record(Odometry, "localization/kinematic_state", qos.STATE,
                      lambda m: record.update_ego(convert.odometry_to_ego(m)))
         self._record(lm.TrackedObjects, "perception/objects", qos.SENSOR,
                      lambda m: record.update_objects(convert.msg_to_objects(m)))

@@ -1,11 +1,18 @@
 """scene_descriptor: builds xi_t (luna_core.scene) from the latest inputs at a fixed rate.
 
+Under ``use_sim_time`` the scene of instant t waits (``input_sync_timeout`` of wall time) for the
+odometry, objects and lights stamped t (each once it has been heard), as the planner does: DDS does not
+order topics, and a lock-step simulator's ``/clock`` may overtake the inputs it published before it. It
+is built from the latest inputs stamped at or before t (a tick that runs late, after the clock moved
+on, still describes its own instant), so a lock-step run gives the same scenes however loaded the
+machine is.
 Objects follow ``usable_objects`` (an unknown size gets the class's default footprint; at most
 ``max_tracked_objects`` nearest the ego), diagnosed; the description parameters apply at run time.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 
@@ -17,14 +24,16 @@ from luna_core.types import EgoState, LaneGraph, Route, TrackedObjects, TrafficL
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 
 from luna_nodes import convert, qos
-from luna_nodes.base import ERROR, MAX_TRACKED_OBJECTS, WARN, LunaNode, run
+from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
+
+RECENT_KEPT = 20  # inputs of each kind kept to build the scene of an instant (2 s at 10 Hz)
 
 INTERFACE = NodeInterface(
     name="scene_descriptor",
     summary="Builds the scene descriptor xi_t (LUNA-AD Eq. 4, Table I) from odometry, tracked objects, "
             "traffic lights, the route and the lane graph, and publishes it at a fixed rate.",
-    inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 5"),
+    inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 50"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
             ("planning/route", "luna_msgs/Route", "reliable, transient local"),
@@ -43,6 +52,8 @@ INTERFACE = NodeInterface(
         ParamSpec("max_objects", int, 12, "Cap on described objects (closest kept).", min=0, max=200, runtime=True),
         ParamSpec("max_object_distance", float, 80.0, "Vehicles and static objects further away are not "
                   "described.", "m", min=0.0, runtime=True),
+        ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a scene waits for the "
+                  "odometry, objects and lights of its own instant.", "s", min=0.0, runtime=True),
         MAX_TRACKED_OBJECTS,
     ],
 )
@@ -58,9 +69,12 @@ class SceneDescriptorNode(LunaNode):
         self.route: Route | None = None
         self.graph: LaneGraph | None = None
         self.recent_decisions: list[str] = []
+        # Under sim time the scene of an instant is built from the inputs of that instant (see above).
+        self.recent: dict[str, collections.deque] = {k: collections.deque(maxlen=RECENT_KEPT)
+                                                     for k in ("ego", "objects", "lights")}
         self.publisher = self.luna_publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
         # Odometry has a group of its own: a huge objects message must not hold it up (issue 17).
-        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.SENSOR,
+        self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.STATE,
                                callback_group=MutuallyExclusiveCallbackGroup())
         self.luna_subscription(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
         self.luna_subscription(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
@@ -90,13 +104,16 @@ class SceneDescriptorNode(LunaNode):
             else:
                 ego.acceleration = self.ego.acceleration
         self.ego = ego
+        self.recent["ego"].append(ego)
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
         ego = self.ego
         self.objects = self.usable_objects_of(msg, (ego.x, ego.y) if ego is not None else None)
+        self.recent["objects"].append(self.objects)
 
     def on_lights(self, msg: lm.TrafficLightStateArray) -> None:
         self.lights = convert.msg_to_lights(msg)
+        self.recent["lights"].append(self.lights)
 
     def on_route(self, msg: lm.Route) -> None:
         self.route = convert.msg_to_route(msg)
@@ -115,20 +132,40 @@ class SceneDescriptorNode(LunaNode):
         return [name for name, value in (("odometry", self.ego), ("route", self.route),
                                          ("lane graph", self.graph)) if value is None]
 
+    def _has_inputs_of(self, now: float) -> bool:
+        if self.graph is None or self.route is None or self.ego is None:
+            return False
+        # None = never heard (no lights source, e.g. in some bags): not waited for.
+        return self.ego.stamp >= now - 1e-6 and all(m is None or m.stamp >= now - 1e-6
+                                                    for m in (self.objects, self.lights))
+
+    def _at(self, kind: str, now: float, latest):
+        """The latest input of ``kind`` stamped at or before ``now`` (the latest one if all are newer)."""
+        past = [m for m in list(self.recent[kind]) if m.stamp <= now + 1e-6]
+        return past[-1] if past else latest
+
     def tick(self) -> None:
+        now = self.now_s()
+        ego, objects, lights = self.ego, self.objects, self.lights
+        if self.sim_time():
+            if self.ego is None:  # the first instant of a lock-step run: its odometry may still be on the way
+                self.wait_until(lambda: self.ego is not None, FIRST_ODOMETRY_WAIT)
+            self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
+            ego, objects, lights = (self._at("ego", now, self.ego), self._at("objects", now, self.objects),
+                                    self._at("lights", now, self.lights))
         missing = self.missing_inputs()
         if missing:
             self.diagnostics.set_condition("inputs", WARN, f"waiting for {', '.join(missing)}")
             return
-        age = self.now_s() - self.ego.stamp
+        age = now - ego.stamp
         if age > self.params["max_input_age"]:
             self.diagnostics.set_condition("inputs", WARN, f"odometry is stale ({age:.2f} s old)")
             return
         self.diagnostics.clear("inputs")
         start = time.perf_counter()
         try:
-            scene = build_scene(self.ego, self.objects, self.lights, self.route, self.graph,
-                                self.recent_decisions, config=self.config)
+            scene = build_scene(ego, objects, lights, self.route, self.graph, self.recent_decisions,
+                                config=self.config)
         except SceneInputError as exc:
             self.diagnostics.set_condition("scene", ERROR, str(exc))
             return

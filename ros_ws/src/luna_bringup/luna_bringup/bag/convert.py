@@ -34,7 +34,7 @@ from .writer import BagExistsError, BagWriter, resolve_output
 #: Stack input topics with their types and QoS (DESIGN Sec. 5).
 INPUT_TOPICS: dict[str, tuple[str, QoSProfile]] = {
     CLOCK: ("rosgraph_msgs/msg/Clock", Q.RELIABLE),
-    ODOMETRY: ("nav_msgs/msg/Odometry", Q.SENSOR),
+    ODOMETRY: ("nav_msgs/msg/Odometry", Q.STATE),
     OBJECTS: ("luna_msgs/msg/TrackedObjects", Q.SENSOR),
     TRAFFIC_LIGHTS: ("luna_msgs/msg/TrafficLightStateArray", Q.SENSOR),
     ROUTE: ("luna_msgs/msg/Route", Q.LATCHED),
