@@ -181,7 +181,7 @@ def test_demo_summary_reports_reflections_and_flags_an_unsafe_live_bank_item(tmp
     lines, unsafe = _reflection_report(tmp_path / "data")
     text = "\n".join(lines)
     assert unsafe == 0 and "revisions written 1" in text and "Explanation latency: mean 3.2 s" in text
-    assert "Hindsight audit of the live bank: 1 reflection item(s), 0 unsafe" in text
+    assert "Hindsight audit of the run's bank: 1 reflection item(s), 0 unsafe" in text
     # What an unchecked reflection could write: an item no hindsight check stands behind.
     with MemoryBank.open(tmp_path / "data" / "memory_bank", writable=True) as live:
         live.append(T.MemoryItem(id=f"refl-{request.id}-x", query=request.query, source="reflection",
