@@ -8,7 +8,8 @@ oracle) for ``horizon`` seconds against the LOGGED agents (privileged hindsight:
 the others actually drove) and the scenario's lights, by ``luna_core.action_outcomes.score_actions``:
 IDM along each action's reference lane, LQR tracking, the PDM-style score x J_dec and a one-sentence
 reason. This module only turns the log into the boxes those rollouts meet (``logged_agents``) and the
-expert's state (``expert_state``).
+expert's state (``expert_state``) and progress over the horizon (``expert_progress``, for the
+making-progress multiplier).
 
 ``make_scorer`` is the factory for ``luna-offline collect --scorer luna_bridge.action_scorer:make_scorer``.
 """
@@ -52,6 +53,19 @@ def expert_state(scenario: Scenario, time: float, vehicle_wheelbase: float) -> E
         yaw_rate = float(wrap_angle(h - hj)) / SIM_DT
     steering = math.atan(yaw_rate * vehicle_wheelbase / v) if v > 0.5 else 0.0
     return EgoState(time, float(track.x[i]), float(track.y[i]), h, v, a, yaw_rate, steering)
+
+
+def expert_progress(scenario: Scenario, time: float, horizon: float) -> float | None:
+    """Metres the logged ego drove over ``[time, time + horizon]`` (clipped to the log), None where
+    the log has no state at ``time``: the reference of nuPlan's making-progress metric."""
+    track = scenario.expert
+    i = track.index_at(time)
+    if i is None:
+        return None
+    j = i + int(round(horizon / SIM_DT))
+    x, y = track.x[i:j + 1], track.y[i:j + 1]
+    ok = np.isfinite(x) & np.isfinite(y)
+    return float(np.sum(np.hypot(np.diff(x[ok]), np.diff(y[ok]))))
 
 
 def logged_agents(scenario: Scenario, ego: EgoState, time: float, steps: int, dt: float,
@@ -155,7 +169,8 @@ class SimulationActionScorer:
             ego = expert_state(scenario, time, scenario.vehicle.wheelbase)
         agents = logged_agents(scenario, ego, time, cfg.steps, cfg.dt, cfg.agent_radius)
         return score_actions(ego, time, actions, scenario.lane_graph, scenario.route, scenario.vehicle, agents,
-                             scenario.lights_at, cfg, where=scenario.name)
+                             scenario.lights_at, cfg, where=scenario.name,
+                             expert_progress=expert_progress(scenario, time, cfg.horizon))
 
 
 def make_scorer() -> SimulationActionScorer:

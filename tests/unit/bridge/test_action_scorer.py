@@ -74,6 +74,23 @@ def test_free_road_stopping_scores_below_keeping_speed(scorer):
     assert out["SK"].progress < 35.0 and not out["SK"].collision
 
 
+def test_standing_still_where_the_expert_drove_on_makes_too_little_progress(scorer):
+    # nuPlan's making-progress multiplier: from standstill, cruising (hold 0 m/s) and stopping make
+    # under 0.2 of the expert's 30 m and score 0; accelerating does not.
+    standing = EgoState(0.0, 0.0, 0.0, 0.0, 0.0)
+    out = scorer.score_scenario(two_lane_road([], ego_speed=5.0), 0.0, ["AK", "CK", "SK"], ego=standing)
+    assert out["CK"].score == 0.0 and out["SK"].score == 0.0
+    assert "too little progress (the expert drove 30 m)" in out["CK"].reason
+    assert out["AK"].score > 0.5 and "too little progress" not in out["AK"].reason
+    # Where the expert stood too (under 2 m), or drove so far that no action keeps up (60 m), the
+    # multiplier does not apply: it could not rank the actions, only erase them.
+    for expert_speed in (0.0, 10.0):
+        other = scorer.score_scenario(two_lane_road([], ego_speed=expert_speed), 0.0, ["AK", "CK", "SK"],
+                                      ego=standing)
+        assert other["AK"].score > 0.0 and other["SK"].score > 0.0, expert_speed
+        assert not any("too little progress" in o.reason for o in other.values()), expert_speed
+
+
 def test_lane_change_into_an_occupied_lane_collides_and_names_the_vehicle(scorer):
     beside = _track("v1", 2.0 + 10.0 * SIM_DT * np.arange(STEPS), 3.5, 10.0)  # alongside, left lane
     out = scorer.score_scenario(two_lane_road([beside]), 0.0, ["CK", "CL"])

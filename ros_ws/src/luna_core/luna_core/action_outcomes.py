@@ -22,7 +22,11 @@ hindsight check), all actions in one batch:
    CALMM-Drive Eq. 4 (did the rollout keep the action's lane and speed interval: an action the traffic
    does not let the ego execute, such as cruising into a stalled car that IDM has to brake for, scores
    low), times ``1 - lane_change_cost`` for L / R (a lane change that gains nothing is not worth its
-   risk with agents that do not react to the ego);
+   risk with agents that do not react to the ego), times nuPlan's making-progress multiplier where the
+   caller knows how far the expert drove over the horizon (the teacher and the oracle: 0 when the
+   rollout makes less than ``min_progress_ratio`` of the expert's progress, the expert moved at least
+   ``min_expert_progress`` and another action makes enough; without it a stop where the expert drove
+   on scores like a safe action, and the oracle stalls where the traffic lets the expert pass);
 5. one sentence that states what happened ("collides with v3 after 2.1 s", "makes 42 m of progress
    in 6 s, ending at 8.2 m/s").
 
@@ -81,6 +85,10 @@ class ActionScorerConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # lambda, gamma, v_bar, b_stop
     weights: ScorerWeights = CLS_WEIGHTS  # the planner's J_gen weights (nuPlan's CLS weighting)
     dec_exponent: float = 2.0  # J_dec's weight against J_gen (the planner uses omega_dec = 5 for its search)
+    # nuPlan's ego_is_making_progress: ratio to the expert's progress and the expert's progress below
+    # which the metric does not apply (m)
+    min_progress_ratio: float = 0.2
+    min_expert_progress: float = 2.0
     cache_size: int = 4  # scenarios kept loaded (frames come sorted by scenario)
 
     @property
@@ -292,10 +300,12 @@ def outcome_reason(action: str, r: int, roll: Rollouts, scores: ProposalScores, 
 
 def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph: LaneGraph, route: Route,
                   vehicle: VehicleParameters, agents: ObjectBoxes, lights_at: Callable[[float], TrafficLights],
-                  config: ActionScorerConfig | None = None, where: str = "") -> dict[str, ActionOutcome]:
+                  config: ActionScorerConfig | None = None, where: str = "",
+                  expert_progress: float | None = None) -> dict[str, ActionOutcome]:
     """Outcomes of ``actions`` executed from ``ego`` at ``time`` against ``agents`` (boxes on the
     rollout grid ``time + k dt``, k = 0..steps) and the lights ``lights_at(t)`` (module docstring).
-    ``where`` names the frame in errors (e.g. the scenario)."""
+    ``where`` names the frame in errors (e.g. the scenario); ``expert_progress`` (m over the
+    horizon, None where no expert is known) turns on the making-progress multiplier."""
     cfg = config or ActionScorerConfig()
     where = f"{where} at t = {time:.2f} s" if where else f"t = {time:.2f} s"
     for a in actions:
@@ -328,6 +338,11 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
     ctx = ScoringContext(lane_map(lane_graph), paths["K"].centerline, objects, paths["K"].speed_limit, vehicle, cfg.dt)
     scores = score_proposals(roll.states, ctx, cfg.weights)
     obj_cfg = replace(cfg.objective, horizon_steps=steps, dt=cfg.dt)
+    too_little = np.zeros(len(feasible), dtype=bool)
+    if expert_progress is not None and expert_progress >= cfg.min_expert_progress:
+        too_little = np.asarray(scores.raw_progress) < cfg.min_progress_ratio * expert_progress
+        if too_little.all():  # e.g. far behind the expert: the multiplier cannot rank, it would only erase
+            too_little[:] = False
     for r, a in enumerate(feasible):
         lateral = a[1] if a[0] != "S" else "K"
         # J_dec (CALMM-Drive Eq. 4); for a lane change J_lane counts only the steps after the
@@ -344,6 +359,10 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
                           and lo[-1] - END_SPEED_TOLERANCE <= speed[-1] <= hi[-1] + END_SPEED_TOLERANCE)
         total = float(scores.total[r]) * j_dec ** cfg.dec_exponent * (1.0 - cfg.lane_change_cost if lateral != "K" else 1.0)
         reason, issue = outcome_reason(a, r, roll, scores, executable, objects, vehicle, cfg)
+        if too_little[r]:
+            total = 0.0
+            reason += f"; too little progress (the expert drove {expert_progress:.0f} m)"
+            issue = issue or "too little progress"
         outcomes[a] = ActionOutcome(float(np.clip(total, 0.0, 1.0)), bool(scores.no_at_fault_collision[r] < 1.0),
                                     float(scores.raw_progress[r]), reason, issue, j_dec=j_dec, executable=executable)
     return outcomes
