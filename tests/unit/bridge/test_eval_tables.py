@@ -76,3 +76,27 @@ def test_per_metric_breakdown_says_where_the_points_go(tmp_path: Path, capsys: p
     assert "| pdm | NR | - | - | - | - | - | - | 100.0 | 100.0 |" in out
     assert "| luna | NR | - | - | - | - | - | - | 50.0 | 100.0 |" in out  # half the runs over the limit
     assert "- luna: 1 of 2 runs with speed-limit compliance below 1" in out
+
+
+def test_standard_set_doc_leaves_running_rows_out_and_replaces_only_its_block(tmp_path: Path) -> None:
+    doc_script = load_benchmark("standard_set_doc")
+    out = tmp_path / "standard"
+    hard = out / "synthetic-hard"
+    for s in ("a_0", "b_0"):
+        _run(hard, "log-replay", "non_reactive", s, 1.0)
+        _run(hard, "pdm", "non_reactive", s, 0.5)
+    _run(hard, "luna", "non_reactive", "a_0", 0.0)  # 1 of 2: still running
+    timing = hard / "timings" / "pdm" / "non_reactive" / "a_0.json"
+    timing.parent.mkdir(parents=True)
+    timing.write_text(json.dumps({"cpu_s": 3.0, "simulated_s": 15.0, "wall_s": 3.1}))
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# B\n\nbefore\n<!-- standard-set:begin -->\nold\n<!-- standard-set:end -->\nafter\n")
+    assert doc_script.main([str(out), "--doc", str(doc), "--figures", str(tmp_path / "fig")]) == 0
+    text = doc.read_text()
+    assert text.startswith("# B\n\nbefore\n<!-- standard-set:begin -->\n**synthetic-hard** (scenarios: NR 2)")
+    assert text.endswith("<!-- standard-set:end -->\nafter\n") and "\nold\n" not in text
+    assert "| pdm | 50.00 | 100.00 | - | - |" in text and "| luna |" not in text
+    assert "Still running (left out of this table until complete): `luna` NR 1 of 2." in text
+    assert "**commonroad**: no runs in" in text
+    assert "| pdm | 3.0 s / 0.20 | - | - |" in text
+    assert (tmp_path / "fig" / "standard_synthetic-hard.png").read_bytes()[:4] == b"\x89PNG"
