@@ -34,7 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -381,8 +381,9 @@ def case_table(case: Case, luna: list[ProcessLaunch], diffs: list[Difference]) -
              "| process | package / executable | parameters | remappings | restart | launch differs in |",
              "|---|---|---|---|---|---|"]
     for p in luna:
+        differs = ", ".join(by_process.get(p.label, [])) or "nothing"
         lines.append(f"| {p.label} | {p.package} / {p.executable} | {_cell(_show(p.parameters))} | "
-                     f"{_cell(_show(p.remappings))} | {p.restart} | {', '.join(by_process.get(p.label, [])) or 'nothing'} |")
+                     f"{_cell(_show(p.remappings))} | {p.restart} | {differs} |")
     extra = [d for d in diffs if d.process not in {p.label for p in luna}]
     lines += [f"| {d.process} | (launch only) | | | | process |" for d in extra]
     env = luna[0].environment if luna else ()
