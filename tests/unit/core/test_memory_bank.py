@@ -214,6 +214,7 @@ def test_corrupt_record_inside_the_journal_is_skipped_and_the_rest_kept(tmp_path
     assert any("unusable record" in m and "embedding has 1 values" in m for m in messages)
     assert any(f"corrupt record at byte {offset}" in m for m in messages)  # still reported to readers
     assert "odd" not in reopened and len(reopened) == 4
+    assert reopened.version == 6  # the unusable record's version stays taken: it is never reused
 
 
 def test_journal_holds_json_lines_with_float32_arrays(tmp_path) -> None:
