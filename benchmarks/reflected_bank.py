@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 def build(base: Path, items: Path, out: Path) -> MemoryBank:
     """Copy ``base`` to ``out`` and append the reflection records of ``items``; returns the bank."""
     found = scan(items)
-    if found.skipped or found.torn_tail:
-        raise SystemExit(f"{items}: {found.skipped} corrupt record(s), {found.torn_tail} torn byte(s)")
+    if found.skipped or found.corrupt_tail or found.torn_tail:
+        bad = ", ".join(b.describe() for b in found.skipped + found.corrupt_tail) or "none"
+        raise SystemExit(f"{items}: corrupt records: {bad}; {found.torn_tail} torn byte(s)")
     version = stored_version(base)
     for n, record in enumerate(found.records):
         if record.get("source") != "reflection" or record.get("seq") != version + 1 + n:

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import warnings
 
 import faiss
 import numpy as np
 import pytest
 
-from luna_core.memory import (BankLockedError, EmbedderMismatchError, InvalidItemError, JournalWarning,
-                              MemoryBank, MemoryBankError, MiniLMEmbedder, ReadOnlyBankError,
-                              SceneVectorEmbedder, stored_version)
+from luna_core.memory import (BankIntegrityError, BankLockedError, EmbedderMismatchError, InvalidItemError,
+                              JournalCorruptionError, JournalWarning, MemoryBank, MemoryBankError,
+                              MiniLMEmbedder, ReadOnlyBankError, SceneVectorEmbedder, stored_version)
 from luna_core.memory.bank import JOURNAL
+from luna_core.memory.journal import Journal, scan
 from luna_core.types import MemoryItem
 
 DIM = 8
@@ -211,6 +214,7 @@ def test_corrupt_record_inside_the_journal_is_skipped_and_the_rest_kept(tmp_path
     assert any("unusable record" in m and "embedding has 1 values" in m for m in messages)
     assert any(f"corrupt record at byte {offset}" in m for m in messages)  # still reported to readers
     assert "odd" not in reopened and len(reopened) == 4
+    assert reopened.version == 6  # the unusable record's version stays taken: it is never reused
 
 
 def test_journal_holds_json_lines_with_float32_arrays(tmp_path) -> None:
@@ -256,3 +260,135 @@ def test_saved_hnsw_graph_is_reused_and_extended_or_ignored_when_stale(tmp_path,
     with pytest.raises(MemoryBankError, match="save_index applies"):
         MemoryBank.open(path).save_index()
     writer.close()
+
+
+# --- Acknowledged records are never removed by a later open (issue 17) -----------------------------
+
+
+def _bank_of(path, n: int) -> bytes:
+    """A bank at ``path`` with items 0..n-1; returns the journal's bytes."""
+    with MemoryBank.create(path, SceneVectorEmbedder(DIM)) as bank:
+        bank.append_many([_item(i, _basis(i)) for i in range(n)])
+    return (path / JOURNAL).read_bytes()
+
+
+def test_damaged_final_record_is_corruption_reported_and_never_truncated(tmp_path) -> None:
+    path = tmp_path / "bank"
+    _bank_of(path, 3)
+    lines = _journal_lines(path)
+    offset = len(lines[0]) + len(lines[1])
+    # The last record is complete (newline, full declared length) but its payload changed since.
+    damaged = b"".join([lines[0], lines[1], lines[2].replace(b"rationale 2", b"rationale X")])
+    (path / JOURNAL).write_bytes(damaged)
+    where = f"record #3 at byte {offset} (checksum mismatch)"
+    # A reader serves the two good records and says what is wrong, once per handle.
+    with pytest.warns(JournalWarning) as caught:
+        reader = MemoryBank.open(path)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2
+    assert re.search(rf"{re.escape(str(path / JOURNAL))}: corrupt final {re.escape(where)}: .*acknowledged "
+                     r"record damaged since; it is not loaded, its bytes are left in place", messages[0])
+    assert "VERSION says 3 records were acknowledged (version 3) but" in messages[1]  # and counted lost
+    assert [it.id for it in reader] == ["item-0", "item-1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refresh() rescans the tail but must not repeat the warning
+        assert not reader.refresh()
+    # The writer refuses: the file, VERSION and the lock are as they were.
+    for _ in range(2):
+        with pytest.raises(BankIntegrityError) as raised:
+            MemoryBank.open(path, writable=True)
+        message = str(raised.value)
+        assert str(path / JOURNAL) in message and where in message
+        assert f"truncate -s {offset} {path / JOURNAL}" in message and "restore" in message
+        assert str(path / "VERSION") in message
+        assert (raised.value.journal_error.offset, raised.value.journal_error.number) == (offset, 3)
+        assert (path / JOURNAL).read_bytes() == damaged
+        assert (path / "VERSION").read_text() == "3\n"
+    # The bare journal (also the reflection outbox's) refuses the same way.
+    with pytest.raises(JournalCorruptionError, match=re.escape(where)):
+        Journal(path / JOURNAL)
+    assert (path / JOURNAL).read_bytes() == damaged
+    # Following the error's instructions gives the record up explicitly, and the bank works on.
+    os.truncate(path / JOURNAL, offset)
+    os.remove(path / "VERSION")
+    with MemoryBank.open(path, writable=True) as bank:
+        assert bank.version == 2
+        bank.append(_item(3, _basis(3)))
+    assert stored_version(path) == 3 and (path / JOURNAL).read_bytes()[:offset] == damaged[:offset]
+
+
+@pytest.mark.parametrize("case", ["short body", "newline lost", "garbage without newline", "bad header"])
+def test_only_an_unfinished_append_counts_as_torn(tmp_path, case) -> None:
+    path = tmp_path / "bank"
+    intact = _bank_of(path, 2)
+    last = _journal_lines(path)[-1]
+    offset = len(intact) - len(last)
+    body = intact[:offset]
+    tail = {
+        # newline-terminated, fewer bytes than the length prefix declares: the newline is the last
+        # byte of an append, so the line was written whole and lost bytes since
+        "short body": last[:-10] + b"\n",
+        # the record's newline overwritten: more bytes than a record of that length holds
+        "newline lost": last[:-1] + b"x",
+        "garbage without newline": b"x" * 40,
+        "bad header": b"zz" + last[2:],
+    }[case]
+    (path / JOURNAL).write_bytes(body + tail)
+    result = scan(path / JOURNAL)
+    assert result.torn_tail == 0 and [(b.offset, b.number) for b in result.corrupt_tail] == [(offset, 2)]
+    with pytest.raises(BankIntegrityError, match=f"record #2 at byte {offset}"):
+        MemoryBank.open(path, writable=True)
+    assert (path / JOURNAL).read_bytes() == body + tail
+
+
+@pytest.mark.parametrize("case", ["half a record", "all but the newline", "part of a header", "zero-filled"])
+def test_an_unfinished_append_is_still_truncated(tmp_path, case) -> None:
+    path = tmp_path / "bank"
+    intact = _bank_of(path, 2)
+    last = _journal_lines(path)[-1]
+    tail = {"half a record": last[: len(last) // 2], "all but the newline": last[:-1],
+            "part of a header": last[:12], "zero-filled": bytes(4096)}[case]
+    (path / JOURNAL).write_bytes(intact + tail)
+    assert scan(path / JOURNAL).torn_tail == len(tail) and not scan(path / JOURNAL).corrupt_tail
+    with pytest.warns(JournalWarning, match=f"dropped a torn final record of {len(tail)} bytes"):
+        MemoryBank.open(path, writable=True).close()
+    assert (path / JOURNAL).read_bytes() == intact
+
+
+def test_journal_behind_version_is_reported_on_every_open_and_version_never_goes_back(tmp_path) -> None:
+    path = tmp_path / "bank"
+    older = _bank_of(path, 2)
+    with MemoryBank.open(path, writable=True) as bank:
+        bank.append_many([_item(i, _basis(i)) for i in range(2, 5)])
+    newer = (path / JOURNAL).read_bytes()
+    (path / JOURNAL).write_bytes(older)  # an older copy put back: items 2..4 were acknowledged
+    lost = (rf"{re.escape(str(path / 'VERSION'))} says 5 records were acknowledged \(version 5\) but "
+            rf"{re.escape(str(path / JOURNAL))} holds 2 loadable records, the last at version 2")
+    for _ in range(2):  # on every open, not once
+        with pytest.warns(JournalWarning, match=lost):
+            reader = MemoryBank.open(path)
+        assert len(reader) == 2 and reader.version == 2
+    with pytest.raises(BankIntegrityError, match=lost + r".*reuse versions 3\.\.5.*put the newer items"):
+        MemoryBank.open(path, writable=True)
+    assert (path / "VERSION").read_text() == "5\n" and (path / JOURNAL).read_bytes() == older
+    assert stored_version(path) == 5
+    # The newer journal back: the writer opens; a stale (lower) VERSION is corrected upward.
+    (path / JOURNAL).write_bytes(newer)
+    (path / "VERSION").write_text("1\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        writer = MemoryBank.open(path, writable=True)
+    assert writer.version == 5 and (path / "VERSION").read_text() == "5\n"
+    # A VERSION raised under the writer (a process ignoring the lock) stops the next append before
+    # anything is written: the writer never sets VERSION back.
+    (path / "VERSION").write_text("9\n")
+    with pytest.raises(BankIntegrityError, match=r"says version 9, ahead of this writer's version 5"):
+        writer.append(_item(5, _basis(5)))
+    assert (path / JOURNAL).read_bytes() == newer and (path / "VERSION").read_text() == "9\n"
+    assert len(writer) == 5
+    writer.close()
+    # Accepting a loss is explicit: delete VERSION, as the error says.
+    (path / JOURNAL).write_bytes(older)
+    os.remove(path / "VERSION")
+    with MemoryBank.open(path, writable=True) as bank:
+        assert bank.version == 2 and (path / "VERSION").read_text() == "2\n"

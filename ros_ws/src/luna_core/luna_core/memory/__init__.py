@@ -10,12 +10,13 @@
         ...
 """
 
-from luna_core.memory.bank import (BankLockedError, EmbedderMismatchError, IndexKind, InvalidItemError,
+from luna_core.memory.bank import (BankIntegrityError, BankLockedError, EmbedderMismatchError, IndexKind, InvalidItemError,
                                    MemoryBank, MemoryBankError, ReadOnlyBankError, stored_version)
 from luna_core.memory.embedders import (Embedder, EmbeddingError, MiniLMEmbedder, SceneVectorEmbedder,
                                         embedder_from_spec)
-from luna_core.memory.journal import JournalWarning
+from luna_core.memory.journal import JournalCorruptionError, JournalWarning
 
-__all__ = ["BankLockedError", "EmbedderMismatchError", "Embedder", "EmbeddingError", "IndexKind",
-           "InvalidItemError", "JournalWarning", "MemoryBank", "MemoryBankError", "MiniLMEmbedder",
-           "ReadOnlyBankError", "SceneVectorEmbedder", "embedder_from_spec", "stored_version"]
+__all__ = ["BankIntegrityError", "BankLockedError", "EmbedderMismatchError", "Embedder", "EmbeddingError",
+           "IndexKind", "InvalidItemError", "JournalCorruptionError", "JournalWarning", "MemoryBank",
+           "MemoryBankError", "MiniLMEmbedder", "ReadOnlyBankError", "SceneVectorEmbedder", "embedder_from_spec",
+           "stored_version"]

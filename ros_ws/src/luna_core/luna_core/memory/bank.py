@@ -5,7 +5,8 @@ On disk a bank is a directory::
     manifest.json   format, embedder spec (name, dim); written once, atomically
     items.jsonl     the append-only journal of items (see ``journal``): the single source of truth
     VERSION         the current version as text, replaced atomically after every append (a cheap hint
-                    for readers; the journal wins if they disagree)
+                    for readers). It never goes back: a writer never writes a lower one, and a journal
+                    behind it (records lost, e.g. an older copy restored) is reported on every open
     writer.lock     flock'ed by the one process that may append
 
 An item record holds Q_md, the answer (A_sum, or A_refl for reflection items), the distribution pi
@@ -40,7 +41,7 @@ import faiss
 import numpy as np
 
 from luna_core.memory.embedders import Embedder, EmbeddingError, embedder_from_spec, normalise
-from luna_core.memory.journal import Journal, scan, warn
+from luna_core.memory.journal import Journal, JournalCorruptionError, scan, warn
 from luna_core.types import MemoryItem, validate_distribution
 
 FORMAT = "luna-memory-bank"
@@ -74,6 +75,19 @@ class InvalidItemError(MemoryBankError, ValueError):
     """A memory item that cannot be stored (missing text, bad distribution, duplicate id, ...)."""
 
 
+class BankIntegrityError(MemoryBankError):
+    """The bank's files lost or damaged acknowledged items, and a writer was asked to open it.
+
+    Raised instead of writing (nothing on disk is changed): the final journal record is damaged
+    (``journal_error`` holds the :class:`JournalCorruptionError`), or the journal is behind the VERSION
+    file, or a write would set VERSION lower than the one on disk. The message says how to recover.
+    """
+
+    def __init__(self, message: str, journal_error: JournalCorruptionError | None = None) -> None:
+        super().__init__(message)
+        self.journal_error = journal_error
+
+
 class MemoryBank:
     """A memory bank directory opened for reading, or for appending by the one writer.
 
@@ -102,6 +116,8 @@ class MemoryBank:
         self._by_id: dict[str, int] = {}
         self._version = 0
         self._offset = 0
+        self._next_number = 1  # record number (line number, from 1) of the line at ``_offset``
+        self._reported: set[int] = set()  # offsets of damaged final records already warned about
         self._lock_fd = -1
         self._journal: Journal | None = None
         journal_path = os.path.join(self.path, JOURNAL)
@@ -109,10 +125,21 @@ class MemoryBank:
             self._lock_fd = _acquire_writer_lock(self.path)
             try:
                 self._journal = Journal(journal_path)  # recovers a torn tail, with a warning
+            except JournalCorruptionError as e:
+                self.close()
+                raise BankIntegrityError(
+                    f"memory bank {self.path}: {e} If you truncate, also delete "
+                    f"{os.path.join(self.path, VERSION_FILE)}: it still counts the record given up, and a "
+                    "journal behind it is refused too.", e) from e
             except BaseException:
                 self.close()
                 raise
+        # VERSION is read before the journal: the writer replaces it only after its records are
+        # fsync'ed, so a reader racing an append never sees a VERSION ahead of what it then loads.
+        acknowledged = _read_version(self.path)
         self._load_from(journal_path, index=False)
+        if acknowledged is not None and acknowledged > self._version:
+            self._report_lost(journal_path, acknowledged)
         if index == "hnsw":
             cached = self._cached_hnsw(hnsw_m)
             if cached is not None:
@@ -199,6 +226,7 @@ class MemoryBank:
             raise ReadOnlyBankError(f"memory bank {self.path} was opened read-only")
         with self._lock:
             prepared = self._prepare(items)
+            _check_version_not_ahead(self.path, self._version)  # before anything is written
             payloads = [_to_record(item, self._version + 1 + i) for i, item in enumerate(prepared)]
             self._journal.append_many(payloads)
             self._offset = self._journal.size
@@ -321,20 +349,47 @@ class MemoryBank:
 
     # ------------------------------------------------------------------ internals
 
+    def _report_lost(self, journal_path: str, acknowledged: int) -> None:
+        """The journal holds fewer records than VERSION says were acknowledged: an error for a
+        writer (appending would reuse the lost versions and fork this copy from the newer one), a
+        warning for a reader (it serves what is there, but says so on every open)."""
+        version_path = os.path.join(self.path, VERSION_FILE)
+        found = (f"{version_path} says {acknowledged} records were acknowledged (version {acknowledged}) "
+                 f"but {journal_path} holds {len(self._items)} loadable records, the last at version "
+                 f"{self._version}: acknowledged records are missing (the journal was replaced by an older "
+                 "copy, or lost data)")
+        if self.writable:
+            self.close()
+            raise BankIntegrityError(
+                f"memory bank {self.path}: {found}. Refusing to open it for writing: new items would reuse "
+                f"versions {self._version + 1}..{acknowledged}. To recover: put the newer {JOURNAL} back; "
+                f"or, to accept the loss, delete {version_path} and open again (the bank then continues "
+                f"from version {self._version}).")
+        warn(f"memory bank {self.path}: {found}")
+
     def _load_from(self, journal_path: str, index: bool = True) -> None:
-        result = scan(journal_path, self._offset)
-        for offset in result.skipped:
-            warn(f"memory journal {journal_path}: corrupt record at byte {offset} skipped (its bytes "
-                 "are left in place; every other record is kept)")
+        result = scan(journal_path, self._offset, self._next_number)
+        for bad in result.skipped:
+            warn(f"memory journal {journal_path}: corrupt record at byte {bad.offset} skipped (record "
+                 f"#{bad.number}: {bad.reason}; its bytes are left in place, every other record is kept)")
+        for bad in result.corrupt_tail:
+            if bad.offset not in self._reported:  # refresh() rescans it: say it once per handle
+                self._reported.add(bad.offset)
+                warn(f"memory journal {journal_path}: corrupt final {bad.describe()}: it was complete "
+                     "when written, so it is an acknowledged record damaged since; it is not loaded, its "
+                     "bytes are left in place, and the bank cannot be opened for writing until it is "
+                     "repaired (restore the file, or truncate it at that byte)")
         loaded = []
         loaded_ids: set[str] = set()
         last_seq = self._version
-        for n, record in enumerate(result.records):
+        for record, (offset, number) in zip(result.records, result.positions):
             try:
                 item, seq = _from_record(record, self.dim)
             except (KeyError, TypeError, ValueError) as e:
-                warn(f"memory journal {journal_path}: unusable record #{n} after byte {self._offset} "
+                warn(f"memory journal {journal_path}: unusable record #{number} at byte {offset} "
                      f"skipped: {e}")
+                if isinstance(record.get("seq"), int):  # its version stays taken: versions never repeat
+                    last_seq = max(last_seq, record["seq"])
                 continue
             if item.id in self._by_id or item.id in loaded_ids:
                 warn(f"memory journal {journal_path}: record with duplicate id {item.id!r} skipped")
@@ -343,6 +398,7 @@ class MemoryBank:
             loaded.append(item)
             last_seq = max(last_seq, seq)
         self._offset = result.end
+        self._next_number = result.next_number
         self._add_loaded(loaded, last_seq, index)
 
     def _add_loaded(self, items: list[MemoryItem], version: int, index: bool = True) -> None:
@@ -413,12 +469,32 @@ def stored_version(path: str | os.PathLike[str]) -> int:
 
     Falls back to scanning the journal if the VERSION file is missing or unreadable.
     """
+    version = _read_version(path)
+    if version is None:
+        records = scan(os.path.join(path, JOURNAL)).records
+        return max((int(r.get("seq", 0)) for r in records), default=0)
+    return version
+
+
+def _read_version(path: str | os.PathLike[str]) -> int | None:
+    """The VERSION file's value, or None if it is missing or unreadable."""
     try:
         with open(os.path.join(path, VERSION_FILE), "rb") as f:
             return int(f.read().strip())
     except (OSError, ValueError):
-        records = scan(os.path.join(path, JOURNAL)).records
-        return max((int(r.get("seq", 0)) for r in records), default=0)
+        return None
+
+
+def _check_version_not_ahead(path: str, version: int) -> None:
+    """Refuse to go on if VERSION on disk is above ``version`` (the writer's own): writing would
+    set it back. Only a process ignoring the writer lock, or a file swapped under the writer, gets
+    here; the writer stops before it writes anything."""
+    on_disk = _read_version(path)
+    if on_disk is not None and on_disk > version:
+        raise BankIntegrityError(
+            f"memory bank {path}: {os.path.join(path, VERSION_FILE)} says version {on_disk}, ahead of "
+            f"this writer's version {version}; refusing to write (versions never go back). Another "
+            "process changed the bank under this writer: close it and open the bank again.")
 
 
 def _read_manifest(path: str) -> dict[str, Any]:
@@ -479,8 +555,9 @@ def _atomic_write(path: str, data: bytes, sync: bool) -> None:
 
 
 def _write_version(path: str, version: int) -> None:
-    # A hint only (the journal is the truth), so no fsync: a stale value after a power loss is
-    # corrected when the writer next opens the bank.
+    # No fsync: the journal is fsync'ed first, so after a power loss VERSION can only be behind it,
+    # and the writer corrects it upward on its next open. It is never written lower than on disk.
+    _check_version_not_ahead(path, version)
     _atomic_write(os.path.join(path, VERSION_FILE), b"%d\n" % version, sync=False)
 
 

@@ -9,10 +9,21 @@ newline). An append is a single ``write`` of the whole line on an ``O_APPEND`` d
 ``fsync``: once :meth:`Journal.append` returns, the record survives ``kill -9`` and, on a file system
 that honours fsync, power loss.
 
-Reading validates every line (length, checksum, JSON). A bad *final* line is a torn append: the writer
-that crashed never acknowledged it. Readers stop before it (it may be an append in progress) and the
-next writer truncates it with a warning. A bad line *followed by good ones* is corruption inside the
-file: it is skipped with a warning naming its offset and the rest is kept (the bytes stay in the file).
+Reading validates every line (length, checksum, JSON). Damage falls in three classes:
+
+- A *torn append*: the bytes after the last newline, when they are no longer than a record their
+  length prefix declares (a write cut short stops before its newline, the last byte of the line, so
+  it never holds one). The writer that crashed never acknowledged it. Readers stop before it (it may
+  be an append in progress) and the next writer truncates it with a warning. A tail of NUL bytes
+  only (a file system that grew the file before a power loss wrote its data) counts as torn too.
+- A *corrupt record inside the file*: a bad complete line followed by good ones. It is skipped with a
+  warning naming its offset and record number, and the rest is kept (the bytes stay in the file).
+- A *corrupt final record*: a bad line after the last good one that is complete (it ends with its
+  newline), or a newline-less tail longer than its length prefix declares. Neither can be an
+  unfinished append of this writer, so it is an acknowledged record damaged after it was written.
+  Readers skip it with a warning; :class:`Journal` (the writer) refuses to open with
+  :class:`JournalCorruptionError` instead of truncating it, so that no acknowledged record is
+  destroyed by a later open (see :meth:`Journal.__init__` for why it does not append after it).
 """
 
 from __future__ import annotations
@@ -32,15 +43,44 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
 class JournalWarning(UserWarning):
-    """Recovered damage in a journal: a torn final record or a corrupt record skipped."""
+    """Damage in a journal: a torn final record dropped, a corrupt record skipped or lost records."""
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A line of the journal that is not a valid record."""
+
+    offset: int  # byte offset of its first byte in the file
+    number: int  # its record number: the line number in the file, from 1
+    reason: str  # what is wrong with it
+
+    def describe(self) -> str:
+        return f"record #{self.number} at byte {self.offset} ({self.reason})"
+
+
+class JournalCorruptionError(Exception):
+    """The final record of a journal is complete but damaged, and a writer was asked to open it.
+
+    The record was acknowledged (it was written whole), so the writer refuses to truncate it.
+    """
+
+    def __init__(self, path: str, bad: BadRecord, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = bad.offset
+        self.number = bad.number
+        self.reason = bad.reason
 
 
 @dataclass
 class ScanResult:
     records: list[dict[str, Any]]
     end: int  # offset just after the last valid record
-    torn_tail: int = 0  # bytes after ``end`` that do not (yet) form a valid record
-    skipped: list[int] = field(default_factory=list)  # offsets of corrupt records skipped
+    torn_tail: int = 0  # bytes of an unfinished final append after ``end`` (0 if none)
+    skipped: list[BadRecord] = field(default_factory=list)  # corrupt records with good ones after them
+    corrupt_tail: list[BadRecord] = field(default_factory=list)  # complete bad records after ``end``
+    positions: list[tuple[int, int]] = field(default_factory=list)  # (offset, number) of each record
+    next_number: int = 1  # record number of the first line after ``end``
 
 
 def encode_record(payload: dict[str, Any]) -> bytes:
@@ -50,61 +90,127 @@ def encode_record(payload: dict[str, Any]) -> bytes:
     return b"%08x %08x " % (len(body), zlib.crc32(body)) + body + b"\n"
 
 
-def _decode_line(line: bytes) -> dict[str, Any] | None:
-    """The payload of a complete line (without its newline), or None if the line is not valid."""
+def _parse_header(line: bytes) -> int | None:
+    """The payload length a line's header declares, or None if it has no well-formed header."""
     if len(line) < _HEADER or line[8:9] != b" " or line[17:18] != b" ":
         return None
     try:
-        length = int(line[0:8], 16)
-        crc = int(line[9:17], 16)
+        int(line[9:17], 16)
+        return int(line[0:8], 16)
     except ValueError:
         return None
+
+
+def _decode_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The payload of a complete line (without its newline), or None and why it is not valid."""
+    length = _parse_header(line)
+    if length is None:
+        return None, "no valid '<length> <crc32> ' header"
     body = line[_HEADER:]
-    if len(body) != length or zlib.crc32(body) != crc:
-        return None
+    if len(body) != length:
+        return None, f"length prefix says {length} bytes, the line holds {len(body)}"
+    if zlib.crc32(body) != int(line[9:17], 16):
+        return None, "checksum mismatch"
     try:
         payload = json.loads(body)
     except ValueError:
-        return None
-    return payload if isinstance(payload, dict) else None
+        return None, "checksum matches but the payload is not JSON"
+    if not isinstance(payload, dict):
+        return None, "the payload is not a JSON object"
+    return payload, ""
 
 
-def scan(path: str | os.PathLike[str], start: int = 0) -> ScanResult:
-    """Read the valid records from byte offset ``start`` on; never modifies the file."""
+def _tail_is_torn(tail: bytes) -> bool:
+    """Whether the newline-less bytes at the end of the file can be an unfinished append.
+
+    A write cut short leaves a prefix of whole lines, so the bytes after the last newline are a
+    prefix of one record: at most header + declared length (its newline is the missing last byte).
+    """
+    if tail.count(0) == len(tail):
+        return True  # zero-filled block of a file grown before its data reached the disk
+    if len(tail) < _HEADER:
+        return True  # part of a header; the shortest complete record is 21 bytes
+    length = _parse_header(tail)
+    return length is not None and len(tail) <= _HEADER + length
+
+
+def scan(path: str | os.PathLike[str], start: int = 0, first_number: int = 1) -> ScanResult:
+    """Read the valid records from byte offset ``start`` on; never modifies the file.
+
+    ``first_number`` is the record number of the line at ``start`` (records are numbered from 1, one
+    per line), so that a reader following the file names records as the whole file counts them.
+    """
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read()
     records: list[dict[str, Any]] = []
-    skipped: list[int] = []
+    positions: list[tuple[int, int]] = []
+    skipped: list[BadRecord] = []
+    pending_bad: list[BadRecord] = []  # bad lines not yet known to be inside the file
     pos = 0
     end = 0
-    pending_bad: int | None = None  # offset of a bad line not yet known to be inside the file
+    number = first_number
+    next_number = first_number
     while pos < len(data):
         nl = data.find(b"\n", pos)
         if nl < 0:
-            break  # incomplete final line
-        payload = _decode_line(data[pos:nl])
+            break  # newline-less final bytes, classified below
+        payload, reason = _decode_line(data[pos:nl])
         if payload is None:
-            if pending_bad is None:
-                pending_bad = pos
+            pending_bad.append(BadRecord(start + pos, number, reason))
         else:
-            if pending_bad is not None:
-                skipped.append(start + pending_bad)
-                pending_bad = None
+            skipped += pending_bad
+            pending_bad = []
             records.append(payload)
+            positions.append((start + pos, number))
             end = nl + 1
+            next_number = number + 1
         pos = nl + 1
-    # Whatever follows the last good record (bad lines with nothing good after them, an incomplete
-    # line) is the torn tail.
-    return ScanResult(records, start + end, len(data) - end, skipped)
+        number += 1
+    tail = data[pos:]
+    torn = 0
+    if tail:
+        if _tail_is_torn(tail):
+            torn = len(tail)
+        else:
+            length = _parse_header(tail)
+            pending_bad.append(BadRecord(
+                start + pos, number,
+                "no valid header and no terminating newline" if length is None else
+                f"no terminating newline, yet longer than the {length} bytes its length prefix declares"))
+    if pending_bad:
+        torn = 0  # the torn bytes lie after a damaged record: truncating to ``end`` would remove it
+    return ScanResult(records, start + end, torn, skipped, pending_bad, positions, next_number)
 
 
 class Journal:
     """The writer's handle: recovers the file on open, then appends durably."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Open ``path`` for appending, after truncating a torn final append (with a warning).
+
+        A damaged *final* record that was complete when written raises :class:`JournalCorruptionError`
+        and leaves the file as it is. Truncating would destroy an acknowledged record. Appending after
+        it would keep its bytes but bury it as a skipped record, with every later append built on a
+        file nobody has looked at (and, in the memory bank, the damaged record's sequence number,
+        which cannot be read, handed to the next item). Stopping is the safer choice: the bytes stay,
+        readers still load every record before it, and a person decides (restore the file from a
+        backup, or truncate it at the offset the error names).
+        """
         self.path = os.fspath(path)
         result = scan(self.path)  # corrupt records inside the file are reported by whoever loads them
+        if result.corrupt_tail:
+            first = result.corrupt_tail[0]
+            raise JournalCorruptionError(self.path, first, (
+                f"journal {self.path}: the final record is corrupt: {first.describe()}"
+                + (f" and {len(result.corrupt_tail) - 1} more bad line(s) after it"
+                   if len(result.corrupt_tail) > 1 else "")
+                + ". It was complete when written, so it is an acknowledged record damaged since, not an "
+                f"unfinished append; refusing to open the journal for writing, which would remove or bury "
+                f"it ({len(result.records)} valid records before it; read-only opens still load them). "
+                f"To recover: restore {self.path} from a backup; or, to give the damaged record up, keep a "
+                f"copy and truncate the file to byte {first.offset} (truncate -s {first.offset} "
+                f"{self.path}), then open it again."))
         if result.torn_tail:
             warn(f"memory journal {self.path}: dropped a torn final record of {result.torn_tail} bytes "
                   f"at byte {result.end} (an append that was never acknowledged)")
