@@ -206,3 +206,47 @@ def test_scan_tail_agrees_with_scan_on_the_end_of_the_journal(tmp_path, tail) ->
     assert (end.end, end.torn_tail, end.next_number) == (full.end, full.torn_tail, full.next_number)
     assert end.corrupt_tail == full.corrupt_tail
     assert full.crc == __import__("zlib").crc32((path / JOURNAL).read_bytes()[:full.end])
+
+
+# --- The default index: IVF-Flat above IVF_MIN_ITEMS, exact below ----------------------------------
+
+
+def _clustered(n: int, seed: int) -> np.ndarray:
+    """Vectors around 12 centres, as real scene vectors cluster (IVF's recall depends on it)."""
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng(100).normal(size=(12, DIM))
+    return (centres[rng.integers(0, 12, n)] + rng.normal(0, 0.15, (n, DIM))).astype(np.float32)
+
+
+def test_ivf_index_trains_above_the_threshold_and_agrees_with_exact_search(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(bank_module, "IVF_MIN_ITEMS", 1000)
+    monkeypatch.setattr(bank_module, "SIDE_FILE_MIN_ITEMS", 100)
+    path = tmp_path / "bank"
+    vectors = _clustered(1200, seed=0)
+    with MemoryBank.create(path, SceneVectorEmbedder(DIM)) as writer:
+        writer.append_many([_item(i, v) for i, v in enumerate(vectors[:900])])
+        assert writer.index_description == "flat (exact) (an ivf bank below 1000 items at open)"
+    small = MemoryBank.open(path)
+    assert isinstance(small._index, faiss.IndexFlatIP)  # 900 < 1000: exact
+    with MemoryBank.open(path, writable=True) as writer:
+        writer.append_many([_item(i, v) for i, v in enumerate(vectors[900:1100], start=900)])
+    ivf = MemoryBank.open(path)  # 1100 items, from the side file the writer wrote on close
+    flat = MemoryBank.open(path, index="flat")
+    assert ivf._side_rows == 1100 and isinstance(ivf._index, faiss.IndexIVFFlat)
+    assert ivf.index_description == "IVF-Flat, 64 lists, nprobe 16"  # 2^round(log2(1.6 sqrt(1100)))
+    queries = _clustered(200, seed=1)
+    hits = 0
+    for q in queries:
+        exact = flat.retrieve(q, k=3)
+        got = ivf.retrieve(q, k=3)
+        assert len(got) == 3 and all(s <= exact[0][1] + 1e-6 for _, s in got)  # scores are exact
+        hits += sum(s >= exact[-1][1] - 1e-6 for _, s in got)
+    assert hits / (3 * len(queries)) >= 0.99
+    # Items appended later go into the trained lists; the side file round-trips through the IVF index.
+    with MemoryBank.open(path, writable=True) as writer:
+        writer.append_many([_item(i, v) for i, v in enumerate(vectors[1100:], start=1100)])
+    assert ivf.refresh() and len(ivf) == 1200 and ivf.retrieve(vectors[1150], k=1)[0][0].id == "item-1150"
+    ivf.save_index()
+    reread = MemoryBank.open(path)
+    assert reread._side_rows == 1200
+    assert np.array_equal(np.fromfile(path / DATA, "<f4").reshape(1200, DIM)[1150], reread.get("item-1150").embedding)

@@ -58,7 +58,12 @@ SIDE_FORMAT = "luna-memory-bank-embeddings"
 # well under 0.1 s) and rewrites it on close once this many items were appended since it was written.
 SIDE_FILE_MIN_ITEMS = 1000
 
-IndexKind = Literal["flat", "hnsw"]
+IndexKind = Literal["ivf", "flat", "hnsw"]
+# ``ivf`` searches exactly (flat) below this many items at open: a flat scan of 10k 384-d vectors
+# takes under 1 ms, and fewer items cluster too coarsely to be worth it.
+IVF_MIN_ITEMS = 10_000
+IVF_POINTS_PER_LIST = 32  # k-means training sample per list (faiss subsamples to this)
+IVF_TRAIN_ITERATIONS = 10
 
 
 class MemoryBankError(Exception):
@@ -102,7 +107,8 @@ class MemoryBank:
     """
 
     def __init__(self, path: str | os.PathLike[str], embedder: Embedder | None, *, writable: bool,
-                 index: IndexKind = "flat", hnsw_m: int = 32, hnsw_ef_search: int = 64) -> None:
+                 index: IndexKind = "ivf", hnsw_m: int = 32, hnsw_ef_search: int = 64,
+                 ivf_nprobe: int = 16) -> None:
         """Prefer :meth:`open` / :meth:`create`."""
         self.path = os.fspath(path)
         self.writable = writable
@@ -112,12 +118,13 @@ class MemoryBank:
         self.embedder = embedder if embedder is not None else embedder_from_spec(spec)
         _check_embedder(self.path, spec, self.embedder)
         self.dim = int(spec["dim"])
-        if index not in ("flat", "hnsw"):
-            raise ValueError(f"index must be 'flat' or 'hnsw', got {index!r}")
+        if index not in ("ivf", "flat", "hnsw"):
+            raise ValueError(f"index must be 'ivf', 'flat' or 'hnsw', got {index!r}")
         self.index_kind: IndexKind = index
         self._hnsw_m = hnsw_m
-        self._index = (faiss.IndexFlatIP(self.dim) if index == "flat"
-                       else faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT))
+        # ``ivf`` starts flat: it trains its lists once the items are loaded, if there are enough
+        self._index = (faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT) if index == "hnsw"
+                       else faiss.IndexFlatIP(self.dim))
         # Items by row (append order). A row loaded from the embeddings side file stays None until it
         # is needed (retrieved, listed): its JSON is parsed then, from its byte offset in the journal.
         self._items: list[MemoryItem | None] = []
@@ -163,6 +170,8 @@ class MemoryBank:
             if cached is not None:
                 self._index = cached
             self._index.hnsw.efSearch = hnsw_ef_search
+        elif index == "ivf" and len(self._items) >= IVF_MIN_ITEMS:
+            self._index = self._trained_ivf(ivf_nprobe)
         self._sync_index()
         if writable:
             assert self._journal is not None
@@ -176,7 +185,7 @@ class MemoryBank:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str], embedder: Embedder, *, index: IndexKind = "flat",
+    def create(cls, path: str | os.PathLike[str], embedder: Embedder, *, index: IndexKind = "ivf",
                exist_ok: bool = False, **index_options: int) -> "MemoryBank":
         """Create an empty bank for ``embedder`` and open it for writing.
 
@@ -202,7 +211,7 @@ class MemoryBank:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], embedder: Embedder | None = None, *,
-             writable: bool = False, index: IndexKind = "flat", **index_options: int) -> "MemoryBank":
+             writable: bool = False, index: IndexKind = "ivf", **index_options: int) -> "MemoryBank":
         """Open an existing bank. ``embedder`` defaults to the one the manifest names; a different one
         is refused with :class:`EmbedderMismatchError`."""
         return cls(path, embedder, writable=writable, index=index, **index_options)
@@ -458,19 +467,50 @@ class MemoryBank:
         if index:
             self._sync_index()
 
+    @property
+    def index_description(self) -> str:
+        """The search the bank runs now, e.g. "IVF-Flat, 512 lists, nprobe 16" or "flat (exact)"."""
+        index = self._index
+        if isinstance(index, faiss.IndexIVFFlat):
+            return f"IVF-Flat, {index.nlist} lists, nprobe {index.nprobe}"
+        if hasattr(index, "hnsw"):
+            return f"HNSW, M {self._hnsw_m}, efSearch {index.hnsw.efSearch}"
+        note = f" (an ivf bank below {IVF_MIN_ITEMS} items at open)" if self.index_kind == "ivf" else ""
+        return "flat (exact)" + note
+
+    def _trained_ivf(self, nprobe: int) -> Any:
+        """An empty IVF-Flat index whose lists (k-means centroids) are trained on the items loaded.
+
+        Its scores are exact inner products; only the choice of the nprobe lists scanned is approximate.
+        Measured on real scene embeddings at 100k items: recall@3 1.0 at nprobe 16, p99 0.3 ms CPU
+        (docs/benchmarks.md). Items added later go into the existing lists; the next open retrains.
+        """
+        n = len(self._items)
+        nlist = int(2 ** round(math.log2(1.6 * math.sqrt(n))))  # ~1.6 sqrt(n): 512 lists at 100k
+        ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        ivf.cp.max_points_per_centroid = IVF_POINTS_PER_LIST  # train on a sample: 0.2-1 s, not 5 s
+        ivf.cp.niter = IVF_TRAIN_ITERATIONS
+        ivf.train(self._vectors(0, n))
+        ivf.nprobe = min(nprobe, nlist)
+        ivf.set_direct_map_type(faiss.DirectMap.Array)  # rows reconstructible (side file), 8 bytes each
+        return ivf
+
+    def _vectors(self, start: int, stop: int) -> np.ndarray:
+        """The unit embeddings of rows [start, stop), from the side file where it has them."""
+        parts = []
+        side = self._side_vectors
+        if side is not None and start < len(side):
+            parts.append(np.asarray(side[start:min(stop, len(side))], dtype=np.float32))
+            start = min(stop, len(side))
+        if start < stop:
+            parts.append(np.stack([self._item(row).embedding for row in range(start, stop)]))
+        return np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype=np.float32)
+
     def _sync_index(self) -> None:
         """Add the items the index does not cover yet (it always covers a prefix of the items)."""
         done = self._index.ntotal
         if done < len(self._items):
-            parts = []
-            side = self._side_vectors
-            if side is not None and done < len(side):
-                parts.append(np.asarray(side[done:], dtype=np.float32))
-                done = len(side)
-            if done < len(self._items):
-                parts.append(np.stack([self._item(row).embedding for row in range(done, len(self._items))]))
-            self._index.add(np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts),
-                                                 dtype=np.float32))
+            self._index.add(self._vectors(done, len(self._items)))
         self._side_vectors = None  # the index holds its own copy now
 
     def _item(self, row: int) -> MemoryItem:
