@@ -233,7 +233,7 @@ def test_ivf_index_trains_above_the_threshold_and_agrees_with_exact_search(tmp_p
     ivf = MemoryBank.open(path)  # 1100 items, from the side file the writer wrote on close
     flat = MemoryBank.open(path, index="flat")
     assert ivf._side_rows == 1100 and isinstance(ivf._index, faiss.IndexIVFFlat)
-    assert ivf.index_description == "IVF-Flat, 64 lists, nprobe 16"  # 2^round(log2(1.6 sqrt(1100)))
+    assert ivf.index_description == "IVF-Flat, 64 lists, nprobe 32"  # 2^round(log2(1.6 sqrt(1100)))
     queries = _clustered(200, seed=1)
     hits = 0
     for q in queries:
