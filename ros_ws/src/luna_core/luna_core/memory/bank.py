@@ -488,9 +488,9 @@ class MemoryBank:
 
         Its scores are exact inner products; only the choice of the nprobe lists scanned is approximate.
         Measured on 100k real scene embeddings (docs/benchmarks.md): 512 lists, recall@3 1.0 from nprobe
-        16 on, p99 0.45 ms (16) / 0.69 ms (32) wall; the default 32 leaves a margin for MiniLM
-        embeddings, where scanning 3 % of the lists gave 0.996 and 6 % 0.999 (4k items). Random vectors
-        do not cluster and get far lower recall (0.2-0.35): IVF relies on real embeddings' structure.
+        16 on, p99 0.45 ms (16) / 0.69 ms (32) wall; the default 32 (6 % of the lists) leaves a margin
+        for MiniLM embeddings, where scanning 3 % of the lists gave 0.998 and 6 % 1.000 (3.7k items).
+        Random vectors do not cluster and get far lower recall (0.14-0.37): IVF relies on real data.
         Items added later go into the existing lists; the next open retrains.
         """
         n = len(self._items)
