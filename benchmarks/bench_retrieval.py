@@ -4,8 +4,9 @@ A real bank on disk (journal, manifest) grows to each size; for each size it is 
 ``flat`` index and the approximate ``hnsw`` one, and ``MemoryBank.retrieve(vector, k=3)`` is timed
 per call. Item embeddings and queries are random unit 384-d vectors (the latency of a search does not
 depend on what the vectors mean; random vectors are the hard case for HNSW recall). Also reported:
-append throughput, open time (journal read + index build, and with a saved HNSW graph), HNSW recall@3
-against flat, and the
+append throughput, open time (journal read + index build, and with a saved HNSW graph; since issue
+14.4 the ``save_index()`` of one size also writes the embeddings side file, so the next size's opens
+read the smaller sizes' items from it and parse only the rest), HNSW recall@3 against flat, and the
 latency of embedding one query text with all-MiniLM-L6-v2 (what ``retrieve(text)`` adds on top).
 
     .venv/bin/python benchmarks/bench_retrieval.py --markdown /tmp/retrieval.md \\

@@ -14,7 +14,7 @@ import faiss
 import numpy as np
 import pytest
 
-from luna_core.memory import BankIntegrityError, JournalWarning, MemoryBank, SceneVectorEmbedder
+from luna_core.memory import BankIntegrityError, JournalWarning, MemoryBank, MemoryBankError, SceneVectorEmbedder
 from luna_core.memory import bank as bank_module
 from luna_core.memory.bank import JOURNAL
 from luna_core.memory.journal import encode_record, scan, scan_tail
@@ -250,3 +250,17 @@ def test_ivf_index_trains_above_the_threshold_and_agrees_with_exact_search(tmp_p
     reread = MemoryBank.open(path)
     assert reread._side_rows == 1200
     assert np.array_equal(np.fromfile(path / DATA, "<f4").reshape(1200, DIM)[1150], reread.get("item-1150").embedding)
+
+
+def test_a_lazy_item_whose_record_changed_under_the_open_bank_is_an_error_naming_it(tmp_path) -> None:
+    path = tmp_path / "bank"
+    _bank(path, 20)
+    bank = MemoryBank.open(path)
+    assert bank._items.count(None) == 20
+    lines = (path / JOURNAL).read_bytes().splitlines(keepends=True)
+    with open(path / JOURNAL, "r+b") as f:  # rewritten in place (same file): records 0 and 1 swapped
+        f.write(lines[1] + lines[0] + b"".join(lines[2:]))
+    offset = 0
+    with pytest.raises(MemoryBankError, match=f"the record of item 'item-0' at byte {offset} no longer reads "
+                                              r"back \(it holds item 'item-1'.*open it again"):
+        bank.get("item-0")
