@@ -257,8 +257,9 @@ def test_saved_hnsw_graph_is_reused_and_extended_or_ignored_when_stale(tmp_path,
     (path / "index-hnsw-m32.faiss").write_bytes(b"garbage")
     (path / "index-hnsw-m32.json").write_text(json.dumps(meta))
     assert MemoryBank.open(path, index="hnsw").retrieve(vectors[9], k=1)[0][0].id == "item-9"
-    with pytest.raises(MemoryBankError, match="save_index applies"):
-        MemoryBank.open(path).save_index()
+    flat = MemoryBank.open(path)
+    flat.save_index()  # a flat bank saves only the embeddings side file
+    assert (path / f"embeddings-{DIM}.f32").stat().st_size == 300 * DIM * 4
     writer.close()
 
 

@@ -8,6 +8,8 @@ On disk a bank is a directory::
                     for readers). It never goes back: a writer never writes a lower one, and a journal
                     behind it (records lost, e.g. an older copy restored) is reported on every open
     writer.lock     flock'ed by the one process that may append
+    embeddings-<dim>.f32 / .json   optional side file: the embeddings as raw float32 rows, and a header
+                    with the journal length and CRC32 they were built from (see docs/memory_bank.md)
 
 An item record holds Q_md, the answer (A_sum, or A_refl for reflection items), the distribution pi
 (teacher items; reflection items have none), the source, the creation time, and e and the optional
@@ -17,10 +19,13 @@ Versions: every append bumps the version by one (the record's sequence number). 
 read call :meth:`MemoryBank.refresh` (cheap when nothing changed: one ``stat``) or compare
 :func:`stored_version` with their ``version`` to notice the writer's appends.
 
-Retrieval: faiss inner product on unit vectors, i.e. cosine similarity, with an exact ``flat`` index
-(IndexFlatIP) or an approximate ``hnsw`` one (IndexHNSWFlat), chosen when opening. The index lives in
-memory and is rebuilt from the journal on open; a saved HNSW graph (:meth:`MemoryBank.save_index`,
-files ``index-hnsw-m<M>.faiss/.json``, faiss' own format) spares the rebuild. Single-query searches
+Retrieval: faiss inner product on unit vectors, i.e. cosine similarity, with ``ivf`` (the default:
+exact below 10k items, IVF-Flat above), an exact ``flat`` index (IndexFlatIP) or an approximate
+``hnsw`` one (IndexHNSWFlat), chosen when opening. The index lives in memory and is built on open from
+the embeddings side file where it is valid (else from the journal, whose records are then all parsed);
+a saved HNSW graph (:meth:`MemoryBank.save_index`, files ``index-hnsw-m<M>.faiss/.json``, faiss' own
+format) spares the graph build. The side file is never trusted over the journal: it is used only when
+the journal's first bytes still have the CRC it records. Single-query searches
 are fastest with ``faiss.omp_set_num_threads(1)`` in the calling process (OpenMP start-up dominates
 otherwise, badly so on a loaded machine; see docs/benchmarks.md).
 """
@@ -35,13 +40,15 @@ import os
 import threading
 import time
 import uuid
+import zlib
 from typing import Any, Iterator, Literal, Sequence
 
 import faiss
 import numpy as np
 
 from luna_core.memory.embedders import Embedder, EmbeddingError, embedder_from_spec, normalise
-from luna_core.memory.journal import Journal, JournalCorruptionError, scan, warn
+from luna_core.memory.journal import (Journal, JournalCorruptionError, _decode_line, encode_record, scan,
+                                      warn)
 from luna_core.types import MemoryItem, validate_distribution
 
 FORMAT = "luna-memory-bank"
@@ -51,8 +58,17 @@ JOURNAL = "items.jsonl"
 VERSION_FILE = "VERSION"
 LOCK_FILE = "writer.lock"
 SOURCES = ("teacher", "reflection")
+SIDE_FORMAT = "luna-memory-bank-embeddings"
+# The writer keeps the side file current from this many items on (a full open of fewer items takes
+# well under 0.1 s) and rewrites it on close once this many items were appended since it was written.
+SIDE_FILE_MIN_ITEMS = 1000
 
-IndexKind = Literal["flat", "hnsw"]
+IndexKind = Literal["ivf", "flat", "hnsw"]
+# ``ivf`` searches exactly (flat) below this many items at open: a flat scan of 10k 384-d vectors
+# takes under 1 ms, and fewer items cluster too coarsely to be worth it.
+IVF_MIN_ITEMS = 10_000
+IVF_POINTS_PER_LIST = 32  # k-means training sample per list (faiss subsamples to this)
+IVF_TRAIN_ITERATIONS = 10
 
 
 class MemoryBankError(Exception):
@@ -96,7 +112,8 @@ class MemoryBank:
     """
 
     def __init__(self, path: str | os.PathLike[str], embedder: Embedder | None, *, writable: bool,
-                 index: IndexKind = "flat", hnsw_m: int = 32, hnsw_ef_search: int = 64) -> None:
+                 index: IndexKind = "ivf", hnsw_m: int = 32, hnsw_ef_search: int = 64,
+                 ivf_nprobe: int = 32) -> None:
         """Prefer :meth:`open` / :meth:`create`."""
         self.path = os.fspath(path)
         self.writable = writable
@@ -106,25 +123,37 @@ class MemoryBank:
         self.embedder = embedder if embedder is not None else embedder_from_spec(spec)
         _check_embedder(self.path, spec, self.embedder)
         self.dim = int(spec["dim"])
-        if index not in ("flat", "hnsw"):
-            raise ValueError(f"index must be 'flat' or 'hnsw', got {index!r}")
+        if index not in ("ivf", "flat", "hnsw"):
+            raise ValueError(f"index must be 'ivf', 'flat' or 'hnsw', got {index!r}")
         self.index_kind: IndexKind = index
         self._hnsw_m = hnsw_m
-        self._index = (faiss.IndexFlatIP(self.dim) if index == "flat"
-                       else faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT))
-        self._items: list[MemoryItem] = []
+        # ``ivf`` starts flat: it trains its lists once the items are loaded, if there are enough
+        self._index = (faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT) if index == "hnsw"
+                       else faiss.IndexFlatIP(self.dim))
+        # Items by row (append order). A row loaded from the embeddings side file stays None until it
+        # is needed (retrieved, listed): its JSON is parsed then, from its byte offset in the journal.
+        self._items: list[MemoryItem | None] = []
+        self._ids: list[str] = []
+        self._offsets: list[int] = []  # byte offset of each row's record in the journal
         self._by_id: dict[str, int] = {}
+        self._side_vectors: np.ndarray | None = None  # rows [0, len) from the side file, until indexed
+        self._side_rows = 0  # rows the side file this bank last read or wrote covers
+        self._notes: list[str] = []  # damage warnings of the journal prefix loaded (repeated from a side file)
+        self._read_fd = -1  # journal descriptor for parsing lazy rows
+        self._crc = 0  # CRC32 of the journal bytes up to ``_offset``
         self._version = 0
         self._offset = 0
         self._next_number = 1  # record number (line number, from 1) of the line at ``_offset``
         self._reported: set[int] = set()  # offsets of damaged final records already warned about
         self._lock_fd = -1
+        self._opened = False  # set once the open succeeded: a refused open writes nothing on close
         self._journal: Journal | None = None
         journal_path = os.path.join(self.path, JOURNAL)
         if writable:
             self._lock_fd = _acquire_writer_lock(self.path)
             try:
-                self._journal = Journal(journal_path)  # recovers a torn tail, with a warning
+                # recovers a torn tail, with a warning; checks only the end (this bank loads the rest)
+                self._journal = Journal(journal_path, full_scan=False)
             except JournalCorruptionError as e:
                 self.close()
                 raise BankIntegrityError(
@@ -137,7 +166,8 @@ class MemoryBank:
         # VERSION is read before the journal: the writer replaces it only after its records are
         # fsync'ed, so a reader racing an append never sees a VERSION ahead of what it then loads.
         acknowledged = _read_version(self.path)
-        self._load_from(journal_path, index=False)
+        side_status = self._load_side_file(journal_path)
+        self._load_from(journal_path, index=False)  # everything after the side file, or everything
         if acknowledged is not None and acknowledged > self._version:
             self._report_lost(journal_path, acknowledged)
         if index == "hnsw":
@@ -145,14 +175,22 @@ class MemoryBank:
             if cached is not None:
                 self._index = cached
             self._index.hnsw.efSearch = hnsw_ef_search
+        elif index == "ivf" and len(self._items) >= IVF_MIN_ITEMS:
+            self._index = self._trained_ivf(ivf_nprobe)
         self._sync_index()
         if writable:
+            assert self._journal is not None
+            if self._journal.size == self._offset:
+                self._journal.crc = self._crc  # appends continue the CRC the side file records
             _write_version(self.path, self._version)
+            if side_status != "valid" and len(self._items) >= SIDE_FILE_MIN_ITEMS:
+                self._write_side_file()  # rebuild a missing, stale or damaged one now
+        self._opened = True
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str], embedder: Embedder, *, index: IndexKind = "flat",
+    def create(cls, path: str | os.PathLike[str], embedder: Embedder, *, index: IndexKind = "ivf",
                exist_ok: bool = False, **index_options: int) -> "MemoryBank":
         """Create an empty bank for ``embedder`` and open it for writing.
 
@@ -178,7 +216,7 @@ class MemoryBank:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], embedder: Embedder | None = None, *,
-             writable: bool = False, index: IndexKind = "flat", **index_options: int) -> "MemoryBank":
+             writable: bool = False, index: IndexKind = "ivf", **index_options: int) -> "MemoryBank":
         """Open an existing bank. ``embedder`` defaults to the one the manifest names; a different one
         is refused with :class:`EmbedderMismatchError`."""
         return cls(path, embedder, writable=writable, index=index, **index_options)
@@ -194,7 +232,7 @@ class MemoryBank:
         return len(self._items)
 
     def __iter__(self) -> Iterator[MemoryItem]:
-        return iter(list(self._items))
+        return iter(self.items)
 
     def __contains__(self, item_id: object) -> bool:
         return item_id in self._by_id
@@ -203,13 +241,13 @@ class MemoryBank:
         with self._lock:
             if item_id not in self._by_id:
                 raise KeyError(f"no memory item {item_id!r} in {self.path}")
-            return self._items[self._by_id[item_id]]
+            return self._item(self._by_id[item_id])
 
     @property
     def items(self) -> list[MemoryItem]:
-        """A snapshot list of the items, in append order."""
+        """A snapshot list of the items, in append order (parses the records not parsed yet)."""
         with self._lock:
-            return list(self._items)
+            return [self._item(row) for row in range(len(self._items))]
 
     # ------------------------------------------------------------------ writing
 
@@ -230,7 +268,9 @@ class MemoryBank:
             payloads = [_to_record(item, self._version + 1 + i) for i, item in enumerate(prepared)]
             self._journal.append_many(payloads)
             self._offset = self._journal.size
-            self._add_loaded(prepared, self._version + len(prepared))
+            if self._journal.crc is not None:
+                self._crc = self._journal.crc
+            self._add_loaded(prepared, list(self._journal.last_offsets), self._version + len(prepared))
             _write_version(self.path, self._version)
             return prepared
 
@@ -323,16 +363,28 @@ class MemoryBank:
             for score, row in zip(scores[0], rows[0]):
                 if row < 0:
                     continue  # HNSW may return fewer than asked
-                item = self._items[int(row)]
-                if item.id in excluded:
+                if self._ids[int(row)] in excluded:
                     continue
-                out.append((item, float(score)))
+                out.append((self._item(int(row)), float(score)))
                 if len(out) == k:
                     break
             return out
 
     def close(self) -> None:
-        """Release the writer lock and the journal (idempotent)."""
+        """Release the writer lock and the journal (idempotent).
+
+        The writer first refreshes the embeddings side file when at least ``SIDE_FILE_MIN_ITEMS`` items
+        were appended since it was last written, so that the next open reads them in one piece.
+        """
+        if (self._opened and self._journal is not None and self._lock_fd >= 0
+                and len(self._items) - self._side_rows >= SIDE_FILE_MIN_ITEMS):
+            try:
+                self._write_side_file()
+            except OSError as e:  # the journal is complete without it; the next open parses the tail
+                warn(f"memory bank {self.path}: could not write the embeddings side file: {e}")
+        if self._read_fd >= 0:
+            os.close(self._read_fd)
+            self._read_fd = -1
         if self._journal is not None:
             self._journal.close()
             self._journal = None
@@ -368,10 +420,10 @@ class MemoryBank:
         warn(f"memory bank {self.path}: {found}")
 
     def _load_from(self, journal_path: str, index: bool = True) -> None:
-        result = scan(journal_path, self._offset, self._next_number)
+        result = scan(journal_path, self._offset, self._next_number, self._crc)
         for bad in result.skipped:
-            warn(f"memory journal {journal_path}: corrupt record at byte {bad.offset} skipped (record "
-                 f"#{bad.number}: {bad.reason}; its bytes are left in place, every other record is kept)")
+            self._note(f"memory journal {journal_path}: corrupt record at byte {bad.offset} skipped (record "
+                       f"#{bad.number}: {bad.reason}; its bytes are left in place, every other record is kept)")
         for bad in result.corrupt_tail:
             if bad.offset not in self._reported:  # refresh() rescans it: say it once per handle
                 self._reported.add(bad.offset)
@@ -380,65 +432,248 @@ class MemoryBank:
                      "bytes are left in place, and the bank cannot be opened for writing until it is "
                      "repaired (restore the file, or truncate it at that byte)")
         loaded = []
+        offsets = []
         loaded_ids: set[str] = set()
         last_seq = self._version
         for record, (offset, number) in zip(result.records, result.positions):
             try:
                 item, seq = _from_record(record, self.dim)
             except (KeyError, TypeError, ValueError) as e:
-                warn(f"memory journal {journal_path}: unusable record #{number} at byte {offset} "
-                     f"skipped: {e}")
+                self._note(f"memory journal {journal_path}: unusable record #{number} at byte {offset} "
+                           f"skipped: {e}")
                 if isinstance(record.get("seq"), int):  # its version stays taken: versions never repeat
                     last_seq = max(last_seq, record["seq"])
                 continue
             if item.id in self._by_id or item.id in loaded_ids:
-                warn(f"memory journal {journal_path}: record with duplicate id {item.id!r} skipped")
+                self._note(f"memory journal {journal_path}: record with duplicate id {item.id!r} skipped")
                 continue
             loaded_ids.add(item.id)
             loaded.append(item)
+            offsets.append(offset)
             last_seq = max(last_seq, seq)
         self._offset = result.end
         self._next_number = result.next_number
-        self._add_loaded(loaded, last_seq, index)
+        self._crc = result.crc
+        self._add_loaded(loaded, offsets, last_seq, index)
 
-    def _add_loaded(self, items: list[MemoryItem], version: int, index: bool = True) -> None:
-        for item in items:
+    def _note(self, message: str) -> None:
+        """Warn about damage in the journal, and remember it for the side file: an open that reads the
+        side file instead of these records repeats the warning, so the damage is never hidden."""
+        self._notes.append(message)
+        warn(message)
+
+    def _add_loaded(self, items: list[MemoryItem], offsets: list[int], version: int, index: bool = True) -> None:
+        for item, offset in zip(items, offsets):
             self._by_id[item.id] = len(self._items)
             self._items.append(item)
+            self._ids.append(item.id)
+            self._offsets.append(offset)
         self._version = max(self._version, version)
         if index:
             self._sync_index()
+
+    @property
+    def index_description(self) -> str:
+        """The search the bank runs now, e.g. "IVF-Flat, 512 lists, nprobe 16" or "flat (exact)"."""
+        index = self._index
+        if isinstance(index, faiss.IndexIVFFlat):
+            return f"IVF-Flat, {index.nlist} lists, nprobe {index.nprobe}"
+        if hasattr(index, "hnsw"):
+            return f"HNSW, M {self._hnsw_m}, efSearch {index.hnsw.efSearch}"
+        note = f" (an ivf bank below {IVF_MIN_ITEMS} items at open)" if self.index_kind == "ivf" else ""
+        return "flat (exact)" + note
+
+    def _trained_ivf(self, nprobe: int) -> Any:
+        """An empty IVF-Flat index whose lists (k-means centroids) are trained on the items loaded.
+
+        Its scores are exact inner products; only the choice of the nprobe lists scanned is approximate.
+        Measured on 100k real scene embeddings (docs/benchmarks.md): 512 lists, recall@3 1.0 from nprobe
+        16 on, p99 0.45 ms (16) / 0.69 ms (32) wall; the default 32 (6 % of the lists) leaves a margin
+        for MiniLM embeddings, where scanning 3 % of the lists gave 0.998 and 6 % 1.000 (3.7k items).
+        Random vectors do not cluster and get far lower recall (0.14-0.37): IVF relies on real data.
+        Items added later go into the existing lists; the next open retrains.
+        """
+        n = len(self._items)
+        nlist = int(2 ** round(math.log2(1.6 * math.sqrt(n))))  # ~1.6 sqrt(n): 512 lists at 100k
+        ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        ivf.cp.max_points_per_centroid = IVF_POINTS_PER_LIST  # train on a sample: 0.2-1 s, not 5 s
+        ivf.cp.niter = IVF_TRAIN_ITERATIONS
+        ivf.train(self._vectors(0, n))
+        ivf.nprobe = min(nprobe, nlist)
+        ivf.set_direct_map_type(faiss.DirectMap.Array)  # rows reconstructible (side file), 8 bytes each
+        return ivf
+
+    def _vectors(self, start: int, stop: int) -> np.ndarray:
+        """The unit embeddings of rows [start, stop), from the side file where it has them."""
+        parts = []
+        side = self._side_vectors
+        if side is not None and start < len(side):
+            parts.append(np.asarray(side[start:min(stop, len(side))], dtype=np.float32))
+            start = min(stop, len(side))
+        if start < stop:
+            parts.append(np.stack([self._item(row).embedding for row in range(start, stop)]))
+        return np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype=np.float32)
 
     def _sync_index(self) -> None:
         """Add the items the index does not cover yet (it always covers a prefix of the items)."""
         done = self._index.ntotal
         if done < len(self._items):
-            self._index.add(np.stack([item.embedding for item in self._items[done:]]).astype(np.float32))
+            self._index.add(self._vectors(done, len(self._items)))
+        self._side_vectors = None  # the index holds its own copy now
+
+    def _item(self, row: int) -> MemoryItem:
+        """The item of ``row``, parsing its journal record on first use (rows read from the side file)."""
+        item = self._items[row]
+        if item is None:
+            item = self._parse_row(row)
+            self._items[row] = item
+        return item
+
+    def _parse_row(self, row: int) -> MemoryItem:
+        journal_path = os.path.join(self.path, JOURNAL)
+        offset, item_id = self._offsets[row], self._ids[row]
+        if self._read_fd < 0:
+            # The descriptor stays open: the record at ``offset`` is the one the CRC check covered,
+            # even if the file is later replaced (refresh() then reports the replacement).
+            self._read_fd = os.open(journal_path, os.O_RDONLY)
+        head = os.pread(self._read_fd, 18, offset)
+        try:
+            length = int(head[0:8], 16)
+        except ValueError:
+            length = -1
+        line = head + os.pread(self._read_fd, max(length, 0) + 1, offset + 18)
+        payload, reason = _decode_line(line[:-1]) if line.endswith(b"\n") else (None, "no newline")
+        try:
+            if payload is None:
+                raise ValueError(reason)
+            item, _ = _from_record(payload, self.dim)
+            if item.id != item_id:
+                raise ValueError(f"it holds item {item.id!r}, the side file says {item_id!r}")
+        except (KeyError, TypeError, ValueError) as e:
+            raise MemoryBankError(
+                f"memory journal {journal_path}: the record of item {item_id!r} at byte {offset} no longer "
+                f"reads back ({e}): the journal changed after this bank was opened; open it again") from None
+        return item
 
     def _hnsw_cache_paths(self, m: int) -> tuple[str, str]:
         stem = os.path.join(self.path, f"index-hnsw-m{m}")
         return stem + ".faiss", stem + ".json"
 
-    def save_index(self) -> None:
-        """Save the HNSW graph beside the journal, so that opening with ``index="hnsw"`` loads it and
-        only adds the items appended since, instead of rebuilding the graph (minutes at 100k items).
+    def _side_paths(self) -> tuple[str, str]:
+        stem = os.path.join(self.path, f"embeddings-{self.dim}")
+        return stem + ".f32", stem + ".json"
 
-        Any process may call it (e.g. ``luna-offline collect`` after building a bank). The cache is
-        checked on open (embedder, count, ids) and ignored if it does not match the journal.
+    def save_index(self) -> None:
+        """Save the embeddings side file (any index) and, for ``index="hnsw"``, the HNSW graph beside
+        the journal, so that an open reads them instead of parsing every record and rebuilding the
+        graph (minutes at 100k items); it then parses only the records appended since.
+
+        Any process may call it (e.g. ``luna-offline collect`` after building a bank). Both are checked
+        on open against the journal (its length and a CRC of its bytes) and ignored if they do not match.
         """
-        if self.index_kind != "hnsw":
-            raise MemoryBankError("save_index applies to banks opened with index='hnsw' (a flat index "
-                                  "is rebuilt on open at memory speed)")
         with self._lock:
+            self._write_side_file()
+            if self.index_kind != "hnsw":
+                return
             index_path, meta_path = self._hnsw_cache_paths(self._hnsw_m)
             count = self._index.ntotal
             meta = {"embedder": self.manifest["embedder"], "count": count,
-                    "first_id": self._items[0].id if count else "",
-                    "last_id": self._items[count - 1].id if count else ""}
+                    "first_id": self._ids[0] if count else "",
+                    "last_id": self._ids[count - 1] if count else "",
+                    "journal_bytes": self._offset, "journal_crc": self._crc}
             tmp = f"{index_path}.tmp.{os.getpid()}"
             faiss.write_index(self._index, tmp)
             os.replace(tmp, index_path)
             _atomic_write(meta_path, json.dumps(meta).encode(), sync=False)
+
+    def _write_side_file(self) -> None:
+        """Write ``embeddings-<dim>.f32`` (the index's unit vectors, row = item, little-endian float32)
+        and its header ``embeddings-<dim>.json``: the journal length and CRC32 it was built from, the
+        version, the items' ids and record offsets, the damage warnings of that journal prefix, and the
+        CRC32 of the vectors. The header is one journal-framed line, so it carries its own CRC."""
+        with self._lock:
+            self._sync_index()
+            n = len(self._items)
+            vectors = self._index.reconstruct_n(0, n) if n else np.zeros((0, self.dim), np.float32)
+            data = np.ascontiguousarray(vectors, dtype="<f4").tobytes()
+            header = {"format": SIDE_FORMAT, "embedder": self.manifest["embedder"], "dim": self.dim,
+                      "count": n, "version": self._version, "journal_bytes": self._offset,
+                      "journal_crc": self._crc, "next_number": self._next_number,
+                      "data_crc": zlib.crc32(data), "ids": self._ids, "offsets": self._offsets,
+                      "notes": self._notes, "written": time.time()}
+            data_path, header_path = self._side_paths()
+            # Vectors first, header last: a reader between the two sees a CRC mismatch and ignores both.
+            _atomic_write(data_path, data, sync=False)
+            _atomic_write(header_path, encode_record(header), sync=False)
+            self._side_rows = n
+
+    def _load_side_file(self, journal_path: str) -> str:
+        """Load the rows the side file covers, if it matches the journal: "valid"; else "missing"
+        (no side file, nothing said) or "invalid" (a warning says why; the journal is read instead)."""
+        data_path, header_path = self._side_paths()
+        try:
+            with open(header_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return "missing"
+        except OSError as e:
+            return self._side_invalid(f"cannot read {header_path}: {e}")
+        header, reason = _decode_line(raw[:-1]) if raw.endswith(b"\n") else (None, "no terminating newline")
+        if header is None:
+            return self._side_invalid(f"{header_path} is damaged ({reason})")
+        try:
+            count, end = int(header["count"]), int(header["journal_bytes"])
+            ids, offsets = [str(i) for i in header["ids"]], [int(o) for o in header["offsets"]]
+            if header["format"] != SIDE_FORMAT or int(header["dim"]) != self.dim:
+                return self._side_invalid(f"{header_path} is not a {SIDE_FORMAT} header for {self.dim}-d")
+            if header["embedder"] != self.manifest["embedder"]:
+                return self._side_invalid(f"{header_path} was written for embedder {header['embedder']}")
+            if len(ids) != count or len(offsets) != count or len(set(ids)) != count:
+                return self._side_invalid(f"{header_path} lists {len(ids)} ids and {len(offsets)} offsets "
+                                          f"for {count} rows")
+            journal_size = os.path.getsize(journal_path)
+            if end > journal_size:
+                return self._side_invalid(f"it covers {end} bytes of {journal_path}, which holds "
+                                          f"{journal_size} (the journal was replaced or truncated)")
+            expected = count * self.dim * 4
+            size = os.path.getsize(data_path)
+            if size != expected:
+                return self._side_invalid(f"{data_path} holds {size} bytes, its header says {count} rows "
+                                          f"of {self.dim} float32 ({expected} bytes)")
+            vectors = (np.memmap(data_path, dtype="<f4", mode="r", shape=(count, self.dim)) if count
+                       else np.zeros((0, self.dim), np.float32))
+            if zlib.crc32(vectors) != int(header["data_crc"]):
+                return self._side_invalid(f"{data_path} fails its CRC check")
+            if _prefix_crc(journal_path, end) != int(header["journal_crc"]):
+                return self._side_invalid(f"the first {end} bytes of {journal_path} are not those it was "
+                                          "built from (the journal was replaced or modified)")
+            version, next_number = int(header["version"]), int(header["next_number"])
+            notes = [str(n) for n in header["notes"]]
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            return self._side_invalid(f"{header_path}: {type(e).__name__}: {e}")
+        self._items = [None] * count
+        self._ids, self._offsets = ids, offsets
+        self._by_id = {item_id: row for row, item_id in enumerate(ids)}
+        self._side_vectors = vectors
+        self._side_rows = count
+        self._version, self._offset, self._next_number, self._crc = version, end, next_number, int(
+            header["journal_crc"])
+        self._notes = notes
+        for note in notes:  # damage in the covered records is reported as if they had been read
+            warn(note)
+        return "valid"
+
+    def _side_invalid(self, why: str) -> str:
+        warn(f"memory bank {self.path}: embeddings side file ignored: {why}. Reading the whole journal "
+             "instead (the source of truth); the writer rebuilds the side file (or call save_index()).")
+        return "invalid"
+
+    def _journal_prefix_matches(self, end: int, crc: int) -> bool:
+        if end > self._offset:
+            return False
+        if end == self._offset:
+            return crc == self._crc
+        return _prefix_crc(os.path.join(self.path, JOURNAL), end) == crc
 
     def _cached_hnsw(self, m: int) -> Any | None:
         """The saved HNSW index if it matches the items just loaded from the journal, else None."""
@@ -448,8 +683,8 @@ class MemoryBank:
                 meta = json.loads(f.read())
             count = int(meta["count"])
             if (meta["embedder"] != self.manifest["embedder"] or count > len(self._items)
-                    or (count and (self._items[0].id != meta["first_id"]
-                                   or self._items[count - 1].id != meta["last_id"]))):
+                    or (count and (self._ids[0] != meta["first_id"] or self._ids[count - 1] != meta["last_id"]))
+                    or not self._journal_prefix_matches(int(meta["journal_bytes"]), int(meta["journal_crc"]))):
                 return None
             index = faiss.read_index(index_path)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError):
@@ -552,6 +787,20 @@ def _atomic_write(path: str, data: bytes, sync: bool) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _prefix_crc(path: str, end: int) -> int:
+    """CRC32 of the first ``end`` bytes of the file at ``path``."""
+    crc = 0
+    with open(path, "rb") as f:
+        left = end
+        while left > 0:
+            chunk = f.read(min(left, 1 << 24))
+            if not chunk:
+                break  # shorter than ``end``: the CRC cannot match
+            crc = zlib.crc32(chunk, crc)
+            left -= len(chunk)
+    return crc
 
 
 def _write_version(path: str, version: int) -> None:

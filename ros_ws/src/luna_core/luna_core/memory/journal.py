@@ -81,6 +81,7 @@ class ScanResult:
     corrupt_tail: list[BadRecord] = field(default_factory=list)  # complete bad records after ``end``
     positions: list[tuple[int, int]] = field(default_factory=list)  # (offset, number) of each record
     next_number: int = 1  # record number of the first line after ``end``
+    crc: int = 0  # CRC32 of the bytes up to ``end``, continuing the ``crc`` given to :func:`scan`
 
 
 def encode_record(payload: dict[str, Any]) -> bytes:
@@ -134,11 +135,13 @@ def _tail_is_torn(tail: bytes) -> bool:
     return length is not None and len(tail) <= _HEADER + length
 
 
-def scan(path: str | os.PathLike[str], start: int = 0, first_number: int = 1) -> ScanResult:
+def scan(path: str | os.PathLike[str], start: int = 0, first_number: int = 1, crc: int = 0) -> ScanResult:
     """Read the valid records from byte offset ``start`` on; never modifies the file.
 
     ``first_number`` is the record number of the line at ``start`` (records are numbered from 1, one
     per line), so that a reader following the file names records as the whole file counts them.
+    ``crc`` is the CRC32 of the bytes before ``start``: the result's ``crc`` then covers the file up
+    to its ``end`` (the memory bank checks its embeddings side file against it).
     """
     with open(path, "rb") as f:
         f.seek(start)
@@ -180,14 +183,58 @@ def scan(path: str | os.PathLike[str], start: int = 0, first_number: int = 1) ->
                 f"no terminating newline, yet longer than the {length} bytes its length prefix declares"))
     if pending_bad:
         torn = 0  # the torn bytes lie after a damaged record: truncating to ``end`` would remove it
-    return ScanResult(records, start + end, torn, skipped, pending_bad, positions, next_number)
+    return ScanResult(records, start + end, torn, skipped, pending_bad, positions, next_number,
+                      zlib.crc32(memoryview(data)[:end], crc))
+
+
+def scan_tail(path: str | os.PathLike[str]) -> ScanResult:
+    """What :func:`scan` says about the end of the file, without parsing the records before it.
+
+    Walks the complete lines backwards from the end to the last valid record: ``end``, ``torn_tail``,
+    ``corrupt_tail`` and ``next_number`` are those of ``scan(path)``; ``records``, ``positions`` and
+    ``skipped`` are left empty (corrupt records inside the file are reported by whoever loads them).
+    The writer's open needs only this, and parsing every record of a 100k-item journal costs seconds.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    last_nl = data.rfind(b"\n")
+    lines = data.count(b"\n")  # complete lines; the last one has record number ``lines``
+    pending_bad: list[BadRecord] = []
+    end = 0
+    next_number = 1
+    line_end, number = last_nl, lines
+    while line_end >= 0:
+        line_start = data.rfind(b"\n", 0, line_end) + 1
+        payload, reason = _decode_line(data[line_start:line_end])
+        if payload is not None:
+            end, next_number = line_end + 1, number + 1
+            break
+        pending_bad.insert(0, BadRecord(line_start, number, reason))
+        line_end, number = line_start - 1, number - 1
+    tail = data[last_nl + 1:]
+    torn = 0
+    if tail:
+        if _tail_is_torn(tail):
+            torn = len(tail)
+        else:
+            length = _parse_header(tail)
+            pending_bad.append(BadRecord(
+                last_nl + 1, lines + 1,
+                "no valid header and no terminating newline" if length is None else
+                f"no terminating newline, yet longer than the {length} bytes its length prefix declares"))
+    if pending_bad:
+        torn = 0
+    return ScanResult([], end, torn, [], pending_bad, [], next_number)
 
 
 class Journal:
     """The writer's handle: recovers the file on open, then appends durably."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], full_scan: bool = True) -> None:
         """Open ``path`` for appending, after truncating a torn final append (with a warning).
+
+        With ``full_scan`` False only the end of the file is checked (:func:`scan_tail`) and
+        ``recovered.records`` stays empty: for owners that load the records themselves (the memory bank).
 
         A damaged *final* record that was complete when written raises :class:`JournalCorruptionError`
         and leaves the file as it is. Truncating would destroy an acknowledged record. Appending after
@@ -198,7 +245,8 @@ class Journal:
         backup, or truncate it at the offset the error names).
         """
         self.path = os.fspath(path)
-        result = scan(self.path)  # corrupt records inside the file are reported by whoever loads them
+        # corrupt records inside the file are reported by whoever loads them
+        result = scan(self.path) if full_scan else scan_tail(self.path)
         if result.corrupt_tail:
             first = result.corrupt_tail[0]
             raise JournalCorruptionError(self.path, first, (
@@ -221,6 +269,8 @@ class Journal:
         self.recovered = result
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self.size = result.end
+        self.crc: int | None = result.crc if full_scan else None  # CRC32 of the file up to ``size``, if known
+        self.last_offsets: list[int] = []  # byte offsets of the records of the last append_many
 
     def append(self, payload: dict[str, Any]) -> int:
         """Write one record and fsync it; returns the file size after the record."""
@@ -228,12 +278,20 @@ class Journal:
 
     def append_many(self, payloads: list[dict[str, Any]]) -> int:
         """Write records with one ``write`` and one ``fsync``; returns the file size after them."""
-        data = b"".join(encode_record(p) for p in payloads)
+        lines = [encode_record(p) for p in payloads]
+        data = b"".join(lines)
+        offsets, at = [], self.size
+        for line in lines:
+            offsets.append(at)
+            at += len(line)
         written = 0
         while written < len(data):  # os.write may be partial (signals, quotas)
             written += os.write(self._fd, data[written:])
         os.fsync(self._fd)
         self.size += len(data)
+        self.last_offsets = offsets
+        if self.crc is not None:
+            self.crc = zlib.crc32(data, self.crc)
         return self.size
 
     def close(self) -> None:
