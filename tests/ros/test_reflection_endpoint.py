@@ -33,7 +33,7 @@ from luna_core import types as T
 from luna_core.memory.bank import MemoryBank, stored_version
 from luna_core.memory.journal import scan
 from luna_core.prompts import PromptManager
-from luna_core.reflection import Outbox, audit_reflections
+from luna_core.reflection import Outbox, ReflectionRequest, audit_reflections
 from luna_nodes import convert as C
 from luna_nodes import qos
 from tests import samples
@@ -249,3 +249,31 @@ def test_fake_llm_requests_in_outbox_survive_a_killed_node(tmp_path, ros_context
     assert _queued(tmp_path) == []
     with MemoryBank.open(bank_path) as bank:
         assert len(bank) == len(seed_ids) + 1 and bank.items[-1].source == "reflection"
+
+
+def test_a_damaged_outbox_turns_reflection_off_diagnosed_and_keeps_every_byte(tmp_path, ros_context):
+    # A complete final outbox record with a flipped byte was acknowledged: the node must neither
+    # truncate it nor die (the stack drives on); it runs with reflection off and says why.
+    bank_path, _ = make_bank(tmp_path)
+    failure, explanation = _events(100.0, collision=True)
+    outbox = Outbox(tmp_path / "outbox")
+    outbox.put(ReflectionRequest.from_events(explanation, failure, None, []))
+    outbox.close()
+    journal = tmp_path / "outbox" / "outbox.jsonl"
+    data = bytearray(journal.read_bytes())
+    data[-10] ^= 0x01  # inside the JSON of the last record; its newline stays
+    journal.write_bytes(bytes(data))
+    node = _start_client(tmp_path, bank_path, _free_port())
+    probe = Probe(ros_context)
+    try:
+        diagnostics = probe.diagnostics("reflection_client")
+        probe.wait(lambda: any(s.level == DiagnosticStatus.ERROR and "reflection off" in s.message
+                               for s in diagnostics), 120.0, "the reflection-off error")
+        probe.spin_for(1.0)
+        assert node.poll() is None, "the node must keep running"
+    finally:
+        probe.close()
+        output = stop_process(node, timeout=30)
+    assert node.returncode == 0, output
+    assert journal.read_bytes() == bytes(data)
+    assert str(journal) in output and "reflection off" in output

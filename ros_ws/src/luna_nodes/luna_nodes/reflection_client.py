@@ -89,11 +89,23 @@ class ReflectionClient(LunaNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
         p = self.params
-        from luna_core.memory.bank import MemoryBank
+        from luna_core.memory import BankIntegrityError, JournalCorruptionError, MemoryBank
         from luna_core.prompts import PromptManager
 
-        self.bank = MemoryBank.open(live_memory_bank(p["memory_bank"]), writable=True)
-        self.outbox = Outbox(p["outbox"] or data_dir() / "reflection_outbox")
+        self.bank: MemoryBank | None = None
+        self.outbox: Outbox | None = None
+        try:
+            self.bank = MemoryBank.open(live_memory_bank(p["memory_bank"]), writable=True)
+            self.outbox = Outbox(p["outbox"] or data_dir() / "reflection_outbox")
+        except (BankIntegrityError, JournalCorruptionError) as exc:
+            # A damaged journal holds acknowledged records and is never truncated: reflection stays off
+            # (diagnosed, until a person repairs it) while the driving stack runs on.
+            if self.bank is not None:
+                self.bank.close()
+                self.bank = None
+            self.diagnostics.set_condition("storage", ERROR, f"reflection off: {exc}")
+            self.get_logger().error(f"reflection off: {exc}")
+            return
         self.llm = None
         self.prompts = PromptManager()
         self.recorder = HindsightRecorder(keep=p["hindsight_keep"])
@@ -249,6 +261,8 @@ class ReflectionClient(LunaNode):
             self.diagnostics.set_value("memory_version", result.memory_version)
 
     def close(self) -> None:
+        if self.outbox is None:  # reflection off (damaged storage): nothing was started
+            return
         # Pairs still waiting for their horizon go to the outbox with what was observed until now (the
         # objects then continue at their last velocity), so a stop does not lose them.
         self.enqueue_observed(everything=True)
