@@ -177,7 +177,10 @@ class DecisionLockStep:
     node). ``summary`` says how many instants got their decision and how long bag time was held.
     """
 
-    SCENE_GRACE = 3.0  # s of wall time for the scene of an instant to show up before not waiting at all
+    # s of wall time for the scene of an instant to show up before not waiting at all. The scene node
+    # shares the CPU with the decision process (its forward pass and the explainer take both cores for
+    # seconds), so on 2 cores the scene of an instant came 3 s late and a 3 s grace skipped its decision.
+    SCENE_GRACE = 10.0
 
     def __init__(self, node: Node, period: float, timeout: float, max_scene_age: float) -> None:
         import luna_msgs.msg as lm
