@@ -170,21 +170,26 @@ def scan(path: str | os.PathLike[str], start: int = 0, first_number: int = 1, cr
             next_number = number + 1
         pos = nl + 1
         number += 1
-    tail = data[pos:]
-    torn = 0
-    if tail:
-        if _tail_is_torn(tail):
-            torn = len(tail)
-        else:
-            length = _parse_header(tail)
-            pending_bad.append(BadRecord(
-                start + pos, number,
-                "no valid header and no terminating newline" if length is None else
-                f"no terminating newline, yet longer than the {length} bytes its length prefix declares"))
+    torn = _classify_tail(data[pos:], start + pos, number, pending_bad)
     if pending_bad:
         torn = 0  # the torn bytes lie after a damaged record: truncating to ``end`` would remove it
     return ScanResult(records, start + end, torn, skipped, pending_bad, positions, next_number,
                       zlib.crc32(memoryview(data)[:end], crc))
+
+
+def _classify_tail(tail: bytes, offset: int, number: int, pending_bad: list[BadRecord]) -> int:
+    """Bytes after the last newline: their length if they are a torn append, else 0 with the damaged
+    record appended to ``pending_bad``."""
+    if not tail:
+        return 0
+    if _tail_is_torn(tail):
+        return len(tail)
+    length = _parse_header(tail)
+    pending_bad.append(BadRecord(
+        offset, number,
+        "no valid header and no terminating newline" if length is None else
+        f"no terminating newline, yet longer than the {length} bytes its length prefix declares"))
+    return 0
 
 
 def scan_tail(path: str | os.PathLike[str]) -> ScanResult:
@@ -211,17 +216,7 @@ def scan_tail(path: str | os.PathLike[str]) -> ScanResult:
             break
         pending_bad.insert(0, BadRecord(line_start, number, reason))
         line_end, number = line_start - 1, number - 1
-    tail = data[last_nl + 1:]
-    torn = 0
-    if tail:
-        if _tail_is_torn(tail):
-            torn = len(tail)
-        else:
-            length = _parse_header(tail)
-            pending_bad.append(BadRecord(
-                last_nl + 1, lines + 1,
-                "no valid header and no terminating newline" if length is None else
-                f"no terminating newline, yet longer than the {length} bytes its length prefix declares"))
+    torn = _classify_tail(data[last_nl + 1:], last_nl + 1, lines + 1, pending_bad)
     if pending_bad:
         torn = 0
     return ScanResult([], end, torn, [], pending_bad, [], next_number)
