@@ -42,6 +42,14 @@ SIZES = (1_000, 10_000, 100_000)
 K = 3
 
 
+
+def _emit(text: str, markdown: str | None) -> None:
+    """Print a result table and write it to ``--markdown`` if given."""
+    print(text)
+    if markdown:
+        with open(markdown, "w", encoding="utf-8") as f:
+            f.write(text)
+
 def _items(rng: np.random.Generator, start: int, n: int) -> list[MemoryItem]:
     vectors = rng.normal(size=(n, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -132,10 +140,7 @@ def minilm_check(args: argparse.Namespace, texts: list[str], scenarios: list[str
         lines.append(f"| {nprobe} | {nprobe / nlist:.1%} | {recalls['minilm', nprobe]:.4f} | "
                      f"{recalls['random', nprobe]:.4f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(text)
+    _emit(text, args.markdown)
 
 
 def real(args: argparse.Namespace) -> None:
@@ -250,10 +255,7 @@ def real(args: argparse.Namespace) -> None:
                      f"{np.percentile(cpu, 50) * 1e3:.3f} / {np.percentile(cpu, 99) * 1e3:.2f} | {rec.mean():.4f} | "
                      f"{int((rec < 1).sum())} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(text)
+    _emit(text, args.markdown)
 
 
 def main() -> None:
@@ -370,10 +372,7 @@ def main() -> None:
                       f"(what `retrieve(text)` adds): p50 {minilm[0]:.1f} ms, p99 {minilm[1]:.1f} ms wall, "
                       f"p50 {minilm[2]:.1f} ms CPU (summed over threads; 50 texts)."]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(text)
+    _emit(text, args.markdown)
     if args.plot:
         plot(rows, args.plot)
 
