@@ -42,7 +42,6 @@ SIZES = (1_000, 10_000, 100_000)
 K = 3
 
 
-
 def _emit(text: str, markdown: str | None) -> None:
     """Print a result table and write it to ``--markdown`` if given."""
     print(text)
