@@ -41,7 +41,7 @@ import torch
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.model import StudentPrompts, default_prompts
 from luna_core.types import MemoryItem, validate_distribution
-from luna_offline.distill_head import HeadSettings, run_head_stage
+from luna_offline.distill_head import FEATURE_MODES, CachePart, HeadSettings, run_head_stage
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -404,6 +404,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--stage", choices=("joint", "head"), default="joint",
                    help="joint: LoRA + head with L_LM + alpha KL; head: stage 1 on cached hidden states")
+    p.add_argument("--features", choices=FEATURE_MODES, default="compute",
+                   help="--stage head: compute the missing cache then train; only: compute and stop; "
+                        "cached: train on the shards that exist")
+    p.add_argument("--cache-part", default="0/1", metavar="I/N",
+                   help="--stage head: compute shard s only when s %% N == I (parallel cache processes)")
     p.add_argument("--init", default="", help="--stage joint: start from this saved student (stage-1 output)")
     h = p.add_argument_group("stage 1 (--stage head)")
     hd = HeadSettings()
@@ -420,7 +425,10 @@ def run(args: argparse.Namespace) -> int:
     if args.stage == "head":
         settings.validate()
         head = HeadSettings(**{k: v for k, v in vars(args).items() if k in HeadSettings.__dataclass_fields__})
-        final = run_head_stage(settings, head)
+        final = run_head_stage(settings, head, features=args.features, part=CachePart.parse(args.cache_part))
+        if final is None:
+            print(f"cached part {args.cache_part} of the features in {settings.out}")
+            return 0
     else:
         final = distill(settings)
     print(f"distilled student: {final}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,27 +55,64 @@ class HeadSettings:
 # ---- feature cache ------------------------------------------------------------------------------------
 def feature_plan(train_ids: Sequence[str], held_ids: Sequence[str], variants: int, eval_k: int, seed: int,
                  k_min: int, k_max: int) -> dict[str, list[tuple[str, int]]]:
-    """(item id, K) rows to cache: ``variants`` seeded draws of K per training item; K = eval_k held out."""
+    """(item id, K) rows to cache: ``variants`` seeded draws of K per training item; K = eval_k held out.
+    Rows stay in bank order: consecutive frames of one scenario share most of their prompt, whose KV cache
+    ``predict`` reuses (about 3x fewer tokens to compute than in a shuffled order)."""
     rng = np.random.default_rng([seed, 7])
     train = [(i, int(rng.integers(k_min, k_max + 1))) for _ in range(variants) for i in train_ids]
     return {"train": train, "heldout": [(i, eval_k) for i in held_ids]}
+
+
+@dataclass(frozen=True)
+class CachePart:
+    """Which shards of the plan one process computes: shard s when s % count == index. Several processes
+    (``--cache-part 0/2``, ``--cache-part 1/2``) fill one cache in parallel; shards are written atomically."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> "CachePart":
+        try:
+            index, count = (int(v) for v in text.split("/"))
+        except ValueError:
+            raise ValueError(f"--cache-part {text!r}: expected I/N, e.g. 0/2") from None
+        if not 0 <= index < count:
+            raise ValueError(f"--cache-part {text!r}: I must be in 0..N-1")
+        return cls(index, count)
+
+    def owns(self, shard: int) -> bool:
+        return shard % self.count == self.index
+
+
+def _shard_path(folder: Path, split: str, index: int) -> Path:
+    return folder / f"{split}-{index:05d}.safetensors"
 
 
 def _shards(folder: Path, split: str) -> list[Path]:
     return sorted(folder.glob(f"{split}-*.safetensors"))
 
 
-def load_features(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
-    """All cached rows of ``split``: hidden (n, d), pi (n, 10), [(item id, K)]."""
+def load_features(folder: Path, split: str, plan_rows: Sequence[tuple[str, int]] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
+    """All cached rows of ``split``: hidden (n, d), pi (n, 10), [(item id, K)]. With ``plan_rows`` every
+    shard must hold exactly its slice of the plan (shard s = rows s*SHARD_ROWS...), else the cache belongs
+    to another bank, seed or K setting."""
     from safetensors import safe_open
 
     hidden, target, rows = [], [], []
     for path in _shards(folder, split):
         with safe_open(str(path), "pt") as f:
             meta = f.metadata()
-            hidden.append(f.get_tensor("hidden"))
+            hidden.append(f.get_tensor("hidden").float())
             target.append(f.get_tensor("target"))
-        rows += [(i, int(k)) for i, k in zip(json.loads(meta["ids"]), json.loads(meta["ks"]))]
+        shard_rows = [(i, int(k)) for i, k in zip(json.loads(meta["ids"]), json.loads(meta["ks"]))]
+        if plan_rows is not None:
+            s = int(path.stem.rsplit("-", 1)[1])
+            if shard_rows != list(plan_rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]):
+                raise ValueError(f"{path} holds rows of another plan (bank, seed or K settings changed); "
+                                 "use another --out")
+        rows += shard_rows
     if not hidden:
         return torch.zeros(0, 0), torch.zeros(0, 10), []
     return torch.cat(hidden), torch.cat(target), rows
@@ -84,41 +122,44 @@ def _write_shard(folder: Path, split: str, index: int, hidden: list[torch.Tensor
                  rows: list[tuple[str, int]]) -> None:
     from safetensors.torch import save_file
 
-    tmp = folder / f".{split}-{index:05d}.tmp"
-    save_file({"hidden": torch.stack(hidden).float().contiguous(),
+    # float16 halves the cache that is committed between sessions; the head trains in float32.
+    path = _shard_path(folder, split, index)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    save_file({"hidden": torch.stack(hidden).to(torch.float16).contiguous(),
                "target": torch.tensor(np.stack(target), dtype=torch.float32)}, str(tmp),
               metadata={"ids": json.dumps([r[0] for r in rows]), "ks": json.dumps([r[1] for r in rows])})
-    tmp.replace(folder / f"{split}-{index:05d}.safetensors")
+    tmp.replace(path)
 
 
 def cache_features(student, plan: dict[str, list[tuple[str, int]]], items: dict, neighbours: dict,
-                   folder: Path, progress: bool = True) -> None:
-    """Compute and store h_{i*} for every planned row not yet cached (resumable by shard)."""
+                   folder: Path, progress: bool = True, part: CachePart = CachePart()) -> None:
+    """Compute and store h_{i*} for every planned shard of ``part`` not yet cached (resumable by shard)."""
     from tqdm.auto import tqdm
 
     from luna_core.types import validate_distribution
 
     folder.mkdir(parents=True, exist_ok=True)
-    for split, rows in plan.items():
-        done = sum(len(json.loads(_meta(p)["ids"])) for p in _shards(folder, split))
-        index = len(_shards(folder, split))
-        todo = rows[done:]
-        bar = tqdm(total=len(rows), initial=done, desc=f"h_i* {split}", unit="row", disable=not progress)
-        hidden, target, chunk = [], [], []
+    for split in sorted(plan, key=lambda name: name != "heldout"):  # the held-out rows first: small, needed by any run
+        rows = plan[split]
+        # Shards in a seeded random order: the shards cached so far are a uniform sample of the plan's
+        # scenarios, whenever a run stops.
+        order = np.random.default_rng([len(rows), 13]).permutation(math.ceil(len(rows) / SHARD_ROWS))
+        shards = [int(s) for s in order if part.owns(int(s)) and not _shard_path(folder, split, int(s)).exists()]
+        total = sum(len(rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]) for s in shards)
+        bar = tqdm(total=total, desc=f"h_i* {split} part {part.index}/{part.count}", unit="row",
+                   disable=not progress)
         with torch.inference_mode():
-            for item_id, k in todo:
-                item = items[item_id]
-                fitted = student.encoder.fit(item.query, neighbours[item_id][:k])
-                h, _ = student._commitment_hidden(fitted)  # the run-time path, system-prompt KV reused
-                hidden.append(h.detach().to("cpu"))
-                target.append(validate_distribution(item.distribution))
-                chunk.append((item_id, k))
-                bar.update(1)
-                if len(chunk) == SHARD_ROWS:
-                    _write_shard(folder, split, index, hidden, target, chunk)
-                    index, hidden, target, chunk = index + 1, [], [], []
-        if chunk:
-            _write_shard(folder, split, index, hidden, target, chunk)
+            for s in shards:
+                chunk = rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]
+                hidden, target = [], []
+                for item_id, k in chunk:
+                    item = items[item_id]
+                    fitted = student.encoder.fit(item.query, neighbours[item_id][:k])
+                    h, _ = student._commitment_hidden(fitted)  # the run-time path, system-prompt KV reused
+                    hidden.append(h.detach().to("cpu"))
+                    target.append(validate_distribution(item.distribution))
+                    bar.update(1)
+                _write_shard(folder, split, s, hidden, target, chunk)
         bar.close()
 
 
@@ -267,12 +308,23 @@ def plot_head_history(history: list[dict], curve: list[dict], path: Path) -> Non
     plt.close(fig)
 
 
-def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress: bool = True) -> Path:
-    """Stage 1 end to end (module docstring); ``settings`` is the run's ``DistillSettings``."""
+#: What ``run_head_stage`` does with the feature cache (``--features``).
+FEATURE_MODES = ("compute", "only", "cached")
+
+
+def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress: bool = True,
+                   features: str = "compute", part: CachePart = CachePart()) -> Path | None:
+    """Stage 1 end to end (module docstring); ``settings`` is the run's ``DistillSettings``.
+
+    ``features``: "compute" fills the missing shards of ``part`` and trains the head on the cache;
+    "only" fills them and returns None (parallel processes, each with its own ``part``); "cached" trains on
+    the shards that exist (a cache filled over several sessions) without computing any."""
     from luna_core.memory import MemoryBank
     from luna_core.student import DualHeadStudent, StudentConfig
     from luna_offline.distill import DistillError, retrieve_examples, split_group, split_items, subset
 
+    if features not in FEATURE_MODES:
+        raise ValueError(f"features {features!r} is not one of {', '.join(FEATURE_MODES)}")
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
@@ -283,17 +335,19 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
         held = subset(held, head_settings.heldout_limit, settings.seed)
         if not train:
             raise DistillError(f"memory bank {settings.bank} has no teacher items with a distribution for training")
-        _, all_held = split_items(list(bank), settings.heldout_fraction)
-        exclude = {it.id for it in all_held}
-        groups: dict[str, set[str]] = {}
-        for it in bank.items:
-            groups.setdefault(split_group(it.id), set()).add(it.id)
-        k_need = max(settings.k_max, head_settings.eval_k)
-        # Training examples never come from the item's own scenario nor a held-out one; held-out items
-        # retrieve from the training items only (as ``evaluate`` does).
-        neighbours = {it.id: retrieve_examples(bank, it, k_need, exclude | groups[split_group(it.id)])
-                      for it in train}
-        neighbours.update({it.id: retrieve_examples(bank, it, k_need, exclude) for it in held})
+        neighbours: dict[str, list] = {}
+        if features != "cached":
+            _, all_held = split_items(list(bank), settings.heldout_fraction)
+            exclude = {it.id for it in all_held}
+            groups: dict[str, set[str]] = {}
+            for it in bank.items:
+                groups.setdefault(split_group(it.id), set()).add(it.id)
+            k_need = max(settings.k_max, head_settings.eval_k)
+            # Training examples never come from the item's own scenario nor a held-out one; held-out items
+            # retrieve from the training items only (as ``evaluate`` does).
+            neighbours = {it.id: retrieve_examples(bank, it, k_need, exclude | groups[split_group(it.id)])
+                          for it in train}
+            neighbours.update({it.id: retrieve_examples(bank, it, k_need, exclude) for it in held})
     finally:
         bank.close()
     items = {it.id: it for it in [*train, *held]}
@@ -303,13 +357,18 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
                            device="cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu")
     student = DualHeadStudent.from_base(config, prompts)
     t0 = time.process_time()
-    cache_features(student, plan, items, neighbours, out / FEATURES, progress)
+    if features != "cached":
+        cache_features(student, plan, items, neighbours, out / FEATURES, progress, part)
     feature_cpu = time.process_time() - t0
-    x, y, rows = load_features(out / FEATURES, "train")
-    hx, hy, _ = load_features(out / FEATURES, "heldout")
-    if [r for r in rows] != plan["train"][:len(rows)]:
-        raise DistillError(f"{out / FEATURES} holds rows of another plan (bank, seed or K settings changed); "
-                           "use another --out")
+    if features == "only":
+        return None
+    try:
+        x, y, rows = load_features(out / FEATURES, "train", plan["train"])
+        hx, hy, _ = load_features(out / FEATURES, "heldout", plan["heldout"])
+    except ValueError as exc:
+        raise DistillError(str(exc)) from None
+    if not rows:
+        raise DistillError(f"{out / FEATURES} holds no cached training rows; run with --features compute or only")
     x, hx = x.to(student.device), hx.to(student.device)
     y, hy = y.to(student.device), hy.to(student.device)
     t0 = time.process_time()
@@ -326,6 +385,7 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     (out / "head_history.json").write_text(json.dumps(history))
     (out / "data_curve.json").write_text(json.dumps({"curve": curve, "feature_cpu_s": feature_cpu,
                                                      "head_cpu_s": head_cpu, "train_rows": len(x),
+                                                     "planned_train_rows": len(plan["train"]),
                                                      "heldout_rows": len(hx)}, indent=2))
     plot_head_history(history, curve, out / "head_curves.png")
     student.eval()
