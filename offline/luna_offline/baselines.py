@@ -131,7 +131,10 @@ def _timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
 
 
 def run_baselines(bank_path: str, heldout_fraction: float = 0.1, knn_k: int = 10, zero_shot_limit: int = 0,
-                  base_model: str = "smollm2-135m-instruct", threads: int = 1, seed: int = 0) -> dict:
+                  base_model: str = "smollm2-135m-instruct", threads: int = 1, seed: int = 0,
+                  heldout_limit: int = 0) -> dict:
+    """The baselines on the held-out items, or on the seeded subset of ``heldout_limit`` of them that
+    ``distill --heldout-limit`` and ``evaluate --limit`` draw with the same seed (the same frames)."""
     from luna_core.memory import MemoryBank
 
     bank = MemoryBank.open(bank_path)
@@ -139,6 +142,8 @@ def run_baselines(bank_path: str, heldout_fraction: float = 0.1, knn_k: int = 10
         train, held = split_items(list(bank), heldout_fraction)
     finally:
         bank.close()
+    labels = label_stats([*train, *held])
+    held = subset(held, heldout_limit, seed)
     if not train or not held:
         raise ValueError(f"memory bank {bank_path}: need training and held-out teacher items (got {len(train)} "
                          f"and {len(held)} with heldout_fraction={heldout_fraction})")
@@ -157,7 +162,7 @@ def run_baselines(bank_path: str, heldout_fraction: float = 0.1, knn_k: int = 10
         results.append(score("zero-shot", some, p, s, f"{base_model}, no adapters, {len(some)} items"))
     groups_train = {split_group(it.id) for it in train}
     groups_held = {split_group(it.id) for it in held}
-    return {"bank": str(bank_path), "heldout_fraction": heldout_fraction, "labels": label_stats([*train, *held]),
+    return {"bank": str(bank_path), "heldout_fraction": heldout_fraction, "labels": labels,
             "train_items": len(train),
             "heldout_items": len(held), "train_scenarios": len(groups_train), "heldout_scenarios": len(groups_held),
             "shared_scenarios": sorted(groups_train & groups_held),
@@ -191,12 +196,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--base-model", default="smollm2-135m-instruct")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heldout-limit", type=int, default=0,
+                   help="score a seeded subset of this many held-out items, the same as distill's --heldout-limit "
+                        "and evaluate's --limit with the same seed (0 = all)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     report = run_baselines(args.bank, args.heldout_fraction, args.knn_k, args.zero_shot_limit, args.base_model,
-                           args.threads, args.seed)
+                           args.threads, args.seed, args.heldout_limit)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "baselines.json").write_text(json.dumps(report, indent=2))
     (args.out / "baselines.md").write_text(markdown(report))

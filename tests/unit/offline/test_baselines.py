@@ -47,6 +47,12 @@ def test_baselines_command_writes_the_table_with_no_scenario_on_both_sides(tmp_p
     assert labels["items"] == 120 and sum(a["top"] for a in labels["actions"].values()) == 120
     assert labels["actions"]["AK"]["top"] == 30 and labels["actions"]["AL"]["top"] == 0  # 4 tops, 30 each
     assert 0.0 < labels["mean_entropy"] < np.log(10)
+    # --heldout-limit scores the seeded subset that distill --heldout-limit / evaluate --limit use
+    assert main(["baselines", "--bank", str(tmp_path / "bank"), "--out", str(tmp_path / "some"),
+                 "--heldout-fraction", "0.3", "--heldout-limit", "7"]) == 0
+    some = json.loads((tmp_path / "some" / "baselines.json").read_text())
+    assert some["heldout_items"] == 7 and {r["n"] for r in some["results"]} == {7}
+    assert some["labels"] == labels and some["train_items"] == report["train_items"]
 
 
 def test_soft_labels_and_knn_never_use_the_items_own_scenario():
