@@ -25,7 +25,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from luna_bridge.baselines import planner_names
+from luna_bridge.baselines import eval_planner_names
 from luna_bridge.evaluate import (EVALUATION_SETS, EXECUTORS, MODES, EvalConfig, EvaluationError, ray_session,
                                   run_evaluation, run_set)
 from luna_bridge.stack_planner import StackConfigError, StackSettings
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "goes to <out>/<suite>")
     p.add_argument("--planner", action="append", default=None,
                    help=f"planner to evaluate (repeatable; the expert log-replay row is always added), optionally "
-                        f"with its own replanning rate (pdm@10hz); registered: {', '.join(planner_names())}")
+                        f"with its own replanning rate (pdm@10hz); registered: {', '.join(eval_planner_names())}")
     p.add_argument("--mode", choices=sorted(MODES), default="both",
                    help="non-reactive (log-replay agents), reactive (IDM agents) or both")
     p.add_argument("--workers", type=int, default=1,

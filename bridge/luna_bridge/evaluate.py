@@ -46,7 +46,7 @@ from typing import Any, Iterable, Iterator
 
 from tqdm import tqdm
 
-from luna_bridge.baselines import EXPERT, make_planner, planner_names
+from luna_bridge.baselines import EXPERT, eval_planner_names, make_eval_planner
 from luna_bridge.metrics import METRIC_NAMES, ScenarioScore, aggregate, score_log
 from luna_bridge.scenario import SIM_DT, Scenario
 from luna_bridge.stack_planner import SEARCH_PLANNERS, STACK_PLANNERS, StackSettings, use_settings
@@ -177,7 +177,7 @@ def run_job(job: Job) -> dict[str, Any]:
                   "error": f"{type(exc).__name__}: {exc}", "metrics": {}}
     else:
         try:
-            planner = make_planner(planner_spec(job.planner)[0], scenario)
+            planner = make_eval_planner(planner_spec(job.planner)[0], scenario)
             source = getattr(planner, "decision_source", None)  # the stack decides every T_d
             decision_every = job.stack.decision_every if job.stack is not None else 5
             sim_log = simulate(scenario, planner, reactive=job.reactive, decision_source=source,
@@ -416,9 +416,9 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
         refs = [r for r in refs if r.name in cfg.only]
     refs = refs[:: cfg.every][: cfg.limit]
     planners = _planner_order(cfg.planners)
-    unknown = [p for p in planners if planner_spec(p)[0] not in planner_names()]
+    unknown = [p for p in planners if planner_spec(p)[0] not in eval_planner_names()]
     if unknown:
-        raise EvaluationError(f"unknown planner(s) {unknown}; registered: {', '.join(planner_names())}")
+        raise EvaluationError(f"unknown planner(s) {unknown}; registered: {', '.join(eval_planner_names())}")
     if progress:  # the count is checked and shown before any work starts
         print(f"suite {cfg.suite}: {len(refs)} scenarios x {len(planners)} planners ({', '.join(planners)}) x "
               f"{len(cfg.modes)} mode(s)", flush=True)

@@ -251,12 +251,13 @@ class StackPlanner:
 
 
 def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
-    from luna_core.planning.decision_guided import DecisionGuidedConfig, DecisionGuidedPlanner
+    """The registry's ``luna`` (or, without decisions, ``diffusion-es``) planner with ``settings``."""
     from luna_core.planning.diffusion_es import DiffusionESConfig
+    from luna_core.planning.factory import make_planner
 
     search = replace(DiffusionESConfig(), population=settings.population, iterations=settings.iterations)
-    return DecisionGuidedPlanner(DecisionGuidedConfig(
-        search=search, use_decisions=use_decisions, gamma_p=settings.gamma_p,
+    return make_planner("luna" if use_decisions else "diffusion-es", dict(
+        search=search, gamma_p=settings.gamma_p,
         deterministic=settings.time_budget == 0, time_budget=settings.time_budget or 0.4,
         decision_timeout=2.0 * settings.decision_period))
 

@@ -147,13 +147,13 @@ def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dic
     """
     from dataclasses import asdict
 
-    from luna_bridge.baselines import make_planner
+    from luna_bridge.baselines import make_eval_planner
     from luna_bridge.scenario import SIM_DT
     from luna_bridge.sim import SimulationConfig, simulate
 
     if not rate > 0.0:
         raise FrameError(f"frame rate must be positive, got {rate}")
-    log = simulate(scenario, make_planner(planner, scenario), reactive=False,
+    log = simulate(scenario, make_eval_planner(planner, scenario), reactive=False,
                    config=SimulationConfig(replan_every=replan_every))
     if log.error:
         raise FrameError(f"{scenario.name}: the {planner} run failed: {log.error}")

@@ -1,7 +1,6 @@
 """Closed-loop simulation: ``simulate(scenario, planner, reactive)`` -> ``SimulationLog``."""
 
-from luna_core.planning.fallback import stop_along as stop_trajectory
 from luna_bridge.sim.log_replay import LogReplayPlanner
 from luna_bridge.sim.simulator import DecisionSource, SimulationConfig, simulate
 
-__all__ = ["simulate", "SimulationConfig", "DecisionSource", "LogReplayPlanner", "stop_trajectory"]
+__all__ = ["simulate", "SimulationConfig", "DecisionSource", "LogReplayPlanner"]

@@ -26,7 +26,7 @@ from luna_core.types import (DecisionDistribution, EgoState, Planner, PlannerInp
 
 from luna_bridge.scenario import SIM_DT, Scenario, SimulationLog
 from luna_bridge.sim.agents import ReactiveAgents, ego_box
-from luna_core.planning.fallback import stop_along as stop_trajectory
+from luna_core.planning.fallback import stop_along
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def simulate(scenario: Scenario, planner: Planner, reactive: bool = False,
                 log.warning("%s: %s; tracking a comfortable stop", scenario.name, msg)
                 failures.append(msg)
                 path = Polyline(np.column_stack([last_valid.x, last_valid.y])) if last_valid is not None else None
-                trajectory = stop_trajectory(ego, path)
+                trajectory = stop_along(ego, path)
             else:
                 trajectory = result
                 last_valid = result

@@ -7,7 +7,7 @@ import numpy as np
 
 from luna_core.types import ACTION_INDEX, EgoState, PlannerInput, TrackedObjects, validate_distribution
 from luna_bridge.action_scorer import SimulationActionScorer
-from luna_bridge.baselines import make_planner
+from luna_bridge.baselines import make_eval_planner
 from luna_bridge.oracle import OracleDecisionSource
 from tests.unit.bridge.test_action_scorer import STEPS, _track, two_lane_road
 
@@ -54,6 +54,6 @@ def test_onehot_oracle_issues_its_argmax_with_probability_one():
 
 def test_oracle_planners_are_registered_and_read_the_scenario():
     road = two_lane_road([])
-    planner = make_planner("luna-onehot-oracle", road)
+    planner = make_eval_planner("luna-onehot-oracle", road)
     assert isinstance(planner.decision_source, OracleDecisionSource)
     assert planner.decision_source.scenario is road and planner.decision_source.one_hot

@@ -3,7 +3,7 @@
 import numpy as np
 from PIL import Image
 
-from luna_bridge.baselines import make_planner
+from luna_bridge.baselines import make_eval_planner
 from luna_bridge.metrics import score_log
 from luna_bridge.render import render_gif, render_png
 from luna_bridge.sim import SimulationConfig, simulate
@@ -20,7 +20,7 @@ def _red_pixels(path) -> int:
 def test_png_marks_the_at_fault_collision_and_gif_animates_the_run(tmp_path):
     # The expert drives through the car parked in its lane: log replay collides, at fault.
     scenario = blocked_lane_scenario(6.0)
-    log = simulate(scenario, make_planner("log-replay", scenario), reactive=False, config=SimulationConfig())
+    log = simulate(scenario, make_eval_planner("log-replay", scenario), reactive=False, config=SimulationConfig())
     score = score_log(log)
     assert score.metrics["no_ego_at_fault_collisions"].statistics["number_of_at_fault_collisions"] == 1
     marked, plain = render_png(log, tmp_path / "marked.png", score=score), render_png(log, tmp_path / "plain.png")

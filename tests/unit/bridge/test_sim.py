@@ -9,7 +9,7 @@ from luna_core.lanes import make_lane
 from luna_core.types import (ACTION_CODES, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
                              Route, Trajectory, TrafficLightPhase)
 from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario, TrafficLightTimeline
-from luna_bridge.sim import LogReplayPlanner, SimulationConfig, simulate, stop_trajectory
+from luna_bridge.sim import LogReplayPlanner, SimulationConfig, simulate
 
 
 def _track(track_id: str, t0: float, x: np.ndarray, y: float, v: np.ndarray, cls=ObjectClass.VEHICLE,
@@ -100,17 +100,6 @@ def test_planner_failure_is_logged_and_the_ego_stops(mode: str, text: str) -> No
     v = log.ego_array()[:, 3]
     assert v[-1] < 0.3 and np.all(np.diff(v) <= 1e-6)
     assert np.max(np.abs(np.diff(v))) / SIM_DT <= 3.0 + 1e-6  # comfortable
-
-
-def test_stop_trajectory_along_a_path() -> None:
-    from luna_core.lanes import Polyline
-
-    ego = EgoState(1.0, 0.0, 0.0, 0.0, 8.0)
-    traj = stop_trajectory(ego, Polyline([[0, 0], [10, 0], [10, 50]]))
-    assert traj.stamp == 1.0 and traj.velocity[0] == 8.0 and traj.velocity[-1] == 0.0
-    # 8 m/s at 3 m/s^2 stops after 10.67 m: 0.67 m past the corner, along the path.
-    assert traj.x[-1] == pytest.approx(10.0, abs=0.01) and traj.y[-1] == pytest.approx(64 / 6 - 10.0, abs=0.01)
-    assert np.all(np.diff(traj.velocity) <= 0)
 
 
 def test_reactive_agent_stops_behind_a_stopped_ego_where_the_log_drives_through() -> None:

@@ -32,7 +32,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.lifecycle import TransitionCallbackReturn
 from visualization_msgs.msg import MarkerArray
 
-from luna_core.planning.factory import PLANNER_NAMES, PlannerConfigError, make_planner
+from luna_core.planning.factory import PlannerConfigError, make_planner, planner_names
 from luna_core.planning.fallback import comfortable_stop
 from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
                              TrafficLights)
@@ -56,7 +56,7 @@ INTERFACE = NodeInterface(
              ("planning/debug/candidates", "visualization_msgs/MarkerArray", "reliable, keep last 10")],
     params=[
         ParamSpec("autostart", bool, True, "Configure and activate on start (no lifecycle manager needed)."),
-        ParamSpec("planner", str, "luna", "Planning algorithm.", choices=PLANNER_NAMES),
+        ParamSpec("planner", str, "luna", "Planning algorithm.", choices=planner_names()),
         ParamSpec("replan_period", float, 0.5, "Planning cycle.", "s", min=0.02, max=10.0),
         ParamSpec("time_budget", float, 0.4, "Search budget per cycle; the best trajectory found so far is "
                   "published when it runs out.", "s", min=0.01),

@@ -60,7 +60,7 @@ from luna_core.planning.forecast import FORECAST_RADIUS, constant_velocity_forec
 from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following, select,
                                            speed_interval)
 from luna_core.planning.pdm_closed import emergency_brake_trajectory
-from luna_core.planning.proposals import idm_proposals, idm_rollout, stopping_trajectory
+from luna_core.planning.proposals import idm_proposals, idm_rollout
 from luna_core.planning.reference_paths import OffMapError, ReferencePath, reference_paths
 from luna_core.planning.scorer import (CLS_WEIGHTS, PROGRESS_EPSILON, ObjectBoxes, ProposalScores, ScorerWeights,
                                        ScoringContext, score_proposals)
@@ -589,7 +589,7 @@ class DecisionGuidedPlanner:
             parts = []
             if action and action[0] == "S":
                 for decel in np.linspace(1.0, 4.0, c.warm_speeds):
-                    stop = stopping_trajectory(ego, path.centerline, float(decel), steps, dt)
+                    stop = stop_along(ego, path.centerline, float(decel), horizon=steps * dt, dt=dt)
                     poses = np.column_stack([stop.x, stop.y, stop.heading])[None]
                     for tb in c.keep_blend_times:
                         parts.append(blended_poses(poses, stop.velocity[None], d0, 0.0, tb, dt))

@@ -1,7 +1,11 @@
-"""The comfortable stop: what the stack drives when planning fails or its inputs are unusable.
+"""The stack's one way to build a stop: constant deceleration to standstill, joining the path's centreline.
 
-Constant deceleration to standstill along the route centreline from the ego's lane (or, off the map
-or without a route, straight ahead), at the planner's 0.1 s resolution over 8 s.
+* ``stop_along`` builds every stop trajectory: along a given path (a lane centreline, the last valid
+  plan) or, without one, straight ahead. The decision-guided planner's "Stop" warm starts, its
+  off-map stop and the simulator's stop after a planner failure call it.
+* ``comfortable_stop`` is what the stack drives when planning fails or its inputs are unusable (the
+  planner node): it looks up the route centreline from the ego's lane (off the map or without a
+  route: none) and stops along it at the planner's 0.1 s resolution over 8 s.
 """
 
 from __future__ import annotations

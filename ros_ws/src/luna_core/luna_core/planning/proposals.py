@@ -18,7 +18,6 @@ import numpy as np
 from luna_core.control import simulate_proposals, state_from_ego
 from luna_core.idm import IDMParameters, idm_acceleration, pdm_policy
 from luna_core.lanes import Polyline, lane_map
-from luna_core.planning.fallback import stop_along
 from luna_core.planning.forecast import constant_velocity_forecast
 from luna_core.planning.reference_paths import ReferencePath, reference_paths
 from luna_core.planning.scorer import ObjectBoxes
@@ -131,13 +130,6 @@ def idm_proposals(ego: EgoState, path: Polyline, objects: ObjectBoxes, *,
     if simulate_steps > 0:
         out.states = simulate_proposals(state_from_ego(ego), poses[:, :simulate_steps + 1], vehicle)
     return out
-
-
-def stopping_trajectory(ego: EgoState, path: Polyline, deceleration: float, steps: int,
-                        dt: float = 0.1) -> Trajectory:
-    """Brake at ``deceleration`` (m/s^2, positive) along ``path`` to a stop, ``steps`` steps of ``dt``
-    (``luna_core.planning.fallback.stop_along`` in the proposals' step-count terms)."""
-    return stop_along(ego, path, deceleration, horizon=steps * dt, dt=dt)
 
 
 @dataclass
