@@ -49,11 +49,13 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from luna_core.failure_gate import FailureGate
 from luna_core.hindsight import HindsightConfig, HindsightError, HindsightObservation, HindsightRecorder
-from luna_core.monitor import MonitorParameters, ProgressMonitor
+from luna_core.monitor import MonitorParameters
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
 from luna_core.scene import SceneInputError, build_scene
+from luna_core.stack import StackConfigError as CoreConfigError
+from luna_core.stack import (LLMClientConfig, MonitorConfig, build_llm_client, build_progress_monitor,
+                             executed_decision)
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, PlannerInput, ReflectionResult,
                              SceneDescriptor)
 
@@ -108,6 +110,11 @@ class RoundConfig:
     failure_cooldown: float = 5.0
     hindsight: HindsightConfig = field(default_factory=HindsightConfig)
 
+    def llm_client(self) -> LLMClientConfig:
+        """The reflection LLM's endpoint (the key stays in the environment variable named here)."""
+        return LLMClientConfig(endpoint=self.endpoint, model=self.model, api_key_env=self.api_key_env,
+                               timeout=self.timeout)
+
     def monitor_parameters(self) -> MonitorParameters:
         return MonitorParameters(decision_period=self.stack.decision_period,
                                  stall_window_cycles=self.stall_window_cycles,
@@ -161,22 +168,20 @@ def detect_failures(sim_log: SimulationLog, decisions: Sequence[DecisionDistribu
                     scenes: Sequence[SceneDescriptor], params: MonitorParameters,
                     cooldown: float) -> list[FailureEvent]:
     """The failures the ``progress_monitor`` node would publish for this run: every input fed by stamp,
-    ``check`` every T_d from the first full period on, debounced by the failure gate."""
-    monitor = ProgressMonitor(params)
-    gate = FailureGate(cooldown)
+    its tick (``luna_core.stack.FailureDetector``) every T_d from the first full period on."""
+    detector = build_progress_monitor(MonitorConfig(params, cooldown))
     for scene in scenes:
-        monitor.update_scene(scene)
+        detector.monitor.update_scene(scene)
     for d in decisions:
-        monitor.on_decision(d)
+        detector.monitor.on_decision(d)
     every = max(1, int(round(params.decision_period / SIM_DT)))
     failures = []
     for k, (t, ego, objects) in enumerate(zip(sim_log.t, sim_log.ego, sim_log.objects)):
-        monitor.update_ego(ego)
-        monitor.update_objects(objects)
+        detector.monitor.update_ego(ego)
+        detector.monitor.update_objects(objects)
         if k == 0 or k % every:
             continue
-        event = monitor.check(float(t))
-        admitted = gate.admit(event) if event is not None else None
+        admitted = detector.tick(float(t)).admitted
         if admitted is not None:
             failures.append(admitted)
     return failures
@@ -197,13 +202,6 @@ def hindsight_recorder(sim_log: SimulationLog, scenes: Sequence[SceneDescriptor]
     for scene in scenes:
         recorder.update_scene(scene)
     return recorder
-
-
-def executed_decision(decisions: Sequence[DecisionDistribution], failure: FailureEvent) -> DecisionDistribution | None:
-    """The decision the failure names (by its stamp), or None if the failure had no decision in force."""
-    if not failure.issued_decision:
-        return None
-    return next((d for d in decisions if abs(d.stamp - failure.decision_stamp) < 1e-6), None)
 
 
 @dataclass
@@ -331,16 +329,6 @@ def reflect_all(system: ReflectionSystem, outbox: Outbox, config: RoundConfig,
             if not outbox.due():
                 sleep(min(1.0, config.endpoint_wait - waited))
     return results
-
-
-def make_reflection_llm(config: RoundConfig) -> Any:
-    """The reflection LLM, or None: the hindsight check writes the revision."""
-    if not config.endpoint:
-        return None
-    from luna_core.llm import EndpointConfig, OpenAIChatModel
-    return OpenAIChatModel(EndpointConfig(model=config.model, base_url=config.endpoint,
-                                          api_key_env=config.api_key_env or None, timeout=config.timeout,
-                                          max_retries=0))  # the outbox retries, with backoff
 
 
 def copy_bank(source: Path, target: Path) -> None:
@@ -497,8 +485,8 @@ def run_rounds(deploy_set: Sequence[Scenario], config: RoundConfig, command: str
     if not (source_bank / "manifest.json").exists():
         raise ReflectionRoundError(f"no memory bank at {source_bank} (manifest.json missing)")
     try:  # configuration errors surface before any simulation runs
-        llm = make_reflection_llm(config)
-    except LLMConfigError as exc:
+        llm = build_llm_client(config.llm_client())  # None: the hindsight check writes the revision
+    except (LLMConfigError, CoreConfigError) as exc:
         raise ReflectionRoundError(str(exc)) from None
     results = []
     items, reflections = _bank_sizes(source_bank)

@@ -42,6 +42,7 @@ from luna_bridge.scenario import SIM_DT, Scenario
 
 if TYPE_CHECKING:  # imported when a stack is built: it pulls in the reflection machinery
     from luna_bridge.reflection_round import SceneDecisionSource
+    from luna_core.stack import HeuristicStackConfig
 
 STUDENT_PLANNERS = ("luna", "luna-k0", "luna-onehot", "luna-no-reflection")  # the student decides
 ORACLE_PLANNERS = ("luna-oracle", "luna-onehot-oracle")  # the teacher decides from the closed-loop state
@@ -162,39 +163,50 @@ class ArgmaxDecisions:
         return replace(d, probabilities=one_hot, candidate_set=[ACTION_CODES[top]])
 
 
+def heuristic_config(settings: StackSettings, k: int | None = None) -> HeuristicStackConfig:
+    """The stack's heuristic config of ``settings`` ("" bank = the bundled one, read-only; K = 0
+    opens no bank)."""
+    from luna_core.stack import NO_BANK, HeuristicStackConfig, StackConfigError as CoreConfigError
+
+    k = settings.k if k is None else k
+    try:
+        return HeuristicStackConfig(student=settings.student, memory_bank=settings.memory_bank if k > 0 else NO_BANK,
+                                    default_bank="bundled", device=settings.device, k=k, gamma_p=settings.gamma_p)
+    except CoreConfigError as exc:
+        raise StackConfigError(str(exc)) from None
+
+
 def _student(settings: StackSettings) -> Any:
-    from luna_core.assets import resolve
-    from luna_core.student import DualHeadStudent, StudentError
+    from luna_core.stack import load_student
+    from luna_core.student import StudentError
 
     key = (settings.student, settings.device)
     with _cache_lock:
         if key not in _students:
             try:
-                _students[key] = DualHeadStudent.from_pretrained(resolve(settings.student, "student"),
-                                                                 device=settings.device)
+                _students[key] = load_student(heuristic_config(settings))
             except (FileNotFoundError, StudentError) as exc:  # both name the folder or file
                 raise StackConfigError(f"cannot load the stack's student: {exc}") from exc
         return _students[key]
 
 
 def _bank(settings: StackSettings) -> Any:
-    from luna_core.assets import resolve
-    from luna_core.memory.bank import MemoryBank, MemoryBankError
+    from luna_core.memory.bank import MemoryBankError
+    from luna_core.stack import open_memory_bank
 
     with _cache_lock:
         if settings.memory_bank not in _banks:
             try:
-                _banks[settings.memory_bank] = MemoryBank.open(resolve(settings.memory_bank, "memory_bank"),
-                                                               writable=False)
+                _banks[settings.memory_bank] = open_memory_bank(heuristic_config(settings))
             except (FileNotFoundError, MemoryBankError) as exc:  # both name the folder or file
                 raise StackConfigError(f"cannot open the stack's memory bank: {exc}") from exc
         return _banks[settings.memory_bank]
 
 
 def heuristic_for(variant: str, settings: StackSettings) -> Any:
-    """The decision maker of a stack variant (student and bank loaded once per process)."""
-    from luna_core.heuristic import HeuristicConfig, HeuristicSystem
-    from luna_core.prompts import PromptManager
+    """The decision maker of a stack variant (student and bank loaded once per process, shared by all
+    variants; ``luna_core.stack.build_heuristic_system`` assembles it)."""
+    from luna_core.stack import build_heuristic_system
 
     if variant not in STUDENT_PLANNERS:
         raise StackConfigError(f"unknown stack variant {variant!r}; one of {', '.join(STUDENT_PLANNERS)} "
@@ -203,8 +215,7 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
     bank = _bank(settings) if k > 0 else None
     if variant == "luna-no-reflection":
         bank = WithoutReflections(bank)
-    system = HeuristicSystem(_student(settings), PromptManager(), bank,
-                             HeuristicConfig(k=k, gamma_p=settings.gamma_p))
+    system = build_heuristic_system(heuristic_config(settings, k), student=_student(settings), bank=bank)
     return ArgmaxDecisions(system) if variant == "luna-onehot" else system
 
 

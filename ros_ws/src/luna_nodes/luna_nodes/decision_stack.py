@@ -26,8 +26,8 @@ import luna_msgs.msg as lm
 from rclpy.lifecycle import TransitionCallbackReturn
 from std_msgs.msg import UInt64
 
-from luna_core.assets import live_memory_bank, resolve
-from luna_core.heuristic import HeuristicConfig, HeuristicSystem, check_scene
+from luna_core.heuristic import HeuristicSystem, check_scene
+from luna_core.stack import HeuristicStackConfig, build_heuristic_system, executed_decision
 from luna_core.types import DecisionDistribution, FailureEvent
 from luna_nodes import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, LunaNode, run
@@ -76,21 +76,17 @@ class SharedHeuristic:
             return self.system
 
 
+def heuristic_config(params: dict) -> HeuristicStackConfig:
+    """The node's model parameters as the stack's config ("" bank = the live one the vehicle learns into)."""
+    return HeuristicStackConfig(student=params["student_model"], base_model=params["base_model"],
+                                memory_bank=params["memory_bank"], default_bank="live", device=params["device"],
+                                max_context_tokens=params["max_context_tokens"], k=params["k"],
+                                gamma_p=params["gamma_p"], retrieval_margin=params["retrieval_margin"])
+
+
 def load_heuristic(params: dict) -> HeuristicSystem:
     """Student + prompt manager + memory bank from node parameters (raises on missing/corrupt files)."""
-    from luna_core.memory.bank import MemoryBank
-    from luna_core.prompts import PromptManager
-    from luna_core.student import DualHeadStudent
-
-    device = None if params["device"] == "auto" else params["device"]
-    student = DualHeadStudent.from_pretrained(resolve(params["student_model"], "student"), device=device,
-                                              base_model=params["base_model"] or None,
-                                              max_context_tokens=params["max_context_tokens"] or None)
-    bank = None
-    if params["memory_bank"] != "none":
-        bank = MemoryBank.open(live_memory_bank(params["memory_bank"]), writable=False)
-    config = HeuristicConfig(k=params["k"], gamma_p=params["gamma_p"], retrieval_margin=params["retrieval_margin"])
-    return HeuristicSystem(student, PromptManager(), bank, config)
+    return build_heuristic_system(heuristic_config(params))
 
 
 DECISION_INTERFACE = NodeInterface(
@@ -317,11 +313,8 @@ class Explainer(LunaNode):
             self.queue_ready.notify()
 
     def decision_for(self, failure: FailureEvent) -> DecisionDistribution | None:
-        """The decision executed when the failure happened: issued at ``decision_stamp`` (or the last
-        one before the failure)."""
-        candidates = [d for d in self.decisions if d.stamp <= failure.stamp + 1e-6]
-        exact = [d for d in candidates if abs(d.stamp - failure.decision_stamp) < 1e-3]
-        return (exact or candidates or [None])[-1]
+        """The decision executed when the failure happened (``luna_core.stack.executed_decision``)."""
+        return executed_decision(list(self.decisions), failure)
 
     def _load_model(self) -> None:
         """Load (or, in the composed process, look up) the shared model now, so that health says at once

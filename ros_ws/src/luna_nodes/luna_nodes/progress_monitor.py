@@ -6,10 +6,10 @@ import luna_msgs.msg as lm
 from nav_msgs.msg import Odometry
 
 from luna_core.collision_kinds import CollisionType, describe
-from luna_core.failure_gate import FailureGate
 from luna_core.geometry import TOUCH_TOLERANCE
 from luna_core.holds import HoldParameters
-from luna_core.monitor import MonitorParameters, ProgressMonitor
+from luna_core.monitor import MonitorParameters
+from luna_core.stack import MonitorConfig, build_progress_monitor
 from luna_nodes import convert, qos
 from luna_nodes.base import MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
@@ -65,8 +65,9 @@ INTERFACE = NodeInterface(
 class ProgressMonitorNode(LunaNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
-        self.monitor = ProgressMonitor(monitor_parameters(self.params))
-        self.gate = FailureGate(self.params["failure_cooldown"])
+        self.detector = build_progress_monitor(MonitorConfig(monitor_parameters(self.params),
+                                                             self.params["failure_cooldown"]))
+        self.monitor = self.detector.monitor
         self.ego_xy: tuple[float, float] | None = None  # the latest odometry's position (the objects cap)
         self.publisher = self.luna_publisher(lm.FailureEvent, "luna/failure", qos.RELIABLE)
         self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.STATE)
@@ -80,7 +81,7 @@ class ProgressMonitorNode(LunaNode):
 
     def apply_parameters(self, params: dict) -> None:
         self.monitor.params = monitor_parameters(params)  # ValueError (refused) if MonitorParameters refuses
-        self.gate.cooldown = params["failure_cooldown"]
+        self.detector.gate.cooldown = params["failure_cooldown"]
 
     def on_odometry(self, msg: Odometry) -> None:
         ego = convert.odometry_to_ego(msg)
@@ -94,15 +95,15 @@ class ProgressMonitorNode(LunaNode):
         now = self.now_s()
         if now <= 0.0:  # sim time not started yet
             return
-        event = self.monitor.check(now)
+        tick = self.detector.tick(now)
         d = self.monitor.diagnostics
         for key in ("latency", "frames_checked", "objects_checked", "mean_speed", "dropped_objects",
                     "assumed_objects", "hold"):
             self.diagnostics.set_value(f"check_{key}" if key == "latency" else key, getattr(d, key))
-        if event is None:
+        if tick.detected is None:
             self.diagnostics.clear("failure")
             return
-        admitted = self.gate.admit(event)
+        admitted = tick.admitted
         if admitted is None:
             return
         self.publisher.publish(convert.failure_to_msg(admitted))

@@ -24,6 +24,7 @@ from std_msgs.msg import UInt64
 from luna_core.assets import data_dir, live_memory_bank
 from luna_core.hindsight import HindsightError, HindsightRecorder
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
+from luna_core.stack import LLMClientConfig, build_llm_client
 from luna_core.types import DecisionDistribution, DecisionExplanation, FailureEvent
 from luna_nodes import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaNode, run
@@ -75,14 +76,10 @@ def _pop_match(waiting: collections.OrderedDict, stamp: float, tolerance: float 
     return waiting.pop(key) if key is not None else None
 
 
-def make_llm(params: dict):
-    """The reflection LLM of the node's parameters, or None (the hindsight check writes the revision)."""
-    if not params["endpoint"]:
-        return None
-    from luna_core.llm import EndpointConfig, OpenAIChatModel
-    return OpenAIChatModel(EndpointConfig(model=params["model"], base_url=params["endpoint"],
-                                          api_key_env=params["api_key_env"] or None, timeout=params["timeout"],
-                                          max_retries=0))  # the outbox does the retrying
+def llm_config(params: dict) -> LLMClientConfig:
+    """The node's endpoint parameters as the stack's reflection LLM config (the key stays in the environment)."""
+    return LLMClientConfig(endpoint=params["endpoint"], model=params["model"], api_key_env=params["api_key_env"],
+                           timeout=params["timeout"])
 
 
 class ReflectionClient(LunaNode):
@@ -220,7 +217,7 @@ class ReflectionClient(LunaNode):
                 continue
             if self.llm is None and self.params["endpoint"]:
                 try:
-                    self.llm = make_llm(self.params)
+                    self.llm = build_llm_client(llm_config(self.params))
                 except Exception as exc:  # noqa: BLE001 - misconfiguration: diagnosed, requests kept
                     self.diagnostics.set_condition("endpoint", ERROR, f"cannot create the reflection LLM: {exc}")
                     self.stop.wait(self.params["backoff_max"])
