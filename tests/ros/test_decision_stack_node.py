@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 import luna_msgs.msg as lm
+from builtin_interfaces.msg import Time
+from rosgraph_msgs.msg import Clock
 
 from luna_core import types as T
 from luna_nodes import convert as C
@@ -214,3 +216,40 @@ def test_an_explainer_that_cannot_start_leaves_decisions_running(artifacts, tmp_
         out = stop_process(proc, timeout=60)
     assert proc.returncode == 0, out
     assert "a non-critical node was not started" in out and "max_queue" in out, out
+
+
+def test_lock_step_instant_is_decided_on_a_late_scene(artifacts, tmp_path, ros_context):
+    """Sim time, the clock held at a decision instant (luna replay's lock step): the only scene there is
+    older than max_scene_age (the scene node starved) and the instant's scene comes 1.5 s (wall) later,
+    long after input_sync_timeout. The instant is decided on it when it comes, not lost: bag time would
+    otherwise hold until --lockstep-timeout and the instant end up without a decision."""
+    student, bank, _ = artifacts
+    proc = _start(tmp_path, student, bank, decision_period=2.0, use_sim_time=True, memory_reload=False)
+    probe = Probe(ros_context)
+    try:
+        decisions = probe.collect(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
+        scenes = probe.publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+        clock = probe.publisher(Clock, "/clock", qos.CLOCK)
+        wait_for_subscribers(scenes, timeout=60.0)
+        wait_for_subscribers(clock, count=2, timeout=120.0)  # the time source and, once active, the cycle
+
+        def scene_at(stamp: float) -> lm.SceneDescriptor:
+            scene = samples.scene()
+            scene.stamp = stamp
+            return C.scene_to_msg(scene)
+
+        epoch = 1_700_000_000  # s, even: a decision instant
+        scenes.publish(scene_at(epoch + 0.5))  # 1.5 s before the instant: stale there (max_scene_age 1 s)
+        probe.spin_for(0.5)
+        clock.publish(Clock(clock=Time(sec=epoch + 2)))
+        probe.spin_for(1.5)
+        assert not decisions, "a decision on a scene older than max_scene_age"
+        scenes.publish(scene_at(epoch + 2.0))
+        probe.wait(lambda: decisions, 120.0, "the decision of the held instant once its scene came")
+        d = C.msg_to_decision(decisions[0])
+        assert d.stamp == pytest.approx(epoch + 2.0, abs=1e-6)
+        assert d.scene_stamp == pytest.approx(epoch + 2.0, abs=1e-6)
+    finally:
+        probe.close()
+        out = stop_process(proc)
+    assert proc.returncode == 0, out

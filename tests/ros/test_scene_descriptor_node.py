@@ -5,7 +5,9 @@ import math
 import pytest
 
 import luna_msgs.msg as lm
+from builtin_interfaces.msg import Time
 from nav_msgs.msg import Odometry
+from rosgraph_msgs.msg import Clock
 
 from luna_core import types as T
 from luna_nodes import convert as C
@@ -80,3 +82,80 @@ def test_bad_odometry_is_rejected_and_diagnosed_node_stays_up(scene_node):
     def rejected() -> int:
         return max((int(kv.value) for d in diags for kv in d.values if kv.key == "rejected_inputs"), default=0)
     probe.wait(lambda: rejected() >= 2, 20.0, "the NaN and the out-of-order odometry counted as rejected")
+
+
+# -- lock step on sim time (luna replay, a simulator) ------------------------------------------------------
+
+BAG_EPOCH = 1_699_999_998  # s: the sample bag's first instant; epoch-scale stamps are what /clock carries
+
+
+def _stamp(ns: int) -> Time:
+    return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def _odometry_at(ns: int):
+    msg = C.ego_to_odometry(_ego(ns * 1e-9))
+    msg.header.stamp = _stamp(ns)  # exact: the float conversion would round the nanoseconds
+    return msg
+
+
+@pytest.fixture
+def sim_scene_node(tmp_path, ros_context):
+    proc = start_node("scene_descriptor", "scene_descriptor", {"rate": 10.0}, tmp_path,
+                      extra_args=["-p", "use_sim_time:=true"])
+    probe = Probe(ros_context)
+    yield proc, probe
+    probe.close()
+    out = stop_process(proc)
+    assert proc.returncode == 0, out
+
+
+def _lock_step_inputs(probe):
+    pubs = _inputs(probe)
+    clock = probe.publisher(Clock, "/clock", qos.CLOCK)
+    wait_for_subscribers(clock, count=2)  # rclpy's time source and the node's per-instant ticks
+    pubs["graph"].publish(C.lane_graph_to_msg(samples.lane_graph()))
+    pubs["route"].publish(C.route_to_msg(T.Route(float(BAG_EPOCH), ["r0", "j"])))
+    return pubs, clock
+
+
+def _scene_at(scenes: list, ns: int):
+    return next((s for s in scenes if s.header.stamp == _stamp(ns)), None)
+
+
+def test_lock_step_describes_every_instant_of_an_epoch_clock(sim_scene_node):
+    """Every 0.1 s instant of a clock at bag (epoch) time gets its scene. In floats, now / period at 1.7e9 s
+    is off by more than any epsilon: a clock exactly at 0.1 s after the epoch was taken for the instant
+    before and that instant was never described (48 of the sample bag's 121)."""
+    _, probe = sim_scene_node
+    scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+    pubs, clock = _lock_step_inputs(probe)
+    missed = []
+    for k in range(25):
+        ns = BAG_EPOCH * 1_000_000_000 + k * 100_000_000
+        clock.publish(Clock(clock=_stamp(ns)))  # as a bag plays: the clock tick, then the instant's inputs
+        pubs["odom"].publish(_odometry_at(ns))
+        try:  # lock step: the next instant only once this one is described
+            probe.wait(lambda: _scene_at(scenes, ns) is not None, 30.0 if k == 0 else 5.0, f"the scene of {ns} ns")
+        except TimeoutError:
+            missed.append(round(k * 0.1, 1))
+    assert not missed, f"no scene for the instants {missed} s after the epoch"
+
+
+def test_lock_step_instant_waits_for_its_late_odometry(sim_scene_node):
+    """The clock holds at an instant whose odometry comes 1.5 s (wall) late, long after
+    input_sync_timeout, while the newest odometry before it is older than max_input_age: the instant is
+    described once its odometry is in (a starved node's inputs are late, not lost), not given up as stale."""
+    _, probe = sim_scene_node
+    scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+    pubs, clock = _lock_step_inputs(probe)
+    first = BAG_EPOCH * 1_000_000_000
+    clock.publish(Clock(clock=_stamp(first)))
+    pubs["odom"].publish(_odometry_at(first))
+    probe.wait(lambda: _scene_at(scenes, first) is not None, 30.0, "the scene of the first instant")
+    held = first + 1_000_000_000  # 1 s on: the odometry of `first` is stale there (max_input_age 0.5 s)
+    clock.publish(Clock(clock=_stamp(held)))
+    probe.spin_for(1.5)
+    assert _scene_at(scenes, held) is None, "a scene of the held instant before its odometry was published"
+    pubs["odom"].publish(_odometry_at(held))
+    probe.wait(lambda: _scene_at(scenes, held) is not None, 10.0, "the scene of the held instant")

@@ -223,19 +223,26 @@ class LunaNodeMixin:
         """
         if not self.sim_time():
             return self.create_timer(period, callback, callback_group=callback_group)
-        state = {"next": None}
+        # Integer nanoseconds: /clock carries epoch-scale stamps (a bag at 1.7e9 s), where now / period
+        # in floats is off by ~4e-6 (far above any epsilon), so a clock exactly at an instant could be
+        # taken for the instant before it and that instant never called (48 of 121 scene instants of
+        # the sample bag were lost that way).
+        period_ns = int(round(period * 1e9))
+        if period_ns <= 0:
+            raise ValueError(f"create_periodic: period {period!r} s is not positive")
+        state = {"next": None}  # the next instant due, ns
 
         def on_clock(msg: Clock_) -> None:
-            now = msg.clock.sec + msg.clock.nanosec * 1e-9
-            if now <= 0.0:
+            now_ns = msg.clock.sec * 1_000_000_000 + msg.clock.nanosec
+            if now_ns <= 0:
                 return
             if state["next"] is None:
-                state["next"] = math.ceil(now / period - 1e-9) * period
-            if now + 1e-9 >= state["next"]:
-                k = math.floor(now / period + 1e-9)
-                state["next"] = (k + 1) * period
-                self._await_clock(now)
-                self._periodic_instant.value = k * period
+                state["next"] = -(-now_ns // period_ns) * period_ns  # the first instant at or after now
+            if now_ns >= state["next"]:
+                k = now_ns // period_ns
+                state["next"] = (k + 1) * period_ns
+                self._await_clock(now_ns)
+                self._periodic_instant.value = k * period_ns / 1e9
                 try:
                     callback()
                 finally:
@@ -246,12 +253,12 @@ class LunaNodeMixin:
         group = callback_group or MutuallyExclusiveCallbackGroup()
         return self.create_subscription(Clock_, "/clock", on_clock, qos.CLOCK, callback_group=group)
 
-    def _await_clock(self, now: float, timeout: float = 5.0) -> None:
-        """The node clock follows /clock through its own subscription: give it a while to reach ``now``
+    def _await_clock(self, now_ns: int, timeout: float = 5.0) -> None:
+        """The node clock follows /clock through its own subscription: give it a while to reach ``now_ns``
         before a periodic callback runs (what the callback computes is for its instant in any case;
         this keeps the node clock's other readers, e.g. message stamps, in step)."""
-        if not self.wait_until(lambda: self.now_s() >= now - 1e-9, timeout):
-            self.diagnostics.set_condition("clock", WARN, f"node clock still behind /clock {now:.3f} s "
+        if not self.wait_until(lambda: self.get_clock().now().nanoseconds >= now_ns, timeout):
+            self.diagnostics.set_condition("clock", WARN, f"node clock still behind /clock {now_ns * 1e-9:.3f} s "
                                                           f"after {timeout:.1f} s")
         else:
             self.diagnostics.clear("clock")

@@ -123,6 +123,11 @@ class DecisionInference(LunaLifecycleNode):
         self.cycle_lock = threading.Lock()
         self.busy = False  # a decision is running (under cycle_lock)
         self.deferred: float | None = None  # sim time: the latest instant that came due while busy
+        # Sim time: an instant that found no usable scene (none, or all older than max_scene_age) waits for
+        # one (under cycle_lock) until a newer instant comes due. In lock step its scene may still be on
+        # the way however long it takes (a starved scene node), and bag time stands still until it is
+        # decided: giving the instant up after input_sync_timeout lost it for good.
+        self.pending: float | None = None
         self.closing = threading.Event()
         self.publisher = None
         self.cycle_timers = []
@@ -157,6 +162,14 @@ class DecisionInference(LunaLifecycleNode):
         check_scene(scene)  # a bad scene is rejected here (diagnosed); the last good one stays
         with self.scene_lock:
             self.scenes.append(scene)
+        # After the append: _decide's ending checks the scenes and sets `pending` under cycle_lock, so a
+        # scene that lands while it ends is seen by one of the two.
+        with self.cycle_lock:
+            instant = self.pending
+            if instant is None or self.busy or self.closing.is_set() or self.usable_scene(instant) is None:
+                return
+            self.pending, self.busy = None, True
+        self.worker.submit(self._decide, instant)
 
     def on_memory_version(self, msg: UInt64) -> None:
         if self.params["memory_reload"] and self.heuristic is not None and msg.data > self.heuristic.memory_version:
@@ -179,6 +192,7 @@ class DecisionInference(LunaLifecycleNode):
             return
         now = self.now_s()
         with self.cycle_lock:
+            self.pending = None  # a newer instant is due: the older one waiting for a scene is over
             if self.busy and self.sim_time():
                 # Simulated time is only worth its instants: the latest one waiting is decided next (its
                 # own scene, its own stamp), so a lock-step replay or simulator misses none.
@@ -194,19 +208,20 @@ class DecisionInference(LunaLifecycleNode):
         self.worker.submit(self._decide, now)
 
     def _decide(self, now: float) -> None:
+        awaits_scene = False  # sim time: no usable scene for this instant yet (see `pending`)
         try:
             if self.sim_time():
                 if not self.scenes:  # worth waiting for (lock step: the first instant of a replay)
                     self.wait_until(lambda: bool(self.scenes), FIRST_SCENE_WAIT)
                 self.await_instant(now, lambda: bool(self.scenes) and self.scenes[-1].stamp >= now - 1e-6,
                                    self.params["input_sync_timeout"])
-            scene = self.scene_for(now)
+            scene = self.usable_scene(now)
             if scene is None:
-                self.diagnostics.set_condition("inputs", WARN, "waiting for luna/scene")
-                return
-            age = now - scene.stamp
-            if age > self.params["max_scene_age"]:
-                self.diagnostics.set_condition("inputs", WARN, f"scene is stale ({age:.2f} s old)")
+                awaits_scene = self.sim_time()
+                latest = self.scene_for(now)
+                why = "waiting for luna/scene" if latest is None else f"scene is stale ({now - latest.stamp:.2f} s old)"
+                self.diagnostics.set_condition("inputs", WARN, why + (": the instant is decided when one comes"
+                                                                      if awaits_scene else ""))
                 return
             self.diagnostics.clear("inputs")
             try:
@@ -229,6 +244,12 @@ class DecisionInference(LunaLifecycleNode):
         finally:
             with self.cycle_lock:
                 following, self.deferred = self.deferred, None
+                if following is None and awaits_scene:
+                    if self.usable_scene(now) is not None:
+                        following = now  # it landed while this cycle ended: decide the instant now
+                    else:
+                        self.pending = now
+                        self.diagnostics.increment("instants_awaiting_scene")
                 self.busy = following is not None and not self.closing.is_set()
             if self.busy:
                 self.worker.submit(self._decide, following)
@@ -244,6 +265,11 @@ class DecisionInference(LunaLifecycleNode):
             past = [s for s in scenes if s.stamp <= now + 1e-6]
             return past[-1] if past else scenes[0]
         return scenes[-1]
+
+    def usable_scene(self, now: float):
+        """The scene to decide on at ``now`` if it is recent enough (``max_scene_age``), else None."""
+        scene = self.scene_for(now)
+        return scene if scene is not None and now - scene.stamp <= self.params["max_scene_age"] else None
 
     def _diagnose_prompt(self, decision: DecisionDistribution) -> None:
         if decision.examples_dropped or decision.objects_dropped:

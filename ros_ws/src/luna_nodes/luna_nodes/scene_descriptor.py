@@ -5,7 +5,9 @@ odometry, objects and lights stamped t (each once it has been heard), as the pla
 order topics, and a lock-step simulator's ``/clock`` may overtake the inputs it published before it. It
 is built from the latest inputs stamped at or before t (a tick that runs late, after the clock moved
 on, still describes its own instant), so a lock-step run gives the same scenes however loaded the
-machine is.
+machine is. An instant that would otherwise get no scene (its odometry not in, the newest older than
+``max_input_age``) waits for that odometry for as long as the clock stands at the instant: a lock-step
+driver holds it there until the stack answers, and a starved node's inputs are late, not lost.
 Objects follow ``usable_objects`` (an unknown size gets the class's default footprint; at most
 ``max_tracked_objects`` nearest the ego), diagnosed; the description parameters apply at run time.
 """
@@ -139,6 +141,13 @@ class SceneDescriptorNode(LunaNode):
         return self.ego.stamp >= now - 1e-6 and all(m is None or m.stamp >= now - 1e-6
                                                     for m in (self.objects, self.lights))
 
+    def _fresh_odometry_of(self, now: float) -> bool:
+        ego = self._at("ego", now, self.ego)
+        return ego is not None and now - ego.stamp <= self.params["max_input_age"]
+
+    def _clock_past(self, now: float) -> bool:
+        return self.get_clock().now().nanoseconds * 1e-9 > now + 1e-6
+
     def _at(self, kind: str, now: float, latest):
         """The latest input of ``kind`` stamped at or before ``now`` (the latest one if all are newer)."""
         past = [m for m in list(self.recent[kind]) if m.stamp <= now + 1e-6]
@@ -150,7 +159,12 @@ class SceneDescriptorNode(LunaNode):
         if self.sim_time():
             if self.ego is None:  # the first instant of a lock-step run: its odometry may still be on the way
                 self.wait_until(lambda: self.ego is not None, FIRST_ODOMETRY_WAIT)
-            self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
+            if not self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"]):
+                # Without fresh odometry the instant gets no scene at all. A lock-step driver (luna replay,
+                # a simulator) holds its clock at the instant until the stack answers, so odometry that is
+                # merely late (a starved node) will come: wait for it while the clock stands here; once the
+                # clock moves on, the instant is over. The bound only keeps a dead driver from hanging it.
+                self.wait_until(lambda: self._fresh_odometry_of(now) or self._clock_past(now), FIRST_ODOMETRY_WAIT)
             ego, objects, lights = (self._at("ego", now, self.ego), self._at("objects", now, self.objects),
                                     self._at("lights", now, self.lights))
         missing = self.missing_inputs()

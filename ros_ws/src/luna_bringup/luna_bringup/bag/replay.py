@@ -189,7 +189,7 @@ class DecisionLockStep:
 
         self.node, self.timeout, self.max_scene_age = node, timeout, max_scene_age
         self.period_ns = int(round(period * 1e9))
-        self.held: list[tuple[int, float]] = []  # (instant ns, wall s waited)
+        self.held: list[tuple[int, float, str]] = []  # (instant ns, wall s waited, why the wait ended)
         self._decisions_ns: list[int] = []
         self._scenes_ns: list[int] = []
         self._lock = threading.Lock()
@@ -220,24 +220,33 @@ class DecisionLockStep:
 
     def wait(self, instant_ns: int, stop: threading.Event) -> None:
         started = time.monotonic()
-        while not stop.is_set() and time.monotonic() - started < self.timeout:
+        ended = "stopped"
+        while not stop.is_set():
             if self._decided(instant_ns):
+                ended = "decided"
+                break
+            if time.monotonic() - started >= self.timeout:
+                ended = f"no decision within --lockstep-timeout {self.timeout:g} s"
                 break
             if time.monotonic() - started > self.SCENE_GRACE and not self._has_scene_for(instant_ns):
-                break  # nothing to decide on at this instant
+                ended = "no scene to decide on"
+                break
             time.sleep(0.005)
-        self.held.append((instant_ns, time.monotonic() - started))
+        self.held.append((instant_ns, time.monotonic() - started, ended))
 
     def summary(self) -> str:
-        decided = [w for t, w in self.held if self._decided(t)]
-        missed = [t * 1e-9 for t, _ in self.held if not self._decided(t)]
+        decided = [w for t, w, _ in self.held if self._decided(t)]
         line = (f"lock step on T_d = {self.period_ns * 1e-9:g} s: {len(decided)} of {len(self.held)} decision "
                 f"instants of the bag decided")
         if decided:
             line += f" (bag time held {np.median(decided):.1f} s median, {max(decided):.1f} s max for a decision)"
-        if missed:
-            line += (f"; none at bag time {', '.join(f'{t:.1f}' for t in missed[:5])} s (no scene to decide on, "
-                     f"or none within {self.timeout:g} s)")
+        # Why each miss ended, apart: "no scene" and "no decision in time" have different causes.
+        missed: dict[str, list[float]] = {}
+        for t, _, ended in self.held:
+            if not self._decided(t):
+                missed.setdefault(ended, []).append(t * 1e-9)
+        for ended, instants in missed.items():
+            line += f"; none at bag time {', '.join(f'{t:.1f}' for t in instants[:5])} s ({ended})"
         return line
 
     def close(self) -> None:
