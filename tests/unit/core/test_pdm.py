@@ -16,7 +16,8 @@ from luna_core.lanes import Polyline, lane_map, make_lane
 from luna_core.planning.forecast import CLASS_CAPS, constant_velocity_forecast, select_objects
 from luna_core.planning.fallback import stop_along
 from luna_core.planning.pdm_closed import PDMClosedPlanner, emergency_brake_trajectory
-from luna_core.planning.proposals import IDMPlanner, corridor_leaders, idm_proposals, planning_setup
+from luna_core.planning.context import build_planning_context
+from luna_core.planning.proposals import IDMPlanner, corridor_leaders, idm_proposals
 from luna_core.planning.reference_paths import OffMapError
 from luna_core.planning.scorer import ObjectBoxes
 from luna_core.types import (EgoState, LaneGraph, ObjectClass, PlannerInput, Route, TrackedObject, TrackedObjects,
@@ -108,8 +109,8 @@ def test_red_light_on_the_route_becomes_a_static_obstacle() -> None:
 
 def test_proposals_grid_order_and_simulated_states_start_at_the_ego() -> None:
     pi = planner_input()
-    setup = planning_setup(pi, 80, 0.1)
-    props = idm_proposals(pi.ego, setup.reference.centerline, setup.forecast,
+    context = build_planning_context(pi)
+    props = idm_proposals(pi.ego, context.route_reference.centerline, context.near_forecast,
                           target_speeds=(3.0, 6.0, 9.0, 12.0, 15.0))
     assert props.poses.shape == (15, 81, 3) and props.states.shape == (15, 41, 8)
     assert props.offsets.tolist() == [0.0] * 5 + [-1.0] * 5 + [1.0] * 5  # centreline first, as PDM-Closed
@@ -226,8 +227,7 @@ def test_idm_proposal_brakes_harder_for_an_oncoming_object_than_for_a_stopped_on
     """nuPlan's IDM and PDM-Closed take the leader's velocity projected on the ego heading without
     clipping: an object coming towards the ego closes faster than a stopped one at the same gap."""
     pi = planner_input(v=8.0)
-    setup = planning_setup(pi, 20, 0.1)
-    line = setup.reference.centerline
+    line = build_planning_context(pi, output_horizon=2.0).route_reference.centerline
 
     def first_accel(speed: float) -> float:
         obj = ObjectBoxes(["o"], np.array([[[25.0 - speed * 0.1 * k, 0.0, np.pi] for k in range(21)]]),

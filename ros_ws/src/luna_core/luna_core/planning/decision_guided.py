@@ -2,9 +2,11 @@
 
 Each call (``plan`` / ``plan_detailed``):
 
-1. sanitise the input: the ego state is the latest finite one of the history; objects follow
-   ``usable_objects`` (unknown size: default footprint; unknown position: left out; in the reasons);
-2. reference paths per lateral decision (``reference_paths``); off the map -> comfortable stop;
+1. the cycle's ``PlanningContext`` (``planning.context``; built here from the input, or handed in when
+   several planners plan the same cycle): the input sanitised (the ego state is the latest finite one
+   of the history; objects follow ``usable_objects``, what was wrong in the reasons), the local lane
+   map, the constant-velocity forecast and the scoring context;
+2. its reference paths per lateral decision (``reference_paths``); off the map -> comfortable stop;
 3. the decision in force (``luna_core.decision``): validated once, with the candidate set C_t as
    published (Eq. 19) and the speed intervals V^k latched from the ego speed at the decision's stamp;
    actions without a lane on their side are dropped. No decision, a stale one (older than
@@ -50,26 +52,22 @@ from luna_core.assets import resolve
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
 from luna_core.decision import DecisionInForce, InvalidDecision, latch
 from luna_core.idm import pdm_policy
-from luna_core.lanes import LaneMap, lane_map
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
                                           to_map_frame)
 from luna_core.planning.diffusion_es import (DiffusionESConfig, ESResult, Evaluation, StageTimer, densify,
                                              diffusion_es)
 from luna_core.planning.fallback import stop_along
-from luna_core.planning.forecast import FORECAST_RADIUS, constant_velocity_forecast
+from luna_core.planning.context import PlannerInputError, PlanningContext, build_planning_context
 from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following, select,
                                            speed_interval)
 from luna_core.planning.pdm_closed import emergency_brake_trajectory
 from luna_core.planning.proposals import idm_proposals, idm_rollout
-from luna_core.planning.reference_paths import OffMapError, ReferencePath, reference_paths
+from luna_core.planning.reference_paths import ReferencePath
 from luna_core.planning.scorer import (CLS_WEIGHTS, PROGRESS_EPSILON, ObjectBoxes, ProposalScores, ScorerWeights,
                                        ScoringContext, score_proposals)
-from luna_core.types import (EgoState, LaneGraph, PlannerInput, TrackedObjects, Trajectory, VehicleParameters,
-                             usable_objects, wrap_angle)
+from luna_core.types import EgoState, PlannerInput, Trajectory, VehicleParameters, wrap_angle
 
-
-class PlannerInputError(ValueError):
-    """The input holds nothing a trajectory can start from (no finite ego state)."""
+__all__ = ["PlannerInputError"]  # raised here (from the planning context); callers import it from this module
 
 
 # How each cycle ended, as reported in PlanResult.mode (the planner node's diagnostics, eval results).
@@ -372,17 +370,17 @@ class DecisionGuidedPlanner:
         self.calls = 0
         self.last: PlanResult | None = None
         self._in_force: DecisionInForce | None = None
-        self._local_key: tuple | None = None
-        self._local_graph = LaneGraph()
+        self.last_context: PlanningContext | None = None  # the last cycle's set-up
         self.timer = StageTimer()  # stage costs measured in earlier calls, for the anytime budget
 
     def reset(self) -> None:
         self.calls = 0
         self.last = None
         self._in_force = None
+        self.last_context = None
 
-    def plan(self, planner_input: PlannerInput) -> Trajectory:
-        return self.plan_detailed(planner_input).trajectory
+    def plan(self, planner_input: PlannerInput, context: PlanningContext | None = None) -> Trajectory:
+        return self.plan_detailed(planner_input, context=context).trajectory
 
     def cycle_info(self) -> dict[str, object]:
         """How the last cycle ended, for evaluation statistics (mode, a*, whether a* flipped)."""
@@ -402,76 +400,41 @@ class DecisionGuidedPlanner:
 
     # ---- the cycle -------------------------------------------------------------------------------
 
-    def plan_detailed(self, planner_input: PlannerInput, budget: float | None = None) -> PlanResult:
-        """One planning cycle within ``budget`` seconds (``config.time_budget`` by default)."""
+    def plan_detailed(self, planner_input: PlannerInput, budget: float | None = None,
+                      context: PlanningContext | None = None) -> PlanResult:
+        """One planning cycle within ``budget`` seconds (``config.time_budget`` by default), from
+        ``context`` (built from ``planner_input`` here if not given)."""
         c = self.config
         start = self.clock()
         budget = c.time_budget if budget is None else budget
         deadline = None if c.deterministic else start + budget
         self.calls += 1
-        reasons: list[str] = []
-        ego = self._ego(planner_input, reasons)
-        usable = usable_objects(planner_input.objects.objects)
-        if usable.problems():
-            reasons.append(usable.problems())
         steps_out = int(round(c.output_horizon / c.objective.dt))
-
-        try:
-            # Long enough for 8 s at well above the current speed; shorter paths project faster.
-            ahead = 40.0 + c.output_horizon * max(1.5 * ego.velocity, 20.0)
-            paths = reference_paths(planner_input.lane_graph, planner_input.route, ego, ahead=ahead)
-        except OffMapError as exc:
-            reasons.append(f"no reference path: {exc}")
+        if context is None:
+            context = build_planning_context(planner_input, output_horizon=c.output_horizon,
+                                             scored_steps=c.objective.horizon_steps, dt=c.objective.dt)
+        context.check(planner_input, steps_out, c.objective.horizon_steps, c.objective.dt, self.name)
+        self.last_context = context
+        reasons = list(context.input_problems)
+        ego = context.ego
+        if context.off_map:
+            reasons.append(f"no reference path: {context.off_map}")
             stop = stop_along(ego, None, c.comfortable_deceleration, c.output_horizon, c.objective.dt)
             return self._finish(stop, None, MODE_STOP, reasons, [], start, budget, None)
 
+        paths = context.paths
         groups, probs, group_paths, mode, decision = self._candidates(planner_input, paths, reasons)
-        clean_input = replace(planner_input, ego_history=[ego], objects=TrackedObjects(
-            planner_input.objects.stamp, usable.objects))
-        lm = self._local_lanes(planner_input.lane_graph, ego)
-        keep = paths["K"]
-        # Objects as far as the 8 s trajectories reach (the warm starts' IDM and the published tail
-        # stop behind them); the scorer sees PDM-Closed's 50 m around the ego over the scored 4 s.
-        reach = max(FORECAST_RADIUS, 30.0 + c.output_horizon * max(ego.velocity, keep.speed_limit))
-        full_forecast = constant_velocity_forecast(clean_input, lm, list(keep.lane_ids), steps_out + 1,
-                                                   c.objective.dt, radius=reach)
-        near = np.hypot(full_forecast.pose[:, 0, 0] - ego.x, full_forecast.pose[:, 0, 1] - ego.y) <= FORECAST_RADIUS
-        forecast = full_forecast.subset(near | full_forecast.red_light).window(0, c.objective.horizon_steps + 1)
-        ctx = ScoringContext(lm, keep.centerline, forecast, keep.speed_limit, planner_input.vehicle,
-                             c.objective.dt)
         hist, seed = history_from_states(planner_input.ego_history, self.prior.config)
-        objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, ctx, c.scorer_weights, groups,
-                                     group_paths, c.objective, decision)
-        warm = self._warm_starts(groups, group_paths, ego, full_forecast, steps_out, planner_input.vehicle, objective)
+        objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, context.scoring, c.scorer_weights,
+                                     groups, group_paths, c.objective, decision)
+        warm = self._warm_starts(groups, group_paths, ego, context.forecast, steps_out, planner_input.vehicle,
+                                 objective)
         gen = torch.Generator().manual_seed(c.search.seed * 1_000_003 + self.calls)
         search = diffusion_es(self.prior, hist, seed, warm, objective, c.search, deadline, gen, self.clock, self.timer)
         if search.budget_cut:
             reasons.append(f"time budget {budget * 1e3:.0f} ms: {search.budget_cut}")
-        return self._select(search, groups, probs, group_paths, mode, reasons, objective, ego, paths, full_forecast,
-                            start, budget, decision, planner_input)
-
-    def _local_lanes(self, graph: LaneGraph, ego: EgoState) -> LaneMap:
-        """The lane map of the lanes within reach of this cycle's trajectories.
-
-        The scorer tests every footprint corner against every lane of the map it is given; on a real
-        map (a CommonRoad intersection has ~90 lanelets) most are far away. The sub-graph is cached
-        while the set of nearby lanes stays the same, so its polygons are built once per change.
-        """
-        reach = 60.0 + 2.0 * self.config.objective.horizon_steps * self.config.objective.dt * max(ego.velocity, 15.0)
-        ids = tuple(sorted(lane_map(graph).lanes_within(ego.x, ego.y, reach)))
-        key = (id(graph), ids)
-        if self._local_key != key:
-            self._local_graph = LaneGraph({i: graph.lanes[i] for i in ids}, graph.frame_id, graph.stamp)
-            self._local_key = key
-        return lane_map(self._local_graph)
-
-    def _ego(self, planner_input: PlannerInput, reasons: list[str]) -> EgoState:
-        finite = [s for s in planner_input.ego_history if s.is_finite()]
-        if not finite:
-            raise PlannerInputError("the ego history has no finite state: no trajectory can start anywhere")
-        if not planner_input.ego_history[-1].is_finite():
-            reasons.append(f"latest ego state is not finite; planning from the one at t={finite[-1].stamp:.2f}")
-        return finite[-1]
+        return self._select(search, groups, probs, group_paths, mode, reasons, objective, ego, paths,
+                            context.forecast, start, budget, decision, planner_input)
 
     def _candidates(self, planner_input: PlannerInput, paths: dict[str, ReferencePath], reasons: list[str]
                     ) -> tuple[list[str], list[float], list[ReferencePath], str, DecisionInForce | None]:

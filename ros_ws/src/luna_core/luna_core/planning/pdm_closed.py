@@ -1,6 +1,7 @@
 """PDM-Closed-style planner (Dauner et al., tuplan_garage), with the centreline re-planned every call.
 
-Each call: the route centreline from the lane the ego is on now (RAD-LAD's critique of PDM-Closed is
+Each call, from the cycle's ``PlanningContext`` (``planning.context``): the route centreline from the lane
+the ego is on now (RAD-LAD's critique of PDM-Closed is
 that it fixes its paths at the first step and cannot recover after leaving them; here they follow the
 ego), a constant-velocity forecast, 15 IDM proposals = centreline offsets {0, -1, +1} m x target
 speeds {0.2, 0.4, 0.6, 0.8, 1.0} x the speed limit (PDM-Closed's order: centreline first, then by
@@ -18,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from luna_core.control import BicycleParameters, StateIndex, TrackerParameters, lqr_commands, propagate, state_from_ego
-from luna_core.lanes import lane_map
-from luna_core.planning.proposals import ProposalSet, idm_proposals, planning_setup
+from luna_core.planning.context import PlanningContext, build_planning_context
+from luna_core.planning.proposals import ProposalSet, idm_proposals
 from luna_core.planning.scorer import (MAX_LON_ACCEL, MIN_LON_ACCEL, PDM_WEIGHTS, ProposalScores, ScorerWeights,
-                                       ScoringContext, score_proposals)
+                                       score_proposals)
 from luna_core.types import EgoState, PlannerInput, Trajectory, VehicleParameters
 
 
@@ -99,30 +100,35 @@ class PDMClosedPlanner:
     def __init__(self, config: PDMClosedConfig = PDMClosedConfig()) -> None:
         self.config = config
         self.last: PDMClosedResult | None = None
+        self.last_context: PlanningContext | None = None  # the last cycle's set-up
 
     def reset(self) -> None:
         self.last = None
+        self.last_context = None
 
     def cycle_info(self) -> dict[str, object]:
         """How the last cycle ended: its best proposal, or the emergency brake."""
         return {} if self.last is None else {"mode": "emergency_brake" if self.last.emergency_brake else "proposal"}
 
-    def plan(self, planner_input: PlannerInput) -> Trajectory:
+    def plan(self, planner_input: PlannerInput, context: PlanningContext | None = None) -> Trajectory:
+        """The best proposal's trajectory (or the emergency brake), from ``context`` (built from
+        ``planner_input`` here if not given); ``OffMapError`` off the map."""
         c = self.config
         steps = int(round(c.output_horizon / c.dt))
         score_steps = int(round(c.scoring_horizon / c.dt))
-        setup = planning_setup(planner_input, steps, c.dt)
-        ref = setup.reference
-        ego = planner_input.ego
-        props = idm_proposals(ego, ref.centerline, setup.forecast, offsets=c.offsets,
+        if context is None:
+            context = build_planning_context(planner_input, output_horizon=c.output_horizon,
+                                             scored_steps=score_steps, dt=c.dt)
+        context.check(planner_input, steps, score_steps, c.dt, self.name)
+        self.last_context = context
+        context.require_map(self.name)
+        ref = context.route_reference
+        ego = context.ego
+        props = idm_proposals(ego, ref.centerline, context.near_forecast, offsets=c.offsets,
                               target_speeds=tuple(f * ref.speed_limit for f in c.speed_fractions),
                               steps=steps, simulate_steps=score_steps, dt=c.dt, vehicle=planner_input.vehicle)
-        f = setup.forecast
-        scoring_objects = type(f)(f.ids, f.pose[:, :score_steps + 1], f.size, f.speed, f.static, f.red_light)
-        ctx = ScoringContext(lane_map(planner_input.lane_graph), ref.centerline, scoring_objects,
-                             ref.speed_limit, planner_input.vehicle, c.dt)
         assert props.states is not None
-        scores = score_proposals(props.states, ctx, c.weights)
+        scores = score_proposals(props.states, context.scoring_context(ref), c.weights)
         best = scores.best
         brake = bool(scores.time_to_at_fault_collision[best] <= c.emergency_time
                      and ego.velocity <= c.emergency_max_speed)

@@ -17,10 +17,9 @@ import numpy as np
 
 from luna_core.control import simulate_proposals, state_from_ego
 from luna_core.idm import IDMParameters, idm_acceleration, pdm_policy
-from luna_core.lanes import Polyline, lane_map
-from luna_core.planning.forecast import constant_velocity_forecast
-from luna_core.planning.reference_paths import ReferencePath, reference_paths
+from luna_core.lanes import Polyline
 from luna_core.planning.scorer import ObjectBoxes
+from luna_core.planning.context import PlanningContext, build_planning_context
 from luna_core.types import EgoState, PlannerInput, Trajectory, VehicleParameters, wrap_angle
 
 
@@ -132,31 +131,6 @@ def idm_proposals(ego: EgoState, path: Polyline, objects: ObjectBoxes, *,
     return out
 
 
-@dataclass
-class PlanningSetup:
-    """What both route-following baselines derive from a ``PlannerInput`` every call."""
-
-    reference: ReferencePath
-    forecast: ObjectBoxes
-
-
-def planning_setup(planner_input: PlannerInput, steps: int, dt: float, max_accel: float = 1.5,
-                   spacing: float = 2.0) -> PlanningSetup:
-    """Route centreline re-planned from the current pose (raises ``OffMapError`` off the map) and
-    the constant-velocity forecast over ``steps`` steps (``steps + 1`` samples).
-
-    The centreline is cropped to what the ego can cover in the horizon accelerating at ``max_accel``
-    (IDM's a_max, PDM 1.5 m/s^2) plus 30 m, at 2 m spacing: the proposals and the scorer project
-    hundreds of points on it every call, and the cost grows with its number of segments."""
-    horizon = steps * dt
-    ahead = max(planner_input.ego.velocity, 0.0) * horizon + 0.5 * max_accel * horizon ** 2 + 30.0
-    ref = reference_paths(planner_input.lane_graph, planner_input.route, planner_input.ego, ahead=ahead,
-                          spacing=spacing)["K"]
-    forecast = constant_velocity_forecast(planner_input, lane_map(planner_input.lane_graph),
-                                          list(ref.lane_ids), steps + 1, dt)
-    return PlanningSetup(ref, forecast)
-
-
 #: nuPlan's IDMPlanner settings (target velocity 10 m/s, capped by the lane's speed limit).
 NUPLAN_IDM_PLANNER = IDMParameters(target_velocity=10.0, min_gap=1.0, headway=1.5, accel_max=1.0,
                                    decel_max=3.0)
@@ -173,14 +147,24 @@ class IDMPlanner:
         self.steps = int(round(horizon / dt))
         self.dt = dt
         self.params = params
+        self.last_context: PlanningContext | None = None  # the last cycle's set-up
 
     def reset(self) -> None:
         """Stateless: the centreline is re-planned every call."""
+        self.last_context = None
 
-    def plan(self, planner_input: PlannerInput) -> Trajectory:
-        setup = planning_setup(planner_input, self.steps, self.dt)
-        target = min(self.params.target_velocity, setup.reference.speed_limit)
-        props = idm_proposals(planner_input.ego, setup.reference.centerline, setup.forecast, offsets=(0.0,),
+    def plan(self, planner_input: PlannerInput, context: PlanningContext | None = None) -> Trajectory:
+        """The IDM trajectory along the route centreline of ``context`` (built from ``planner_input``
+        here if not given); ``OffMapError`` off the map."""
+        if context is None:
+            # IDM scores nothing: the scored horizon is the context's default.
+            context = build_planning_context(planner_input, output_horizon=self.steps * self.dt, dt=self.dt)
+        context.check(planner_input, self.steps, context.scored_steps, self.dt, self.name)
+        self.last_context = context
+        context.require_map(self.name)
+        ref = context.route_reference
+        target = min(self.params.target_velocity, ref.speed_limit)
+        props = idm_proposals(context.ego, ref.centerline, context.near_forecast, offsets=(0.0,),
                               target_speeds=(target,), steps=self.steps, simulate_steps=0, dt=self.dt,
                               vehicle=planner_input.vehicle, idm_params=self.params)
-        return props.trajectory(0, planner_input.ego.stamp)
+        return props.trajectory(0, context.ego.stamp)

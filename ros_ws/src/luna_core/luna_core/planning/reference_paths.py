@@ -97,9 +97,10 @@ def _speed_limit(graph: LaneGraph, lane_id: str) -> float:
     return float(limit) if math.isfinite(limit) and limit > 0.0 else DEFAULT_SPEED_LIMIT
 
 
-def reference_paths(graph: LaneGraph, route: Route, ego: EgoState, *, behind: float = 10.0,
-                    ahead: float = 200.0, spacing: float = 2.0) -> dict[str, ReferencePath]:
-    """Reference paths keyed by lateral code ("K" always, "L"/"R" where that neighbour exists).
+def lane_sequences(graph: LaneGraph, route: Route, ego: EgoState) -> dict[str, tuple[str, ...]]:
+    """The lane sequence of each lateral decision ("K" always, "L"/"R" where that neighbour exists),
+    each continued along the route: the map search behind ``reference_paths``, done once per cycle
+    (``planning.context``) however many crops of the paths are then taken.
 
     Raises ``OffMapError`` when the graph is empty or no lane is near the ego pose.
     """
@@ -112,14 +113,27 @@ def reference_paths(graph: LaneGraph, route: Route, ego: EgoState, *, behind: fl
         raise OffMapError(f"no lane within reach of the ego at ({ego.x:.1f}, {ego.y:.1f})")
     keep_ids, match = found
     lm = lane_map(graph)
-    paths: dict[str, ReferencePath] = {}
-    path, s = _crop(lm, keep_ids, ego.x, ego.y, behind, ahead, spacing)
-    paths["K"] = ReferencePath("K", tuple(keep_ids), path, s, _speed_limit(graph, keep_ids[0]))
+    sequences = {"K": tuple(keep_ids)}
     left, right = lm.neighbours(match.lane_id)
     for code, neighbour in (("L", left), ("R", right)):
-        if neighbour is None:
-            continue
-        ids = lm.route_lanes(neighbour, list(route.road_ids))
-        path, s = _crop(lm, ids, ego.x, ego.y, behind, ahead, spacing)
-        paths[code] = ReferencePath(code, tuple(ids), path, s, _speed_limit(graph, ids[0]))
-    return paths
+        if neighbour is not None:
+            sequences[code] = tuple(lm.route_lanes(neighbour, list(route.road_ids)))
+    return sequences
+
+
+def crop_reference_path(graph: LaneGraph, lateral: str, lane_ids: tuple[str, ...], ego: EgoState, *,
+                        behind: float = 10.0, ahead: float = 200.0, spacing: float = 2.0) -> ReferencePath:
+    """The reference path along ``lane_ids`` (one of ``lane_sequences``), cropped to [ego - behind,
+    ego + ahead] and resampled every ``spacing`` m."""
+    path, s = _crop(lane_map(graph), list(lane_ids), ego.x, ego.y, behind, ahead, spacing)
+    return ReferencePath(lateral, tuple(lane_ids), path, s, _speed_limit(graph, lane_ids[0]))
+
+
+def reference_paths(graph: LaneGraph, route: Route, ego: EgoState, *, behind: float = 10.0,
+                    ahead: float = 200.0, spacing: float = 2.0) -> dict[str, ReferencePath]:
+    """Reference paths keyed by lateral code ("K" always, "L"/"R" where that neighbour exists).
+
+    Raises ``OffMapError`` when the graph is empty or no lane is near the ego pose.
+    """
+    return {code: crop_reference_path(graph, code, ids, ego, behind=behind, ahead=ahead, spacing=spacing)
+            for code, ids in lane_sequences(graph, route, ego).items()}
