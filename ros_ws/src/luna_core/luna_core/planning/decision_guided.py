@@ -57,7 +57,8 @@ from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from
 from luna_core.planning.diffusion_es import (DiffusionESConfig, ESResult, Evaluation, StageTimer, densify,
                                              diffusion_es)
 from luna_core.planning.fallback import stop_along
-from luna_core.planning.context import PlannerInputError, PlanningContext, build_planning_context
+from luna_core.planning.context import PlanningContext, build_planning_context
+from luna_core.planning.context import PlannerInputError  # noqa: F401 (raised by plan_detailed; imported from here)
 from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following, select,
                                            speed_interval)
 from luna_core.planning.pdm_closed import emergency_brake_trajectory
@@ -66,8 +67,6 @@ from luna_core.planning.reference_paths import ReferencePath
 from luna_core.planning.scorer import (CLS_WEIGHTS, PROGRESS_EPSILON, ObjectBoxes, ProposalScores, ScorerWeights,
                                        ScoringContext, score_proposals)
 from luna_core.types import EgoState, PlannerInput, Trajectory, VehicleParameters, wrap_angle
-
-__all__ = ["PlannerInputError"]  # raised here (from the planning context); callers import it from this module
 
 
 # How each cycle ended, as reported in PlanResult.mode (the planner node's diagnostics, eval results).
