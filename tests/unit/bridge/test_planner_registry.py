@@ -17,7 +17,7 @@ from luna_core.planning.proposals import IDMPlanner
 from luna_bridge.baselines import EXPERT, eval_planner_names, make_eval_planner
 from luna_bridge.scenario import Scenario
 from luna_bridge.sim import LogReplayPlanner
-from luna_bridge.stack_planner import StackPlanner, StackSettings, search_planner
+from luna_bridge.stack_planner import StackPlanner, StackSettings, current_settings, search_planner, use_settings
 from tests.scenario_samples import lead_vehicle_scenario
 
 
@@ -65,7 +65,12 @@ def test_the_eval_lineup_is_the_registry_plus_the_expert_and_the_stack_variants(
     assert isinstance(make_eval_planner(EXPERT, scenario), LogReplayPlanner)
     assert isinstance(make_eval_planner("idm", scenario), IDMPlanner)
     assert isinstance(make_eval_planner("pdm", scenario), PDMClosedPlanner)
-    des = make_eval_planner("diffusion-es", scenario)  # the registry's planner, with the stack's settings
+    previous = current_settings()  # other tests leave their process-wide settings behind
+    use_settings(StackSettings())
+    try:
+        des = make_eval_planner("diffusion-es", scenario)  # the registry's planner, with the stack's settings
+    finally:
+        use_settings(previous)
     assert isinstance(des, StackPlanner) and des.decision_source is None
     assert des.planner.config == search_planner(False, StackSettings()).config
     assert not des.planner.config.use_decisions and des.planner.config.deterministic
