@@ -55,9 +55,14 @@ def _split_key(key: str) -> tuple[str, str] | None:
     return None
 
 
-def _delta(a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
-    """s * B @ A in float32 (whatever the weight dtype), so that bfloat16 weights get one rounding."""
-    return (b.float() @ a.float()) * scaling
+def _add_product(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> None:
+    """``w += scaling * B @ A`` in place: one fused BLAS call for float32 weights (a separate product,
+    sum and copy took 10-40x longer on the loaded 2-core machine: ~1 s for the 120 layers of the
+    bundled student), else the product in float32 and one rounding to the weight dtype."""
+    if w.dtype == torch.float32:
+        w.addmm_(b.float(), a.float(), alpha=scaling)
+    else:
+        w.copy_((w.float() + (b.float() @ a.float()) * scaling).to(w.dtype))
 
 
 def merge_lora(lm: nn.Module, adapter: dict[str, torch.Tensor], targets: Sequence[str], r: int,
@@ -92,8 +97,7 @@ def merge_lora(lm: nn.Module, adapter: dict[str, torch.Tensor], targets: Sequenc
         factors[name] = (a.to(layer.weight.device), b.to(layer.weight.device))
     with torch.no_grad():
         for name, (a, b) in factors.items():
-            w = layers[name].weight
-            w.copy_((w.float() + _delta(a, b, scaling)).to(w.dtype))
+            _add_product(layers[name].weight, a, b, scaling)
     return MergedAdapter(state={k: v.detach().to("cpu") for k, v in adapter.items()}, factors=factors,
                          scaling=scaling)
 
@@ -109,7 +113,7 @@ def unmerged(lm: nn.Module, merged: MergedAdapter) -> Iterator[None]:
             for name, (a, b) in merged.factors.items():
                 w = modules[name].weight
                 saved[name] = w.detach().clone()
-                w.copy_((w.float() - _delta(a, b, merged.scaling)).to(w.dtype))
+                _add_product(w, a, b, -merged.scaling)
         yield
     finally:
         with torch.no_grad():
