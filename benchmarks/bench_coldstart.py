@@ -7,15 +7,15 @@ alternately (before, after, after, before, ...) so that both see the same machin
 - start: wall time from spawning the process's own ``main`` (the topology's executable, with its
   parameter files, as ``luna up`` starts it) until its nodes are constructed and the managed ones
   configured and active, i.e. until the executor would start spinning (interpreter start included);
-- ``--predict``: one ``DualHeadStudent.predict`` (full prefill, no prefix cache, K = 3) of the bundled
-  student loaded with the adapter merged (the inference default) versus peft's LoRA modules, calls
-  alternating in one process.
+- ``--predict``: one ``DualHeadStudent.predict`` (full prefill, no prefix cache, ``--k`` examples) of
+  the bundled student loaded with the adapter merged (the inference default) versus peft's LoRA
+  modules, calls alternating in one process.
 
 Medians of ``--rounds`` (the machine is shared: run it at a known load and say which).
 
     git worktree add --detach /tmp/before <commit>
-    .venv/bin/python benchmarks/bench_coldstart.py --before /tmp/before --rounds 3
-    .venv/bin/python benchmarks/bench_coldstart.py --predict --rounds 5
+    .venv/bin/python benchmarks/bench_coldstart.py --before /tmp/before --rounds 3 [--only decision]
+    .venv/bin/python benchmarks/bench_coldstart.py --predict --rounds 7 --k 0 --threads 1
 """
 
 from __future__ import annotations
@@ -99,10 +99,11 @@ def start_seconds(tree: Path, process) -> float:
     return elapsed
 
 
-def measure(before: Path, after: Path, rounds: int) -> dict[str, Samples]:
+def measure(before: Path, after: Path, rounds: int, only: list[str] | None = None) -> dict[str, Samples]:
     from luna_bringup.topology import load_topology
 
-    processes = load_topology(after / "ros_ws/src/luna_bringup/config/topology.yaml").processes
+    topology = load_topology(after / "ros_ws/src/luna_bringup/config/topology.yaml")
+    processes = topology.select(only).processes if only else topology.processes
     out = {"before": Samples(), "after": Samples()}
     for r in range(rounds):
         order = [("before", before), ("after", after)]
@@ -129,7 +130,7 @@ def table(samples: dict[str, Samples], load: str) -> str:
     return "\n".join(lines) + f"\n\n(medians of {n} alternating rounds, load {load})"
 
 
-def predict_ab(rounds: int) -> str:
+def predict_ab(rounds: int, k: int, threads: int) -> str:
     """Merged versus peft ``predict`` on the bundled student, calls alternating."""
     import torch
 
@@ -139,14 +140,14 @@ def predict_ab(rounds: int) -> str:
     from luna_core.prompts import PromptManager
     from luna_core.student import DualHeadStudent
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     prompts = PromptManager()
     students = {"merged": DualHeadStudent.from_pretrained(ROOT / "models/student", prompts, device="cpu"),
                 "peft": DualHeadStudent.from_pretrained(ROOT / "models/student", prompts, device="cpu",
                                                          for_training=True)}
     for s in students.values():
         s.config.reuse_prefix_cache = False  # a full forward pass each call
-    query, examples = prompts.decision_query(scene(0)), [example(prompts, i) for i in range(3)]
+    query, examples = prompts.decision_query(scene(0)), [example(prompts, i) for i in range(k)]
     times: dict[str, list[float]] = {k: [] for k in students}
     for r in range(rounds + 1):  # round 0 warms up
         for name in (list(students) if r % 2 else list(students)[::-1]):
@@ -155,7 +156,7 @@ def predict_ab(rounds: int) -> str:
             if r:
                 times[name].append(time.perf_counter() - t0)
     tokens = latency.prompt_tokens
-    return (f"predict, {tokens} prompt tokens, full prefill: merged {statistics.median(times['merged']):.3f} s, "
+    return (f"predict, K = {k}, {tokens} prompt tokens, full prefill, {threads} thread(s): merged {statistics.median(times['merged']):.3f} s, "
             f"peft {statistics.median(times['peft']):.3f} s (medians of {rounds}; merged {times['merged']}, "
             f"peft {times['peft']})")
 
@@ -164,14 +165,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, help="a checkout of the earlier commit (source tree)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--k", type=int, default=0, help="--predict: retrieved examples in the prompt")
+    ap.add_argument("--threads", type=int, default=1, help="--predict: torch threads")
+    ap.add_argument("--only", nargs="+", help="only these processes (names as in topology.yaml)")
     ap.add_argument("--predict", action="store_true", help="instead: merged versus peft predict latency")
     args = ap.parse_args()
     if args.predict:
-        print(predict_ab(args.rounds))
+        print(predict_ab(args.rounds, args.k, args.threads))
         return 0
     if args.before is None:
         ap.error("--before is required (or --predict)")
-    samples = measure(args.before.resolve(), ROOT, args.rounds)
+    samples = measure(args.before.resolve(), ROOT, args.rounds, args.only)
     print(table(samples, f"{os.getloadavg()[0]:.1f} at the end"))
     return 0
 
