@@ -84,7 +84,7 @@ def timed(fn, repeats: int, desc: str) -> list[float]:
 def cot_decision(student: DualHeadStudent, query: str, examples: list[MemoryItem]) -> int:
     """The base model's autoregressive answer: prompt prefill + COT_TOKENS greedy tokens (adapters off)."""
     ids = torch.tensor([student.encoder.fit(query, examples).input_ids])
-    with student.lm.disable_adapter():
+    with student.adapter_disabled():
         out = student.lm.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                   max_new_tokens=COT_TOKENS, min_new_tokens=COT_TOKENS,
                                   pad_token_id=student.tokenizer.eos_token_id)

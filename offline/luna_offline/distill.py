@@ -293,10 +293,11 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
             diff = sorted(k for k in saved["settings"] if saved["settings"][k] != settings.resumable_keys().get(k))
             raise DistillError(f"{ckpt} was written with different settings ({', '.join(diff)}); use "
                                f"another --out or the same settings")
-        student = DualHeadStudent.from_pretrained(ckpt, prompts, device=config.device)
+        student = DualHeadStudent.from_pretrained(ckpt, prompts, device=config.device, for_training=True)
         state = TrainerState(saved["step"], saved["samples_seen"], saved["history"])
     elif settings.init:
-        student = DualHeadStudent.from_pretrained(settings.init, prompts, device=config.device)
+        student = DualHeadStudent.from_pretrained(settings.init, prompts, device=config.device,
+                                                   for_training=True)
         if student.config.base_model != settings.base_model:
             raise DistillError(f"--init {settings.init} was trained on {student.config.base_model!r}, not "
                                f"--base-model {settings.base_model!r}")

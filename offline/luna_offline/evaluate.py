@@ -182,7 +182,7 @@ def zero_shot_distribution(student: DualHeadStudent, query: str) -> np.ndarray:
     fitted = student.encoder.fit(query, [])
     ids = fitted.input_ids + list(tok(prefix, add_special_tokens=False)["input_ids"])
     scores = np.zeros(NUM_ACTIONS)
-    with student.lm.disable_adapter():
+    with student.adapter_disabled():
         out = student.lm(input_ids=torch.tensor([ids], device=student.device), use_cache=True)
         cache, first = out.past_key_values, torch.log_softmax(out.logits[0, -1].float(), -1)
         base_len = len(ids)

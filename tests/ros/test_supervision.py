@@ -5,8 +5,9 @@ the planner never stops publishing while another process is down.
 One stack (every process of config/topology.yaml, T_d = 2 s, the bundled models, a lane graph from a
 map file, odometry and objects from this test) serves the whole module; each case kills one process.
 A process must be back within 2 T_d, or about as fast as its own cold start where that alone takes
-longer (the decision process imports torch, transformers and peft and loads the student: ~30 s on the
-loaded 2-core machine); the measured times are in docs/benchmarks.md.
+longer (the decision process imports torch and transformers and loads the base model and the student:
+~7 s on the loaded 2-core machine, ~30 s before the adapter was merged without peft); the measured
+times are in docs/benchmarks.md.
 """
 
 from __future__ import annotations

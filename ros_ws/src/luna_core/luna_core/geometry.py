@@ -36,15 +36,24 @@ torch on CUDA when there is a GPU and to NumPy otherwise, because on a CPU the t
 per operator and, with several intra-op threads on a loaded machine, far more (docs/benchmarks.md).
 NumPy inputs come back as NumPy outputs. There are no Python loops over objects or time steps; only the
 all-pairs and proposal forms process the leading dimension in chunks to bound memory.
+
+torch is imported only when a torch path runs (torch inputs, ``backend="torch"``, or the GPU probe of
+``backend=None`` on a machine with a GPU device node): importing it costs ~3 s, which the light nodes
+(progress monitor, reflection client) would otherwise pay at every (re)start for NumPy-only work.
 """
 
 from __future__ import annotations
 
+import glob
+import sys
+from functools import lru_cache
 from types import ModuleType
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 #: Default gap (m) under which boxes count as touching, hence overlapping (see the module docstring).
 TOUCH_TOLERANCE = 1e-3
@@ -62,9 +71,39 @@ class GeometryError(ValueError):
     """Invalid boxes: wrong shape, non-finite corners, or corners that do not form a rectangle."""
 
 
+def _torch() -> ModuleType:
+    """The torch module, imported on first use (see the module docstring)."""
+    import torch
+
+    return torch
+
+
+def _is_tensor(x: object) -> bool:
+    """Whether ``x`` is a torch tensor; without importing torch (no tensor exists before torch is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+#: Device nodes through which torch can reach a GPU (NVIDIA desktop/server, Jetson, ROCm, WSL2). Where
+#: none exists, ``torch.cuda.is_available()`` is False, so ``backend=None`` can decide without torch.
+_GPU_DEVICE_GLOBS = ("/dev/nvidia[0-9]*", "/dev/nvhost-*", "/dev/nvgpu*", "/dev/kfd", "/dev/dxg")
+
+
+@lru_cache(maxsize=1)
+def _gpu_device_node() -> bool:
+    return any(glob.glob(pattern) for pattern in _GPU_DEVICE_GLOBS)
+
+
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without importing torch where no GPU device node exists."""
+    if "torch" not in sys.modules and not _gpu_device_node():
+        return False
+    return bool(_torch().cuda.is_available())
+
+
 def default_device() -> torch.device:
     """CUDA when present (the vehicle computer), CPU otherwise."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return _torch().device("cuda" if _cuda_available() else "cpu")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -142,7 +181,7 @@ def _overlap(xp: ModuleType, fa: _Frames, fb: _Frames, tolerance: float) -> Arra
     near = dx * dx + dy * dy <= reach * reach
     if near.ndim == 0:  # a single pair: nothing to gather
         return near & ~_separated(fa, fb, tolerance)
-    idx = np.nonzero(near) if xp is np else torch.nonzero(near, as_tuple=True)
+    idx = np.nonzero(near) if xp is np else xp.nonzero(near, as_tuple=True)
     if idx[0].shape[0] == 0:
         return near
     shape = tuple(near.shape)
@@ -190,7 +229,7 @@ def _check_boxes(xp: ModuleType, corners: Array, name: str, valid: Array | None)
 def _first_index(xp: ModuleType, mask: Array) -> tuple[int, ...]:
     if mask.ndim == 0:  # a single box
         return ()
-    idx = xp.nonzero(mask) if xp is np else torch.nonzero(mask, as_tuple=True)
+    idx = xp.nonzero(mask) if xp is np else xp.nonzero(mask, as_tuple=True)
     return tuple(int(i[0]) for i in idx)
 
 
@@ -200,7 +239,8 @@ def _origin(arrays: list[Array | None]) -> np.ndarray | torch.Tensor | None:
         if b is None or tuple(np.shape(b)[-2:]) != (4, 2) or int(np.prod(np.shape(b))) == 0:
             continue
         flat = b.reshape(-1, 4, 2)
-        if isinstance(flat, torch.Tensor):
+        if _is_tensor(flat):
+            torch = _torch()
             finite = torch.isfinite(flat[:1]).flatten(1).all(1)  # usually the first box: no full scan
             if not bool(finite[0]):
                 finite = torch.isfinite(flat).flatten(1).all(1)
@@ -222,9 +262,9 @@ def _prepare(arrays: list[Array | None], backend: Backend | None,
     Returns the namespace, the converted arrays (masks as bool) and whether the caller gave NumPy
     (then results are returned as NumPy).
     """
-    given_numpy = not any(isinstance(a, torch.Tensor) for a in arrays if a is not None)
+    given_numpy = not any(_is_tensor(a) for a in arrays if a is not None)
     if backend is None:
-        on_gpu = (torch.device(device) if device is not None else default_device()).type == "cuda"
+        on_gpu = _torch().device(device).type == "cuda" if device is not None else _cuda_available()
         backend = "numpy" if given_numpy and not on_gpu else "torch"
     origin = _origin(arrays)
     out: list[Array | None] = []
@@ -233,14 +273,15 @@ def _prepare(arrays: list[Array | None], backend: Backend | None,
         if a is None:
             out.append(None)
         elif backend == "numpy":
-            arr = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+            arr = a.detach().cpu().numpy() if _is_tensor(a) else np.asarray(a)
             if is_mask:
                 out.append(arr.astype(bool))
             else:
-                o = origin.detach().cpu().numpy() if isinstance(origin, torch.Tensor) else origin
+                o = origin.detach().cpu().numpy() if _is_tensor(origin) else origin
                 arr = arr.astype(np.float64, copy=False)
                 out.append((arr - o if o is not None else arr).astype(np.float32))
         else:
+            torch = _torch()
             dev = torch.device(device) if device is not None else (
                 a.device if isinstance(a, torch.Tensor) else default_device())
             t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
@@ -253,11 +294,11 @@ def _prepare(arrays: list[Array | None], backend: Backend | None,
                 o = origin if isinstance(origin, torch.Tensor) else torch.from_numpy(origin)
                 t = t - o.to(device=t.device, dtype=t.dtype)
             out.append(t.to(device=dev, dtype=torch.float32))
-    return (np if backend == "numpy" else torch), out, given_numpy
+    return (np if backend == "numpy" else _torch()), out, given_numpy
 
 
 def _to_output(x: Array, as_numpy: bool) -> Array:
-    if as_numpy and isinstance(x, torch.Tensor):
+    if as_numpy and _is_tensor(x):
         return x.cpu().numpy()
     return x
 
@@ -270,7 +311,7 @@ def _chunked_overlap(xp: ModuleType, fa: _Frames, fb: _Frames, tolerance: float,
         return _overlap(xp, fa, fb, tolerance)
     parts = [_overlap(xp, fa.map(lambda x: x[start:start + step]), fb, tolerance)
              for start in range(0, rows, step)]  # chunks of rows, not a loop over individual objects
-    return xp.concatenate(parts, 0) if xp is np else torch.cat(parts, 0)
+    return xp.concatenate(parts, 0) if xp is np else xp.cat(parts, 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,8 +355,8 @@ def colliding_objects(boxes: Array, valid: Array | None = None, tolerance: float
     hit = _overlap(xp, f.map(lambda x: x[0:1]), f.map(lambda x: x[1:]), tolerance)  # (N_obj - 1, T)
     if m is not None:
         hit = hit & m[0:1] & m[1:]
-    idx = xp.nonzero(hit.any(1))[0] + 1 if xp is np else torch.nonzero(hit.any(1))[:, 0] + 1
-    return np.asarray(idx.cpu().numpy() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64)
+    idx = xp.nonzero(hit.any(1))[0] + 1 if xp is np else xp.nonzero(hit.any(1))[:, 0] + 1
+    return np.asarray(idx.cpu().numpy() if _is_tensor(idx) else idx, dtype=np.int64)
 
 
 def pairwise_overlaps(boxes: Array, valid: Array | None = None, tolerance: float = TOUCH_TOLERANCE, *,
@@ -332,7 +373,7 @@ def pairwise_overlaps(boxes: Array, valid: Array | None = None, tolerance: float
     f = _box_frames(xp, t)
     hit = _chunked_overlap(xp, f.map(lambda x: x[:, None]), f.map(lambda x: x[None]), tolerance, n,
                            n * steps)
-    eye = np.eye(n, dtype=bool) if xp is np else torch.eye(n, dtype=torch.bool, device=hit.device)
+    eye = np.eye(n, dtype=bool) if xp is np else xp.eye(n, dtype=xp.bool, device=hit.device)
     hit = hit & ~eye[:, :, None]
     if m is not None:
         hit = hit & m[:, None] & m[None]

@@ -16,8 +16,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import openai
-
 from luna_core.llm.base import (Completion, LLMConfigError, LLMRequestError, LLMUnavailable, Message,
                                 UsageMeter)
 
@@ -60,6 +58,10 @@ class OpenAIChatModel:
         self.config = config
         self.name = config.model
         self.meter = meter or UsageMeter()
+        # Imported here, not at module level: the SDK takes ~1.3 s to import, which every process that
+        # merely imports luna_core.llm (the reflection client at each restart) would pay for nothing.
+        import openai
+
         # The SDK's own retries are off: ours count attempts, back off with jitter and are testable.
         self._client = openai.OpenAI(base_url=config.base_url, api_key=api_key, timeout=config.timeout,
                                      max_retries=0)
@@ -105,6 +107,8 @@ class OpenAIChatModel:
             raise
 
     def _call_with_retries(self, kwargs: dict[str, Any], reservation: float) -> Completion:
+        import openai  # already imported by __init__: a dictionary look-up
+
         cfg = self.config
         last: Exception | None = None
         for attempt in range(cfg.max_retries + 1):

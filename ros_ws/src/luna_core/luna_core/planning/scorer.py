@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.signal import savgol_filter
 
 from luna_core.blas import single_threaded_blas
 from luna_core.collision_kinds import BEHIND_ANGLE, STOPPED_SPEED
@@ -77,6 +76,10 @@ def _savgol_operator(n: int, order: int, dt: float) -> np.ndarray:
     """(n, n) matrix of the Savitzky-Golay derivative (edges fitted by polynomials, scipy's 'interp'
     mode): the filter is linear in the signal, so applying it to the identity once gives an operator
     that filters a whole batch of proposals with one matrix product."""
+    # Imported here: scipy.signal takes 1-2 s to import, which the reflection client (which imports this
+    # module through luna_core.hindsight) would otherwise pay at every restart before it can subscribe.
+    from scipy.signal import savgol_filter
+
     window = min(SAVGOL_WINDOW, n if n % 2 else n - 1)
     return savgol_filter(np.eye(n), window, SAVGOL_ORDER, deriv=order, delta=dt, axis=0)
 

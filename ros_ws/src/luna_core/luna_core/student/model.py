@@ -7,6 +7,11 @@
   greedy generation; interruptible (stop flag, time budget) and yielding to ``predict`` between
   tokens, so one shared instance keeps the periodic decision on time while text is generated.
 - ``losses`` (Eq. 15-18): L_LM over the sequence + alpha * KL(pi || pi_hat) for distillation.
+
+Two forms of the LoRA adapters: peft's modules (``from_base``, ``from_pretrained(for_training=True)``:
+trainable, used by distillation), or, for inference (``from_pretrained`` by default), the adapter merged
+into the base weights by ``luna_core.student.lora`` without importing peft (issue 17: ``import peft``
+alone took ~10 s of the decision process's restart; a merged forward pass also skips the side branches).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from luna_core.student.config import StudentConfig
 from luna_core.student.context import FittedPrompt, Message, PromptEncoder
 from luna_core.student.errors import BaseModelMismatchError, StudentConfigError, StudentModelFileError
 from luna_core.student.head import DecisionHead
+from luna_core.student.lora import MergedAdapter, merge_lora, unmerged
 from luna_core.types import NUM_ACTIONS, MemoryItem, mask_and_renormalise
 
 
@@ -109,14 +115,59 @@ def default_prompts() -> StudentPrompts:
     return PromptManager()
 
 
+def _load_base(config: StudentConfig, folder: Path) -> tuple[nn.Module, object, torch.device]:
+    """(base causal LM on its device, tokenizer, device), with the context and LoRA targets checked."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(config)
+    dtype = resolve_dtype(config, device)
+    kwargs: dict = {"dtype": dtype}
+    if config.quantization == "nf4":
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype)
+        kwargs["device_map"] = {"": str(device)}
+    lm = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    positions = getattr(lm.config, "max_position_embeddings", None)
+    if positions is not None and config.max_context_tokens > positions:
+        raise StudentConfigError(f"StudentConfig.max_context_tokens: {config.max_context_tokens} is more than "
+                                 f"the {positions} positions of the base model {folder}")
+    if config.quantization == "none":
+        lm.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    missing = [t for t in config.lora_targets
+               if not any(name.endswith("." + t) for name, _ in lm.named_modules())]
+    if missing:
+        raise StudentConfigError(f"StudentConfig.lora_targets: {missing} not found in {folder}")
+    return lm, tokenizer, device
+
+
+def _load_peft_adapter(lm: nn.Module, adapter: dict[str, torch.Tensor], where: Path) -> None:
+    """Load a saved adapter into peft's LoRA modules (the trainable form)."""
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(lm, adapter)
+    lora_missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if lora_missing or getattr(result, "unexpected_keys", []):
+        raise StudentModelFileError(
+            f"{where}: adapter does not fit the model (missing {lora_missing[:3]}, unexpected "
+            f"{list(getattr(result, 'unexpected_keys', []))[:3]})")
+
+
 class DualHeadStudent(nn.Module):
     """pi_hat and A_md from one fine-tuned language model (see the module docstring)."""
 
     def __init__(self, config: StudentConfig, lm: nn.Module, tokenizer, head: DecisionHead,
-                 base_hash: str, prompts: StudentPrompts, device: torch.device) -> None:
+                 base_hash: str, prompts: StudentPrompts, device: torch.device,
+                 merged: MergedAdapter | None = None) -> None:
         super().__init__()
         self.config = config
-        self.lm = lm  # peft model (LoRA on config.lora_targets)
+        # peft model (LoRA on config.lora_targets), or, with ``merged``, the base causal LM whose weights
+        # hold the adapter (inference only).
+        self.lm = lm
+        self.merged = merged
         self.head = head
         self.tokenizer = tokenizer
         self.base_hash = base_hash
@@ -143,31 +194,10 @@ class DualHeadStudent(nn.Module):
     @classmethod
     def _build(cls, config: StudentConfig, prompts: StudentPrompts, folder: Path,
                base_hash: str) -> "DualHeadStudent":
+        """The base model with fresh peft LoRA adapters (trainable) and a fresh head."""
         from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        device = resolve_device(config)
-        dtype = resolve_dtype(config, device)
-        kwargs: dict = {"dtype": dtype}
-        if config.quantization == "nf4":
-            from transformers import BitsAndBytesConfig
-
-            kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=dtype)
-            kwargs["device_map"] = {"": str(device)}
-        lm = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-        positions = getattr(lm.config, "max_position_embeddings", None)
-        if positions is not None and config.max_context_tokens > positions:
-            raise StudentConfigError(f"StudentConfig.max_context_tokens: {config.max_context_tokens} is more than "
-                                     f"the {positions} positions of the base model {folder}")
-        if config.quantization == "none":
-            lm.to(device)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        missing = [t for t in config.lora_targets
-                   if not any(name.endswith("." + t) for name, _ in lm.named_modules())]
-        if missing:
-            raise StudentConfigError(f"StudentConfig.lora_targets: {missing} not found in {folder}")
+        lm, tokenizer, device = _load_base(config, folder)
         lm = get_peft_model(lm, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
                                            lora_dropout=config.lora_dropout,
                                            target_modules=list(config.lora_targets),
@@ -180,14 +210,17 @@ class DualHeadStudent(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | Path, prompts: StudentPrompts | None = None,
                         device: str | None = None, base_model: str | None = None,
-                        max_context_tokens: int | None = None) -> "DualHeadStudent":
+                        max_context_tokens: int | None = None,
+                        for_training: bool = False) -> "DualHeadStudent":
         """Load a saved student; the base model must be the one it was trained on (hash check).
 
         ``device`` overrides the saved device; ``base_model`` overrides where the base is found (e.g. a
         local folder on a vehicle): its hash must still match; ``max_context_tokens`` overrides the
-        prompt budget (a latency budget on a slow computer).
+        prompt budget (a latency budget on a slow computer). By default the adapter is merged into the
+        base weights without peft (inference: the decision node, the bridge, evaluation); with
+        ``for_training`` (distillation), or on an nf4-quantised base (4-bit weights cannot take the
+        sum), it is loaded into peft's LoRA modules.
         """
-        from peft import set_peft_model_state_dict
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -211,18 +244,25 @@ class DualHeadStudent(nn.Module):
             raise BaseModelMismatchError(
                 f"{directory} was trained on a base model with hash {meta['base_model_hash'][:16]}..., but "
                 f"{config.base_model!r} ({folder}) has hash {base_hash[:16]}...")
-        student = cls._build(config, prompts or default_prompts(), folder, base_hash)
+        prompts = prompts or default_prompts()
+        merge = not for_training and config.quantization == "none"
+        if merge:
+            lm, tokenizer, dev = _load_base(config, folder)
+            lm.requires_grad_(False)  # inference only: nothing here is trained
+            head_module = DecisionHead(lm.config.hidden_size, config.head_hidden, config.num_actions).to(dev)
+            student = cls(config, lm, tokenizer, head_module, base_hash, prompts, dev)
+        else:
+            student = cls._build(config, prompts, folder, base_hash)
         try:
             adapter = load_file(str(adapter_path), device=str(student.device))
             head = load_file(str(head_path), device=str(student.device))
         except (SafetensorError, OSError) as exc:
             raise StudentModelFileError(f"{directory}: unreadable safetensors ({exc})") from exc
-        result = set_peft_model_state_dict(student.lm, adapter)
-        lora_missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
-        if lora_missing or getattr(result, "unexpected_keys", []):
-            raise StudentModelFileError(
-                f"{adapter_path}: adapter does not fit the model (missing {lora_missing[:3]}, unexpected "
-                f"{list(getattr(result, 'unexpected_keys', []))[:3]})")
+        if merge:
+            student.merged = merge_lora(student.lm, adapter, config.lora_targets, config.lora_r,
+                                        config.lora_alpha, adapter_path)
+        else:
+            _load_peft_adapter(student.lm, adapter, adapter_path)
         try:
             student.head.load_state_dict(head, strict=True)
         except RuntimeError as exc:
@@ -232,7 +272,6 @@ class DualHeadStudent(nn.Module):
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write config, adapter and head (safetensors) atomically: a crash leaves the old copy intact."""
-        from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
         directory = Path(directory)
@@ -240,8 +279,13 @@ class DualHeadStudent(nn.Module):
         tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        adapter = {k: v.detach().to("cpu").contiguous()
-                   for k, v in get_peft_model_state_dict(self.lm).items()}
+        if self.merged is not None:  # the adapter as it was read: merging does not change it
+            adapter = {k: v.contiguous() for k, v in self.merged.state.items()}
+        else:
+            from peft import get_peft_model_state_dict
+
+            adapter = {k: v.detach().to("cpu").contiguous()
+                       for k, v in get_peft_model_state_dict(self.lm).items()}
         head = {k: v.detach().to("cpu").contiguous() for k, v in self.head.state_dict().items()}
         save_file(adapter, str(tmp / files.ADAPTER_FILE))
         save_file(head, str(tmp / files.HEAD_FILE))
@@ -260,18 +304,39 @@ class DualHeadStudent(nn.Module):
 
     # ---- model parts ---------------------------------------------------------------------------
     @property
+    def base_lm(self) -> nn.Module:
+        """The causal LM under the adapters: peft's base model, or the merged model itself."""
+        return self.lm if self.merged is not None else self.lm.get_base_model()
+
+    @property
     def decoder(self) -> nn.Module:
         """The transformer body (with LoRA) without the LM head: hidden states only."""
-        return self.lm.get_base_model().get_decoder()
+        return self.base_lm.get_decoder()
 
     @property
     def lm_head(self) -> nn.Module:
-        return self.lm.get_base_model().get_output_embeddings()
+        return self.base_lm.get_output_embeddings()
+
+    @contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """``self.lm`` is the base model inside the block (zero-shot baselines): peft's
+        ``disable_adapter``, or for a merged student the base weights recovered from the merged ones
+        (to within one rounding of the weight dtype; the merged weights come back exactly)."""
+        if self.merged is None:
+            with self.lm.disable_adapter():
+                yield
+            return
+        with self._lock, unmerged(self.lm, self.merged):
+            self._kv_cache, self._cached_ids = None, ()  # computed with the adapter
+            yield
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
     def train(self, mode: bool = True) -> "DualHeadStudent":
+        if mode and self.merged is not None:
+            raise StudentConfigError("this student was loaded for inference (adapter merged into the base "
+                                     "weights): load it with from_pretrained(..., for_training=True) to train")
         # Weights may change while training: the cached prefix would be stale.
         self._kv_cache, self._cached_ids = None, ()
         return super().train(mode)
