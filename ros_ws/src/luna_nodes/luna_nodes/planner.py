@@ -3,7 +3,9 @@
 The planning algorithm is luna_core's (``make_planner``): the decision-guided Diffusion-ES planner by
 default, or a baseline. This node only gathers inputs, applies the degraded modes and publishes:
 
-* decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term;
+* decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term
+  (the decision contract of ``luna_core.decision``: validated in ``convert``, followed and aged by the
+  planner's ``DecisionTracker`` with this node's ``DecisionTiming``);
 * objects with unknown fields: ``usable_objects`` (an unknown size gets the class's default footprint, an
   object without a usable position is left out, at most ``max_tracked_objects`` nearest the ego), diagnosed;
 * no lane graph or route yet, an empty lane graph, or stale odometry: a comfortable stop;
@@ -32,6 +34,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.lifecycle import TransitionCallbackReturn
 from visualization_msgs.msg import MarkerArray
 
+from luna_core.decision import DEFAULT_DECISION_PERIOD, DEFAULT_GAMMA_P, DecisionTiming, DecisionTimingError
 from luna_core.planning.factory import PlannerConfigError, make_planner, planner_names
 from luna_core.planning.fallback import comfortable_stop
 from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
@@ -64,20 +67,22 @@ INTERFACE = NodeInterface(
                   "full size (luna, diffusion-es): the same inputs give the same trajectory however loaded the "
                   "machine. auto = on under use_sim_time (lock step, replay on bag time), off on wall time.",
                   choices=("auto", "on", "off")),
-        ParamSpec("decision_timeout", float, 4.0, "A decision older than this (2 T_d) is ignored: fallback "
-                  "objective without the decision term.", "s", min=0.0, runtime=True),
+        ParamSpec("decision_timeout", float, 0.0, "A decision older than this is ignored: fallback objective "
+                  "without the decision term. 0 = 2 decision_period (2 T_d).", "s", min=0.0, runtime=True),
         ParamSpec("history_duration", float, 2.0, "Ego history passed to the planner.", "s", min=0.0, max=10.0,
                   runtime=True),
         ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a cycle waits for the "
                   "odometry (and at decision instants the decision) of its own instant.", "s", min=0.0,
                   runtime=True),
-        ParamSpec("decision_period", float, 2.0, "T_d of the decision node, for the lock-step wait; 0 = never "
-                  "wait for decisions.", "s", min=0.0, runtime=True),
+        ParamSpec("decision_period", float, DEFAULT_DECISION_PERIOD, "T_d of the decision node (common.param.yaml),"
+                  " for the lock-step wait and the default decision_timeout; 0 = never wait for decisions "
+                  "(decision_timeout must then be set).", "s", min=0.0, runtime=True),
         ParamSpec("max_input_age", float, 1.0, "Odometry older than this: publish a stop and report.", "s",
                   min=0.01, runtime=True),
         MAX_TRACKED_OBJECTS,
         ParamSpec("population", int, 128, "Diffusion-ES population (luna, diffusion-es).", min=4, max=4096),
-        ParamSpec("gamma_p", float, 0.1, "Candidate-set threshold of Eq. 19.", min=0.0, max=1.0),
+        ParamSpec("gamma_p", float, DEFAULT_GAMMA_P, "Candidate-set threshold of Eq. 19 (common.param.yaml); "
+                  "used only for a decision published without its candidate set.", min=0.0, max=1.0),
         ParamSpec("diffusion_model", str, "", "Folder of the diffusion prior; empty = the bundled default."),
     ],
 )
@@ -116,10 +121,16 @@ class PlannerNode(LunaLifecycleNode):
 
     def on_configure(self, state) -> TransitionCallbackReturn:
         p = self.params
+        try:
+            timing = decision_timing(p)
+        except DecisionTimingError as exc:
+            self.diagnostics.set_condition("planner", ERROR, str(exc))
+            return TransitionCallbackReturn.FAILURE
         options = {}
         if p["planner"] in ("luna", "diffusion-es"):
             options = {"population": p["population"], "gamma_p": p["gamma_p"], "time_budget": p["time_budget"],
-                       "deterministic": self.deterministic()}
+                       "deterministic": self.deterministic(), "decision_period": timing.period,
+                       "decision_timeout": timing.timeout}
             if p["diffusion_model"]:
                 options["model_path"] = p["diffusion_model"]
         try:
@@ -140,6 +151,12 @@ class PlannerNode(LunaLifecycleNode):
         for every cycle anyway, and a budget cut would make the result depend on the machine's load."""
         mode = self.params["deterministic"]
         return mode == "on" or (mode == "auto" and self.sim_time())
+
+    def apply_parameters(self, params: dict) -> None:
+        timing = decision_timing(params)  # DecisionTimingError (a ValueError) refuses the change
+        tracker = getattr(self.planner, "decisions", None)
+        if tracker is not None:  # the planner ages decisions with the node's timing
+            tracker.timing = timing
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         self.timer = self.create_periodic(self.params["replan_period"], self.cycle, self.cycle_group)
@@ -210,9 +227,7 @@ class PlannerNode(LunaLifecycleNode):
             ego_ok = bool(self.history) and self.history[-1].stamp >= now - 1e-6
             accel_ok = fresh(self.acceleration_stamp)
         others_ok = all(fresh(m.stamp if m is not None else None) for m in (self.objects, self.lights))
-        decision_period = self.params["decision_period"]
-        decision_due = self.params["planner"] == "luna" and decision_period > 0 and \
-            abs(now / decision_period - round(now / decision_period)) < 1e-6
+        decision_due = self.params["planner"] == "luna" and decision_timing(self.params).due(now)
         decision_ok = not decision_due or (self.decision is not None and self.decision.stamp >= now - 1e-6)
         return ego_ok and accel_ok and others_ok and decision_ok
 
@@ -234,13 +249,11 @@ class PlannerNode(LunaLifecycleNode):
             self.diagnostics.set_condition("inputs", WARN, f"odometry is stale ({age:.2f} s old)")
         else:
             self.diagnostics.clear("inputs")
+        # The latest valid decision goes to the planner as it is: its DecisionTracker ages it (same timing).
         decision = self.decision
-        why = "no valid decision received"
-        if decision is not None and now - decision.stamp > self.params["decision_timeout"]:
-            why = (f"decision is stale ({now - decision.stamp:.2f} s old > "
-                   f"{self.params['decision_timeout']:.2f} s = 2 T_d)")
-            decision = None
-        if decision is None and self.params["planner"] == "luna":
+        why = "no valid decision received" if decision is None else \
+            decision_timing(self.params).stale(decision.stamp, now)
+        if why and self.params["planner"] == "luna":
             self.diagnostics.set_condition("decision", WARN, f"{why}: fallback objective without the decision "
                                                               "term")
         else:
@@ -298,6 +311,11 @@ class PlannerNode(LunaLifecycleNode):
         self.diagnostics.increment("cycles")
         if elapsed > self.params["replan_period"]:
             self.diagnostics.increment("missed_deadlines")
+
+
+def decision_timing(params: dict) -> DecisionTiming:
+    """T_d and the decision timeout of the node's parameters (0 = 2 T_d)."""
+    return DecisionTiming(params["decision_period"], params["decision_timeout"])
 
 
 def main(args=None) -> int:
