@@ -19,6 +19,8 @@ acceleration has not arrived yet takes the latest reported one and is corrected 
 time a node waits for the instant's acceleration (``complete_at``) once the topic has been heard.
 
 The planner node and the scene descriptor both keep one ``EgoHistory``: neither has its own rule.
+Readers iterate over a snapshot (``tuple(deque)`` is atomic under the GIL), so a node may read while
+its odometry callback, in a callback group of its own, appends.
 """
 
 from __future__ import annotations
@@ -58,12 +60,16 @@ class EgoHistory:
 
     @property
     def latest(self) -> EgoState | None:
-        return self.states[-1] if self.states else None
+        try:
+            return self.states[-1]
+        except IndexError:  # empty (checked this way: no window between a test and the read)
+            return None
 
     @property
     def acceleration_stamp(self) -> float | None:
         """Stamp of the latest reported acceleration; None until the topic has been heard."""
-        return self.reports[-1][0] if self.reports else None
+        reports = tuple(self.reports)
+        return reports[-1][0] if reports else None
 
     def add_state(self, ego: EgoState) -> EgoState:
         """Append an odometry state (its acceleration set here); raises ``EgoHistoryError`` for a
@@ -85,7 +91,7 @@ class EgoHistory:
         if not (math.isfinite(stamp) and math.isfinite(value)):
             raise EgoHistoryError(f"acceleration {value} at stamp {stamp} is not finite")
         self.reports.append((stamp, float(value)))
-        for ego in reversed(self.states):
+        for ego in reversed(tuple(self.states)):
             if abs(ego.stamp - stamp) < SAME_INSTANT:
                 ego.acceleration = float(value)
                 break
@@ -94,10 +100,11 @@ class EgoHistory:
 
     def at_or_before(self, now: float) -> EgoState | None:
         """The newest state stamped at or before ``now`` (the oldest kept if all are newer; None if empty)."""
-        for ego in reversed(self.states):
+        states = tuple(self.states)
+        for ego in reversed(states):
             if ego.stamp <= now + SAME_INSTANT:
                 return ego
-        return self.states[0] if self.states else None
+        return states[0] if states else None
 
     def complete_at(self, now: float) -> bool:
         """Whether the odometry of instant ``now`` is in, with its acceleration if the topic is heard."""
@@ -105,7 +112,7 @@ class EgoHistory:
         return last is not None and last.stamp >= now - SAME_INSTANT and heard_at(self.acceleration_stamp, now)
 
     def _acceleration_for(self, ego: EgoState, last: EgoState | None) -> float:
-        for stamp, value in reversed(self.reports):
+        for stamp, value in reversed(tuple(self.reports)):
             if abs(stamp - ego.stamp) < SAME_INSTANT:
                 return value
         if self.reports:  # its own is still on the way: the latest until it comes (add_acceleration)

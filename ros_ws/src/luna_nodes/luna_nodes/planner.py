@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 import luna_msgs.msg as lm
 from geometry_msgs.msg import AccelWithCovarianceStamped
@@ -35,9 +34,10 @@ from rclpy.lifecycle import TransitionCallbackReturn
 from visualization_msgs.msg import MarkerArray
 
 from luna_core.decision import DEFAULT_DECISION_PERIOD, DEFAULT_GAMMA_P, DecisionTiming, DecisionTimingError
+from luna_core.ego_history import EgoHistory, heard_at
 from luna_core.planning.factory import PlannerConfigError, make_planner, planner_names
 from luna_core.planning.fallback import comfortable_stop
-from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
+from luna_core.types import (DecisionDistribution, LaneGraph, PlannerInput, Route, TrackedObjects,
                              TrafficLights)
 from luna_nodes import convert, markers, qos
 from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
@@ -92,9 +92,9 @@ class PlannerNode(LunaLifecycleNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
         self.lock = threading.Lock()
-        self.history: deque[EgoState] = deque()
-        self.acceleration = 0.0  # m/s^2, the latest longitudinal acceleration
-        self.acceleration_stamp: float | None = None  # s; None until the topic has been heard
+        # Odometry paired with the reported acceleration by stamp (luna_core.ego_history, as the scene
+        # descriptor does): the planner and the student see the same ego_acceleration.
+        self.ego = EgoHistory(self.params["history_duration"])
         self.objects: TrackedObjects | None = None
         self.lights: TrafficLights | None = None
         self.graph: LaneGraph | None = None
@@ -153,6 +153,8 @@ class PlannerNode(LunaLifecycleNode):
         return mode == "on" or (mode == "auto" and self.sim_time())
 
     def apply_parameters(self, params: dict) -> None:
+        with self.lock:
+            self.ego.duration = params["history_duration"]
         timing = decision_timing(params)  # DecisionTimingError (a ValueError) refuses the change
         tracker = getattr(self.planner, "decisions", None)
         if tracker is not None:  # the planner ages decisions with the node's timing
@@ -175,31 +177,16 @@ class PlannerNode(LunaLifecycleNode):
     # -- inputs -------------------------------------------------------------------------------------
 
     def on_odometry(self, msg: Odometry) -> None:
-        ego = convert.odometry_to_ego(msg)
-        if not ego.is_finite():
-            raise ValueError("odometry contains NaN or inf")
-        with self.lock:
-            if self.history and ego.stamp < self.history[-1].stamp:
-                raise ValueError(f"odometry stamp {ego.stamp:.3f} s is older than the last one")
-            ego.acceleration = self.acceleration  # corrected below if its own-stamped value arrives later
-            self.history.append(ego)
-            while self.history and ego.stamp - self.history[0].stamp > self.params["history_duration"] + 1e-9:
-                self.history.popleft()
+        with self.lock:  # EgoHistoryError (a ValueError) -> rejected, diagnosed
+            self.ego.add_state(convert.odometry_to_ego(msg))
 
     def on_acceleration(self, msg: AccelWithCovarianceStamped) -> None:
-        # Odometry and acceleration travel on separate topics in either order: pair them by stamp.
-        stamp = convert.from_time(msg.header.stamp)
         with self.lock:
-            self.acceleration = float(msg.accel.accel.linear.x)
-            self.acceleration_stamp = stamp
-            for ego in reversed(self.history):
-                if abs(ego.stamp - stamp) < 1e-6:
-                    ego.acceleration = self.acceleration
-                    break
+            self.ego.add_acceleration(convert.from_time(msg.header.stamp), float(msg.accel.accel.linear.x))
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
         with self.lock:
-            ego = self.history[-1] if self.history else None
+            ego = self.ego.latest
         self.objects = self.usable_objects_of(msg, (ego.x, ego.y) if ego is not None else None)
 
     def on_lights(self, msg: lm.TrafficLightStateArray) -> None:
@@ -219,21 +206,16 @@ class PlannerNode(LunaLifecycleNode):
     def _has_inputs_of(self, now: float) -> bool:
         if self.graph is None or self.route is None:
             return False
-        def fresh(stamp: float | None) -> bool:
-            # None = never heard (no acceleration or lights source, e.g. in some bags): not waited for.
-            return stamp is None or stamp >= now - 1e-6
-
         with self.lock:
-            ego_ok = bool(self.history) and self.history[-1].stamp >= now - 1e-6
-            accel_ok = fresh(self.acceleration_stamp)
-        others_ok = all(fresh(m.stamp if m is not None else None) for m in (self.objects, self.lights))
+            ego_ok = self.ego.complete_at(now)  # odometry and (once heard) acceleration of this instant
+        others_ok = all(heard_at(m.stamp if m is not None else None, now) for m in (self.objects, self.lights))
         decision_due = self.params["planner"] == "luna" and decision_timing(self.params).due(now)
-        decision_ok = not decision_due or (self.decision is not None and self.decision.stamp >= now - 1e-6)
-        return ego_ok and accel_ok and others_ok and decision_ok
+        decision_ok = not decision_due or (self.decision is not None and heard_at(self.decision.stamp, now))
+        return ego_ok and others_ok and decision_ok
 
     def planner_input(self, now: float) -> PlannerInput | None:
         with self.lock:
-            history = list(self.history)
+            history = list(self.ego.states)
         if not history:
             self.diagnostics.set_condition("inputs", WARN, "waiting for odometry: nothing to plan from")
             return None
@@ -270,8 +252,8 @@ class PlannerNode(LunaLifecycleNode):
         if self.sim_time():
             # Lock step: the odometry, acceleration, objects, lights (and, at a decision instant, the
             # decision) of this very instant.
-            if not self.history:  # nothing could be published: worth waiting for (a loaded start-up)
-                self.wait_until(lambda: bool(self.history), FIRST_ODOMETRY_WAIT)
+            if self.ego.latest is None:  # nothing could be published: worth waiting for (a loaded start-up)
+                self.wait_until(lambda: self.ego.latest is not None, FIRST_ODOMETRY_WAIT)
             self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
         pin = self.planner_input(now)
         if pin is None:
