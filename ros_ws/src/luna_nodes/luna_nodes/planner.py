@@ -1,7 +1,9 @@
 """planner (managed): replans on a timer from the latest inputs and decision -> planning/trajectory.
 
 The planning algorithm is luna_core's (``make_planner``): the decision-guided Diffusion-ES planner by
-default, or a baseline. This node only gathers inputs, applies the degraded modes and publishes:
+default, or a baseline. This node only gathers inputs and publishes; the degraded modes are luna_core's
+(``luna_core.planning.cycle.plan_cycle``), the ego history with its acceleration too
+(``luna_core.ego_history``, shared with the scene descriptor):
 
 * decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term
   (the decision contract of ``luna_core.decision``: validated in ``convert``, followed and aged by the
@@ -34,11 +36,11 @@ from rclpy.lifecycle import TransitionCallbackReturn
 from visualization_msgs.msg import MarkerArray
 
 from luna_core.decision import DEFAULT_DECISION_PERIOD, DEFAULT_GAMMA_P, DecisionTiming, DecisionTimingError
-from luna_core.ego_history import EgoHistory, heard_at
+from luna_core.ego_history import EgoHistory
 from luna_core.planning.factory import PlannerConfigError, make_planner, planner_names
-from luna_core.planning.fallback import comfortable_stop
-from luna_core.types import (DecisionDistribution, LaneGraph, PlannerInput, Route, TrackedObjects,
-                             TrafficLights)
+from luna_core.planning.cycle import ERROR as CYCLE_ERROR
+from luna_core.planning.cycle import CycleInputs, CyclePolicy, instant_complete, plan_cycle
+from luna_core.types import DecisionDistribution, LaneGraph, Route, TrackedObjects, TrafficLights
 from luna_nodes import convert, markers, qos
 from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
@@ -203,46 +205,14 @@ class PlannerNode(LunaLifecycleNode):
 
     # -- the planning cycle -------------------------------------------------------------------------
 
-    def _has_inputs_of(self, now: float) -> bool:
-        if self.graph is None or self.route is None:
-            return False
-        with self.lock:
-            ego_ok = self.ego.complete_at(now)  # odometry and (once heard) acceleration of this instant
-        others_ok = all(heard_at(m.stamp if m is not None else None, now) for m in (self.objects, self.lights))
-        decision_due = self.params["planner"] == "luna" and decision_timing(self.params).due(now)
-        decision_ok = not decision_due or (self.decision is not None and heard_at(self.decision.stamp, now))
-        return ego_ok and others_ok and decision_ok
-
-    def planner_input(self, now: float) -> PlannerInput | None:
+    def inputs_at(self, now: float) -> CycleInputs:
         with self.lock:
             history = list(self.ego.states)
-        if not history:
-            self.diagnostics.set_condition("inputs", WARN, "waiting for odometry: nothing to plan from")
-            return None
-        missing = [n for n, v in (("lane graph", self.graph), ("route", self.route)) if v is None]
-        if missing:
-            # Without a map or route there is nothing to follow: a comfortable stop straight ahead.
-            self.diagnostics.set_condition("inputs", WARN, f"waiting for {', '.join(missing)}: comfortable stop")
-            return PlannerInput(time=now, ego_history=history, objects=self.objects or TrackedObjects(now),
-                                traffic_lights=self.lights or TrafficLights(now), lane_graph=LaneGraph(),
-                                route=Route(now, []), decision=None)
-        age = now - history[-1].stamp
-        if age > self.params["max_input_age"]:
-            self.diagnostics.set_condition("inputs", WARN, f"odometry is stale ({age:.2f} s old)")
-        else:
-            self.diagnostics.clear("inputs")
-        # The latest valid decision goes to the planner as it is: its DecisionTracker ages it (same timing).
-        decision = self.decision
-        why = "no valid decision received" if decision is None else \
-            decision_timing(self.params).stale(decision.stamp, now)
-        if why and self.params["planner"] == "luna":
-            self.diagnostics.set_condition("decision", WARN, f"{why}: fallback objective without the decision "
-                                                              "term")
-        else:
-            self.diagnostics.clear("decision")
-        return PlannerInput(time=now, ego_history=history, objects=self.objects or TrackedObjects(now),
-                            traffic_lights=self.lights or TrafficLights(now), lane_graph=self.graph,
-                            route=self.route, decision=decision)
+        return CycleInputs(now, history, self.objects, self.lights, self.graph, self.route, self.decision)
+
+    def policy(self) -> CyclePolicy:
+        p = self.params
+        return CyclePolicy(p["max_input_age"], decision_timing(p), follows_decisions=p["planner"] == "luna")
 
     def cycle(self) -> None:
         if self.planner is None or self.trajectory_pub is None:
@@ -254,40 +224,24 @@ class PlannerNode(LunaLifecycleNode):
             # decision) of this very instant.
             if self.ego.latest is None:  # nothing could be published: worth waiting for (a loaded start-up)
                 self.wait_until(lambda: self.ego.latest is not None, FIRST_ODOMETRY_WAIT)
-            self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
-        pin = self.planner_input(now)
-        if pin is None:
+            self.await_instant(now, lambda: instant_complete(self.ego, self.inputs_at(now), self.policy()),
+                               self.params["input_sync_timeout"])
+        # The degraded modes are luna_core's (planning.cycle); this node maps the outcome to its topics.
+        out = plan_cycle(self.planner, self.inputs_at(now), self.policy())
+        for key, condition in out.conditions.items():
+            if condition is None:
+                self.diagnostics.clear(key)
+            else:
+                self.diagnostics.set_condition(key, ERROR if condition.severity == CYCLE_ERROR else WARN,
+                                               condition.message)
+        for counter in out.counts:
+            self.diagnostics.increment(counter)
+        if out.trajectory is None:
             return
-        searched = None  # the planner whose candidates this cycle's markers show (none when it was bypassed)
-        if now - pin.ego.stamp > self.params["max_input_age"] or not pin.lane_graph.lanes:
-            # Stale odometry, or no map (missing or empty): nothing to plan on; stop comfortably.
-            trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
-            if not pin.lane_graph.lanes:
-                self.diagnostics.set_condition("planning", WARN, "lane graph has no lanes: comfortable stop "
-                                                                 "straight ahead")
-        else:
-            try:
-                trajectory = self.planner.plan(pin)
-                if not trajectory.is_finite() or len(trajectory) < 2:
-                    raise ValueError("planner returned a non-finite or empty trajectory")
-                searched = self.planner
-                reason = getattr(getattr(self.planner, "last", None), "degraded_reason", "")
-                cycle = getattr(self.planner, "cycle_info", dict)()
-                if cycle.get("mode"):  # cycles per mode: decision, fallback, least_bad, emergency_brake, ...
-                    self.diagnostics.increment(f"mode_{cycle['mode']}")
-                if cycle.get("flip"):
-                    self.diagnostics.increment("decision_flips")
-                if reason:
-                    self.diagnostics.set_condition("planning", WARN, reason)
-                else:
-                    self.diagnostics.clear("planning")
-            except Exception as exc:  # noqa: BLE001 - any planner failure -> comfortable stop
-                self.diagnostics.set_condition("planning", ERROR, f"planner failed ({exc}): comfortable stop")
-                self.diagnostics.increment("planner_failures")
-                trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
-        trajectory.stamp = now
-        self.trajectory_pub.publish(convert.trajectory_to_msg(trajectory))
-        self.markers_pub.publish(markers.candidate_markers(searched, convert.to_time(now)))
+        self.trajectory_pub.publish(convert.trajectory_to_msg(out.trajectory))
+        # Markers show this cycle's candidates, none when the planner was bypassed.
+        self.markers_pub.publish(markers.candidate_markers(self.planner if out.planned else None,
+                                                           convert.to_time(now)))
         elapsed = time.perf_counter() - started
         self.diagnostics.set_value("cycle_time_s", elapsed)
         self.diagnostics.increment("cycles")
