@@ -270,7 +270,7 @@ def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
     return make_planner("luna" if use_decisions else "diffusion-es", dict(
         search=search, gamma_p=settings.gamma_p,
         deterministic=settings.time_budget == 0, time_budget=settings.time_budget or 0.4,
-        decision_timeout=2.0 * settings.decision_period))
+        decision_period=settings.decision_period))  # the timeout derives from T_d (luna_core.decision)
 
 
 def make_stack_planner(variant: str, scenario: Scenario | None = None,

@@ -6,6 +6,7 @@ import pytest
 
 import luna_msgs.msg as lm
 from builtin_interfaces.msg import Time
+from geometry_msgs.msg import AccelWithCovarianceStamped
 from nav_msgs.msg import Odometry
 from rosgraph_msgs.msg import Clock
 
@@ -159,3 +160,33 @@ def test_lock_step_instant_waits_for_its_late_odometry(sim_scene_node):
     assert _scene_at(scenes, held) is None, "a scene of the held instant before its odometry was published"
     pubs["odom"].publish(_odometry_at(held))
     probe.wait(lambda: _scene_at(scenes, held) is not None, 10.0, "the scene of the held instant")
+
+
+def _acceleration_at(ns: int, value: float) -> AccelWithCovarianceStamped:
+    msg = AccelWithCovarianceStamped()
+    msg.header.stamp = _stamp(ns)
+    msg.header.frame_id = "base_link"
+    msg.accel.accel.linear.x = value
+    return msg
+
+
+def test_lock_step_scene_carries_the_reported_acceleration_of_its_instant(sim_scene_node):
+    """ego_acceleration is the acceleration the simulator reports for the instant (as in evaluation and
+    as the planner pairs it), in either arrival order; not a finite difference of the speed (the
+    speed here is constant: a difference would give 0)."""
+    _, probe = sim_scene_node
+    scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+    pubs, clock = _lock_step_inputs(probe)
+    accel = probe.publisher(AccelWithCovarianceStamped, "localization/acceleration", qos.STATE)
+    wait_for_subscribers(accel)
+    first = BAG_EPOCH * 1_000_000_000
+    for k, (value, accel_first) in enumerate([(1.5, True), (-0.75, False), (0.25, False)]):
+        ns = first + k * 100_000_000
+        clock.publish(Clock(clock=_stamp(ns)))
+        if accel_first:
+            accel.publish(_acceleration_at(ns, value))
+        pubs["odom"].publish(_odometry_at(ns))
+        if not accel_first:  # after its odometry: the instant waits for it (the topic has been heard)
+            accel.publish(_acceleration_at(ns, value))
+        probe.wait(lambda: _scene_at(scenes, ns) is not None, 30.0 if k == 0 else 10.0, f"the scene of {ns} ns")
+        assert C.msg_to_scene(_scene_at(scenes, ns)).ego_acceleration == pytest.approx(value), k

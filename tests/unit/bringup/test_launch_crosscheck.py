@@ -24,7 +24,9 @@ def test_a_planted_difference_is_reported_and_gives_exit_status_1() -> None:
     assert [p.label for p in luna] == ["map_server", "scene_descriptor", "progress_monitor", "planner",
                                        "decision", "reflection_client"]
     decision = luna[4]
-    assert [Path(p.file).name for p in decision.parameters] == ["decision_inference.yaml", "explainer.yaml"]
+    # The shared file first (T_d, gamma_p), then each node's own.
+    assert [Path(p.file).name for p in decision.parameters] == ["common.param.yaml", "decision_inference.yaml",
+                                                                "explainer.yaml"]
     assert dict(decision.environment)["PYTHONUNBUFFERED"] == "1"
     assert lc.compare("defaults", luna, list(luna)) == []
     assert lc.exit_status([]) == 0

@@ -108,7 +108,7 @@ def test_planner_holds_the_interval_of_the_decision_stamp(prior) -> None:
     later = PlannerInput(10.5, accelerating_history(8.0, 12.5, now=10.5), TrackedObjects(10.5, []),
                          TrafficLights(10.5), pin.lane_graph, pin.route, pin.decision)
     pl.plan_detailed(later)
-    assert pl._in_force.reference_speed == pytest.approx(8.0)
+    assert pl.decisions.current.reference_speed == pytest.approx(8.0)
 
 
 # ---- the speed limit -----------------------------------------------------------------------------
@@ -243,5 +243,5 @@ def test_a_lane_change_keeps_its_target_lane_after_the_ego_crossed_into_it(prior
                                           Route(0.0, ["A"]), d))
     assert later.mode == MODE_DECISION and later.action == "CL", later.reasons
     assert abs(later.trajectory.y[-1] - 3.5) < 0.5  # stays in A0
-    assert pl._in_force.target_lane("L", {"K": ("A0",), "R": ("A1",)}) == "K"
-    assert pl._in_force.target_lane("K", {"K": ("A0",), "R": ("A1",)}) == "R"
+    assert pl.decisions.current.target_lane("L", {"K": ("A0",), "R": ("A1",)}) == "K"
+    assert pl.decisions.current.target_lane("K", {"K": ("A0",), "R": ("A1",)}) == "R"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from luna_bringup.topology import config_dir, load_topology
+from luna_bringup.topology import COMMON_PARAMS, config_dir, load_topology
 from luna_nodes.docs import NODE_MODULES
 from luna_nodes.docs import main as docs_main
 from luna_nodes.params import validate
@@ -36,3 +36,37 @@ def test_bundled_parameter_file_is_valid(node):
     assert not unknown, f"{path}: unknown parameters {sorted(unknown)}"
     for name, value in values.items():
         validate(specs[name], value)
+
+
+def _specs(node: str) -> dict:
+    module, _, attr = NODE_MODULES[node].partition(":")
+    return {s.name: s for s in getattr(importlib.import_module(module), attr or "INTERFACE").params}
+
+
+def test_shared_parameters_are_set_once_and_valid_for_every_node_reading_them():
+    """T_d, gamma_p and the derived timeout live in common.param.yaml only: every process reads it
+    before its nodes' files (both launchers), and no node file sets them again."""
+    path = config_dir() / COMMON_PARAMS
+    shared = yaml.safe_load(path.read_text())["/**"]["ros__parameters"]
+    assert set(shared) == {"decision_period", "decision_timeout", "gamma_p"}, shared
+    readers = {name: [n for n in NODE_MODULES if name in _specs(n)] for name in shared}
+    assert sorted(readers["decision_period"]) == ["decision_inference", "planner", "progress_monitor"], readers
+    assert readers["decision_timeout"] == ["planner"], readers
+    assert sorted(readers["gamma_p"]) == ["decision_inference", "explainer", "planner"], readers
+    for name, nodes in readers.items():
+        for node in nodes:
+            validate(_specs(node)[name], shared[name])
+            own = yaml.safe_load((config_dir() / f"{node}.yaml").read_text())[node]["ros__parameters"]
+            assert name not in own, f"{node}.yaml sets {name} again: it belongs to {COMMON_PARAMS} only"
+    # The planner's timeout derives from T_d: 2 T_d.
+    from luna_core.decision import DecisionTiming
+    assert DecisionTiming(shared["decision_period"], shared["decision_timeout"]).expiry == 2 * shared["decision_period"]
+
+
+def test_every_process_reads_the_shared_file_first():
+    topology = load_topology()
+    for process in topology.processes:
+        files = process.params_files(config_dir())
+        assert files[0].name == COMMON_PARAMS and [f.name for f in files[1:]] == [f"{n}.yaml" for n in process.nodes]
+        args = topology.ros_arguments(process, config_dir())
+        assert args[:3] == ["--ros-args", "--params-file", str(config_dir() / COMMON_PARAMS)], args

@@ -2,7 +2,8 @@
     [topology:=FILE]
 
 Built from the same config/topology.yaml that ``luna up`` runs, so both start the same processes (with
-the same log names) with the same parameter files, remappings and environment (the fast-discovery DDS
+the same log names) with the same parameter files (``common.param.yaml`` first, then each node's;
+``ProcessSpec.params_files``), remappings and environment (the fast-discovery DDS
 profile unless FASTDDS_DEFAULT_PROFILES_FILE is set; unbuffered Python output), and both restart a
 process that dies on its own. benchmarks/launch_crosscheck.py checks this with launch itself
 (docs/launch.md).

@@ -37,7 +37,8 @@ from pathlib import Path
 import yaml
 
 from luna_bringup.supervisor import Supervisor
-from luna_bringup.topology import config_dir, load_topology
+from luna_core.decision import DecisionTiming
+from luna_bringup.topology import COMMON_PARAMS, config_dir, load_topology
 
 DEFAULT_SCENARIOS = ("hard_following_lane_with_lead_00", "hard_stopping_with_lead_00",
                      "hard_waiting_for_pedestrian_to_cross_00")
@@ -91,17 +92,21 @@ def _params_dir(out: Path, planner: str, with_decisions: bool) -> Path:
 
     # Lock step: the clock waits for the planner, the planner for the inputs and the decision of its
     # instant, the decision for the scene of its instant, the scene for the inputs of its instant.
+    # Without decisions the planner waits for none (decision_period 0); its timeout then cannot derive
+    # from T_d and is set to what it would be (no decision comes to age anyway).
+    timing = {"decision_period": decision_period()} if with_decisions else \
+        {"decision_period": 0.0, "decision_timeout": DecisionTiming(decision_period()).expiry}
     patch("planner", planner=planner, deterministic="on", replan_period=REPLAN_PERIOD,
-          input_sync_timeout=LOCKSTEP_WAIT, decision_period=decision_period() if with_decisions else 0.0)
+          input_sync_timeout=LOCKSTEP_WAIT, **timing)
     patch("scene_descriptor", input_sync_timeout=LOCKSTEP_WAIT)
     patch("decision_inference", input_sync_timeout=LOCKSTEP_WAIT, max_scene_age=2.0, memory_reload=False)
     return params
 
 
 def decision_period() -> float:
-    """T_d of the bundled decision_inference parameters."""
-    data = yaml.safe_load((config_dir() / "decision_inference.yaml").read_text())
-    return float(data["decision_inference"]["ros__parameters"]["decision_period"])
+    """T_d of the bundled parameters (the stack's shared file)."""
+    data = yaml.safe_load((config_dir() / COMMON_PARAMS).read_text())
+    return float(data["/**"]["ros__parameters"]["decision_period"])
 
 
 def _fresh(out: Path) -> None:

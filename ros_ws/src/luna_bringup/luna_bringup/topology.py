@@ -2,7 +2,8 @@
 
 ``config/topology.yaml`` lists the processes of the stack; each runs one executable of a package and
 holds one or more nodes (nodes in one process share memory, e.g. one language-model instance for
-``decision_inference`` and ``explainer``). Every node reads ``config/<node>.yaml``. From this file,
+``decision_inference`` and ``explainer``). Every process reads ``config/common.param.yaml`` (what the
+nodes share: T_d, gamma_p), then ``config/<node>.yaml`` of each of its nodes. From this file,
 ``launch/luna.launch.py`` builds launch_ros ``Node`` actions on full ROS installs and ``luna up``
 starts the same processes on pip-only machines. Both restart a process that dies on its own
 (``restart``: back-off, and a limit for the processes marked ``critical: false``).
@@ -17,6 +18,8 @@ from pathlib import Path
 import yaml
 
 PACKAGE = "luna_bringup"
+#: The parameter file every process reads before its nodes' own (T_d, gamma_p and what derives from them).
+COMMON_PARAMS = "common.param.yaml"
 
 
 class TopologyError(ValueError):
@@ -72,7 +75,9 @@ class ProcessSpec:
     critical: bool = True  # False: reflection, explanations; given up after the restart limit
 
     def params_files(self, params_dir: Path) -> list[Path]:
-        return [params_dir / f"{node}.yaml" for node in self.nodes]
+        """The parameter files of this process, in the order they are read: the shared one first
+        (``COMMON_PARAMS``: T_d, gamma_p), then each node's own, which may override it."""
+        return [params_dir / COMMON_PARAMS] + [params_dir / f"{node}.yaml" for node in self.nodes]
 
 
 @dataclass

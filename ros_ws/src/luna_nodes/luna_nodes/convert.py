@@ -16,6 +16,7 @@ from std_msgs.msg import Header
 
 import luna_msgs.msg as lm
 from luna_core import types as T
+from luna_core.decision import check_decision
 
 # -- primitives -------------------------------------------------------------------------------------
 
@@ -264,15 +265,12 @@ def msg_to_decision(msg: lm.DecisionDistribution, validate: bool = True) -> T.De
     ordered = np.zeros(T.NUM_ACTIONS)
     for c, p in zip(codes, probs):
         ordered[T.ACTION_INDEX[c]] = p
-    if validate:
-        ordered = T.validate_distribution(ordered)
-    bad = [c for c in msg.candidate_set if c not in T.ACTION_INDEX]
-    if bad:
-        raise ValueError(f"decision candidate set names unknown action codes {bad}")
-    return T.DecisionDistribution(stamp=from_time(msg.header.stamp), probabilities=ordered,
-                                  candidate_set=list(msg.candidate_set), query=msg.query,
-                                  retrieved_ids=list(msg.retrieved_ids), latency=msg.latency,
-                                  scene_stamp=from_time(msg.scene_stamp), memory_version=msg.memory_version)
+    decision = T.DecisionDistribution(stamp=from_time(msg.header.stamp), probabilities=ordered,
+                                      candidate_set=list(msg.candidate_set), query=msg.query,
+                                      retrieved_ids=list(msg.retrieved_ids), latency=msg.latency,
+                                      scene_stamp=from_time(msg.scene_stamp), memory_version=msg.memory_version)
+    # The decision contract's one validation (luna_core.decision), at the ROS boundary.
+    return check_decision(decision) if validate else decision
 
 
 def failure_to_msg(f: T.FailureEvent, frame_id: str = "map") -> lm.FailureEvent:

@@ -1,9 +1,13 @@
 """planner (managed): replans on a timer from the latest inputs and decision -> planning/trajectory.
 
 The planning algorithm is luna_core's (``make_planner``): the decision-guided Diffusion-ES planner by
-default, or a baseline. This node only gathers inputs, applies the degraded modes and publishes:
+default, or a baseline. This node only gathers inputs and publishes; the degraded modes are luna_core's
+(``luna_core.planning.cycle.plan_cycle``), the ego history with its acceleration too
+(``luna_core.ego_history``, shared with the scene descriptor):
 
-* decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term;
+* decision older than ``decision_timeout`` (default 2 T_d) or invalid: plan without the decision term
+  (the decision contract of ``luna_core.decision``: validated in ``convert``, followed and aged by the
+  planner's ``DecisionTracker`` with this node's ``DecisionTiming``);
 * objects with unknown fields: ``usable_objects`` (an unknown size gets the class's default footprint, an
   object without a usable position is left out, at most ``max_tracked_objects`` nearest the ego), diagnosed;
 * no lane graph or route yet, an empty lane graph, or stale odometry: a comfortable stop;
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 import luna_msgs.msg as lm
 from geometry_msgs.msg import AccelWithCovarianceStamped
@@ -32,10 +35,12 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.lifecycle import TransitionCallbackReturn
 from visualization_msgs.msg import MarkerArray
 
+from luna_core.decision import DEFAULT_DECISION_PERIOD, DEFAULT_GAMMA_P, DecisionTiming, DecisionTimingError
+from luna_core.ego_history import EgoHistory
 from luna_core.planning.factory import PlannerConfigError, make_planner, planner_names
-from luna_core.planning.fallback import comfortable_stop
-from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
-                             TrafficLights)
+from luna_core.planning.cycle import ERROR as CYCLE_ERROR
+from luna_core.planning.cycle import CycleInputs, CyclePolicy, instant_complete, plan_cycle
+from luna_core.types import DecisionDistribution, LaneGraph, Route, TrackedObjects, TrafficLights
 from luna_nodes import convert, markers, qos
 from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
@@ -64,20 +69,22 @@ INTERFACE = NodeInterface(
                   "full size (luna, diffusion-es): the same inputs give the same trajectory however loaded the "
                   "machine. auto = on under use_sim_time (lock step, replay on bag time), off on wall time.",
                   choices=("auto", "on", "off")),
-        ParamSpec("decision_timeout", float, 4.0, "A decision older than this (2 T_d) is ignored: fallback "
-                  "objective without the decision term.", "s", min=0.0, runtime=True),
+        ParamSpec("decision_timeout", float, 0.0, "A decision older than this is ignored: fallback objective "
+                  "without the decision term. 0 = 2 decision_period (2 T_d).", "s", min=0.0, runtime=True),
         ParamSpec("history_duration", float, 2.0, "Ego history passed to the planner.", "s", min=0.0, max=10.0,
                   runtime=True),
         ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a cycle waits for the "
                   "odometry (and at decision instants the decision) of its own instant.", "s", min=0.0,
                   runtime=True),
-        ParamSpec("decision_period", float, 2.0, "T_d of the decision node, for the lock-step wait; 0 = never "
-                  "wait for decisions.", "s", min=0.0, runtime=True),
+        ParamSpec("decision_period", float, DEFAULT_DECISION_PERIOD, "T_d of the decision node (common.param.yaml),"
+                  " for the lock-step wait and the default decision_timeout; 0 = never wait for decisions "
+                  "(decision_timeout must then be set).", "s", min=0.0, runtime=True),
         ParamSpec("max_input_age", float, 1.0, "Odometry older than this: publish a stop and report.", "s",
                   min=0.01, runtime=True),
         MAX_TRACKED_OBJECTS,
         ParamSpec("population", int, 128, "Diffusion-ES population (luna, diffusion-es).", min=4, max=4096),
-        ParamSpec("gamma_p", float, 0.1, "Candidate-set threshold of Eq. 19.", min=0.0, max=1.0),
+        ParamSpec("gamma_p", float, DEFAULT_GAMMA_P, "Candidate-set threshold of Eq. 19 (common.param.yaml); "
+                  "used only for a decision published without its candidate set.", min=0.0, max=1.0),
         ParamSpec("diffusion_model", str, "", "Folder of the diffusion prior; empty = the bundled default."),
     ],
 )
@@ -87,9 +94,9 @@ class PlannerNode(LunaLifecycleNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
         self.lock = threading.Lock()
-        self.history: deque[EgoState] = deque()
-        self.acceleration = 0.0  # m/s^2, the latest longitudinal acceleration
-        self.acceleration_stamp: float | None = None  # s; None until the topic has been heard
+        # Odometry paired with the reported acceleration by stamp (luna_core.ego_history, as the scene
+        # descriptor does): the planner and the student see the same ego_acceleration.
+        self.ego = EgoHistory(self.params["history_duration"])
         self.objects: TrackedObjects | None = None
         self.lights: TrafficLights | None = None
         self.graph: LaneGraph | None = None
@@ -116,10 +123,16 @@ class PlannerNode(LunaLifecycleNode):
 
     def on_configure(self, state) -> TransitionCallbackReturn:
         p = self.params
+        try:
+            timing = decision_timing(p)
+        except DecisionTimingError as exc:
+            self.diagnostics.set_condition("planner", ERROR, str(exc))
+            return TransitionCallbackReturn.FAILURE
         options = {}
         if p["planner"] in ("luna", "diffusion-es"):
             options = {"population": p["population"], "gamma_p": p["gamma_p"], "time_budget": p["time_budget"],
-                       "deterministic": self.deterministic()}
+                       "deterministic": self.deterministic(), "decision_period": timing.period,
+                       "decision_timeout": timing.timeout}
             if p["diffusion_model"]:
                 options["model_path"] = p["diffusion_model"]
         try:
@@ -141,6 +154,14 @@ class PlannerNode(LunaLifecycleNode):
         mode = self.params["deterministic"]
         return mode == "on" or (mode == "auto" and self.sim_time())
 
+    def apply_parameters(self, params: dict) -> None:
+        with self.lock:
+            self.ego.duration = params["history_duration"]
+        timing = decision_timing(params)  # DecisionTimingError (a ValueError) refuses the change
+        tracker = getattr(self.planner, "decisions", None)
+        if tracker is not None:  # the planner ages decisions with the node's timing
+            tracker.timing = timing
+
     def on_activate(self, state) -> TransitionCallbackReturn:
         self.timer = self.create_periodic(self.params["replan_period"], self.cycle, self.cycle_group)
         return super().on_activate(state)
@@ -158,31 +179,16 @@ class PlannerNode(LunaLifecycleNode):
     # -- inputs -------------------------------------------------------------------------------------
 
     def on_odometry(self, msg: Odometry) -> None:
-        ego = convert.odometry_to_ego(msg)
-        if not ego.is_finite():
-            raise ValueError("odometry contains NaN or inf")
-        with self.lock:
-            if self.history and ego.stamp < self.history[-1].stamp:
-                raise ValueError(f"odometry stamp {ego.stamp:.3f} s is older than the last one")
-            ego.acceleration = self.acceleration  # corrected below if its own-stamped value arrives later
-            self.history.append(ego)
-            while self.history and ego.stamp - self.history[0].stamp > self.params["history_duration"] + 1e-9:
-                self.history.popleft()
+        with self.lock:  # EgoHistoryError (a ValueError) -> rejected, diagnosed
+            self.ego.add_state(convert.odometry_to_ego(msg))
 
     def on_acceleration(self, msg: AccelWithCovarianceStamped) -> None:
-        # Odometry and acceleration travel on separate topics in either order: pair them by stamp.
-        stamp = convert.from_time(msg.header.stamp)
         with self.lock:
-            self.acceleration = float(msg.accel.accel.linear.x)
-            self.acceleration_stamp = stamp
-            for ego in reversed(self.history):
-                if abs(ego.stamp - stamp) < 1e-6:
-                    ego.acceleration = self.acceleration
-                    break
+            self.ego.add_acceleration(convert.from_time(msg.header.stamp), float(msg.accel.accel.linear.x))
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
         with self.lock:
-            ego = self.history[-1] if self.history else None
+            ego = self.ego.latest
         self.objects = self.usable_objects_of(msg, (ego.x, ego.y) if ego is not None else None)
 
     def on_lights(self, msg: lm.TrafficLightStateArray) -> None:
@@ -199,55 +205,14 @@ class PlannerNode(LunaLifecycleNode):
 
     # -- the planning cycle -------------------------------------------------------------------------
 
-    def _has_inputs_of(self, now: float) -> bool:
-        if self.graph is None or self.route is None:
-            return False
-        def fresh(stamp: float | None) -> bool:
-            # None = never heard (no acceleration or lights source, e.g. in some bags): not waited for.
-            return stamp is None or stamp >= now - 1e-6
-
+    def inputs_at(self, now: float) -> CycleInputs:
         with self.lock:
-            ego_ok = bool(self.history) and self.history[-1].stamp >= now - 1e-6
-            accel_ok = fresh(self.acceleration_stamp)
-        others_ok = all(fresh(m.stamp if m is not None else None) for m in (self.objects, self.lights))
-        decision_period = self.params["decision_period"]
-        decision_due = self.params["planner"] == "luna" and decision_period > 0 and \
-            abs(now / decision_period - round(now / decision_period)) < 1e-6
-        decision_ok = not decision_due or (self.decision is not None and self.decision.stamp >= now - 1e-6)
-        return ego_ok and accel_ok and others_ok and decision_ok
+            history = list(self.ego.states)
+        return CycleInputs(now, history, self.objects, self.lights, self.graph, self.route, self.decision)
 
-    def planner_input(self, now: float) -> PlannerInput | None:
-        with self.lock:
-            history = list(self.history)
-        if not history:
-            self.diagnostics.set_condition("inputs", WARN, "waiting for odometry: nothing to plan from")
-            return None
-        missing = [n for n, v in (("lane graph", self.graph), ("route", self.route)) if v is None]
-        if missing:
-            # Without a map or route there is nothing to follow: a comfortable stop straight ahead.
-            self.diagnostics.set_condition("inputs", WARN, f"waiting for {', '.join(missing)}: comfortable stop")
-            return PlannerInput(time=now, ego_history=history, objects=self.objects or TrackedObjects(now),
-                                traffic_lights=self.lights or TrafficLights(now), lane_graph=LaneGraph(),
-                                route=Route(now, []), decision=None)
-        age = now - history[-1].stamp
-        if age > self.params["max_input_age"]:
-            self.diagnostics.set_condition("inputs", WARN, f"odometry is stale ({age:.2f} s old)")
-        else:
-            self.diagnostics.clear("inputs")
-        decision = self.decision
-        why = "no valid decision received"
-        if decision is not None and now - decision.stamp > self.params["decision_timeout"]:
-            why = (f"decision is stale ({now - decision.stamp:.2f} s old > "
-                   f"{self.params['decision_timeout']:.2f} s = 2 T_d)")
-            decision = None
-        if decision is None and self.params["planner"] == "luna":
-            self.diagnostics.set_condition("decision", WARN, f"{why}: fallback objective without the decision "
-                                                              "term")
-        else:
-            self.diagnostics.clear("decision")
-        return PlannerInput(time=now, ego_history=history, objects=self.objects or TrackedObjects(now),
-                            traffic_lights=self.lights or TrafficLights(now), lane_graph=self.graph,
-                            route=self.route, decision=decision)
+    def policy(self) -> CyclePolicy:
+        p = self.params
+        return CyclePolicy(p["max_input_age"], decision_timing(p), follows_decisions=p["planner"] == "luna")
 
     def cycle(self) -> None:
         if self.planner is None or self.trajectory_pub is None:
@@ -257,47 +222,36 @@ class PlannerNode(LunaLifecycleNode):
         if self.sim_time():
             # Lock step: the odometry, acceleration, objects, lights (and, at a decision instant, the
             # decision) of this very instant.
-            if not self.history:  # nothing could be published: worth waiting for (a loaded start-up)
-                self.wait_until(lambda: bool(self.history), FIRST_ODOMETRY_WAIT)
-            self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"])
-        pin = self.planner_input(now)
-        if pin is None:
+            if self.ego.latest is None:  # nothing could be published: worth waiting for (a loaded start-up)
+                self.wait_until(lambda: self.ego.latest is not None, FIRST_ODOMETRY_WAIT)
+            self.await_instant(now, lambda: instant_complete(self.ego, self.inputs_at(now), self.policy()),
+                               self.params["input_sync_timeout"])
+        # The degraded modes are luna_core's (planning.cycle); this node maps the outcome to its topics.
+        out = plan_cycle(self.planner, self.inputs_at(now), self.policy())
+        for key, condition in out.conditions.items():
+            if condition is None:
+                self.diagnostics.clear(key)
+            else:
+                self.diagnostics.set_condition(key, ERROR if condition.severity == CYCLE_ERROR else WARN,
+                                               condition.message)
+        for counter in out.counts:
+            self.diagnostics.increment(counter)
+        if out.trajectory is None:
             return
-        searched = None  # the planner whose candidates this cycle's markers show (none when it was bypassed)
-        if now - pin.ego.stamp > self.params["max_input_age"] or not pin.lane_graph.lanes:
-            # Stale odometry, or no map (missing or empty): nothing to plan on; stop comfortably.
-            trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
-            if not pin.lane_graph.lanes:
-                self.diagnostics.set_condition("planning", WARN, "lane graph has no lanes: comfortable stop "
-                                                                 "straight ahead")
-        else:
-            try:
-                trajectory = self.planner.plan(pin)
-                if not trajectory.is_finite() or len(trajectory) < 2:
-                    raise ValueError("planner returned a non-finite or empty trajectory")
-                searched = self.planner
-                reason = getattr(getattr(self.planner, "last", None), "degraded_reason", "")
-                cycle = getattr(self.planner, "cycle_info", dict)()
-                if cycle.get("mode"):  # cycles per mode: decision, fallback, least_bad, emergency_brake, ...
-                    self.diagnostics.increment(f"mode_{cycle['mode']}")
-                if cycle.get("flip"):
-                    self.diagnostics.increment("decision_flips")
-                if reason:
-                    self.diagnostics.set_condition("planning", WARN, reason)
-                else:
-                    self.diagnostics.clear("planning")
-            except Exception as exc:  # noqa: BLE001 - any planner failure -> comfortable stop
-                self.diagnostics.set_condition("planning", ERROR, f"planner failed ({exc}): comfortable stop")
-                self.diagnostics.increment("planner_failures")
-                trajectory = comfortable_stop(pin.ego, pin.lane_graph, pin.route)
-        trajectory.stamp = now
-        self.trajectory_pub.publish(convert.trajectory_to_msg(trajectory))
-        self.markers_pub.publish(markers.candidate_markers(searched, convert.to_time(now)))
+        self.trajectory_pub.publish(convert.trajectory_to_msg(out.trajectory))
+        # Markers show this cycle's candidates, none when the planner was bypassed.
+        self.markers_pub.publish(markers.candidate_markers(self.planner if out.planned else None,
+                                                           convert.to_time(now)))
         elapsed = time.perf_counter() - started
         self.diagnostics.set_value("cycle_time_s", elapsed)
         self.diagnostics.increment("cycles")
         if elapsed > self.params["replan_period"]:
             self.diagnostics.increment("missed_deadlines")
+
+
+def decision_timing(params: dict) -> DecisionTiming:
+    """T_d and the decision timeout of the node's parameters (0 = 2 T_d)."""
+    return DecisionTiming(params["decision_period"], params["decision_timeout"])
 
 
 def main(args=None) -> int:

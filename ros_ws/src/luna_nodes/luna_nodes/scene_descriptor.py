@@ -1,7 +1,12 @@
 """scene_descriptor: builds xi_t (luna_core.scene) from the latest inputs at a fixed rate.
 
+``ego_acceleration`` is the reported acceleration (``localization/acceleration``: the simulator's value
+in closed loop, as in evaluation) paired with the odometry by stamp, the planner's rule
+(``luna_core.ego_history``); only without that topic (e.g. a bag recorded without it) a smoothed
+finite difference of the speed, in both nodes alike.
+
 Under ``use_sim_time`` the scene of instant t waits (``input_sync_timeout`` of wall time) for the
-odometry, objects and lights stamped t (each once it has been heard), as the planner does: DDS does not
+odometry, acceleration, objects and lights stamped t (each once it has been heard), as the planner does: DDS does not
 order topics, and a lock-step simulator's ``/clock`` may overtake the inputs it published before it. It
 is built from the latest inputs stamped at or before t (a tick that runs late, after the clock moved
 on, still describes its own instant), so a lock-step run gives the same scenes however loaded the
@@ -19,10 +24,12 @@ import math
 import time
 
 import luna_msgs.msg as lm
+from geometry_msgs.msg import AccelWithCovarianceStamped
 from nav_msgs.msg import Odometry
 
+from luna_core.ego_history import EgoHistory, heard_at
 from luna_core.scene import SceneConfig, SceneInputError, build_scene
-from luna_core.types import EgoState, LaneGraph, Route, TrackedObjects, TrafficLights
+from luna_core.types import LaneGraph, Route, TrackedObjects, TrafficLights
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 
 from luna_nodes import convert, qos
@@ -30,12 +37,15 @@ from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WAR
 from luna_nodes.params import NodeInterface, ParamSpec
 
 RECENT_KEPT = 20  # inputs of each kind kept to build the scene of an instant (2 s at 10 Hz)
+RECENT_EGO = 2.0  # s of odometry kept, for the same reason
 
 INTERFACE = NodeInterface(
     name="scene_descriptor",
     summary="Builds the scene descriptor xi_t (LUNA-AD Eq. 4, Table I) from odometry, tracked objects, "
             "traffic lights, the route and the lane graph, and publishes it at a fixed rate.",
     inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 50"),
+            ("localization/acceleration", "geometry_msgs/AccelWithCovarianceStamped", "reliable, keep last 50; "
+             "ego_acceleration (optional: without it, the speed's smoothed finite difference)"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
             ("planning/route", "luna_msgs/Route", "reliable, transient local"),
@@ -65,7 +75,7 @@ class SceneDescriptorNode(LunaNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
         self.config = scene_config(self.params)
-        self.ego: EgoState | None = None
+        self.ego = EgoHistory(RECENT_EGO)  # odometry paired with its acceleration (the planner's rule)
         self.objects: TrackedObjects | None = None
         self.lights: TrafficLights | None = None
         self.route: Route | None = None
@@ -73,11 +83,13 @@ class SceneDescriptorNode(LunaNode):
         self.recent_decisions: list[str] = []
         # Under sim time the scene of an instant is built from the inputs of that instant (see above).
         self.recent: dict[str, collections.deque] = {k: collections.deque(maxlen=RECENT_KEPT)
-                                                     for k in ("ego", "objects", "lights")}
+                                                     for k in ("objects", "lights")}
         self.publisher = self.luna_publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
         # Odometry has a group of its own: a huge objects message must not hold it up (issue 17).
         self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.STATE,
                                callback_group=MutuallyExclusiveCallbackGroup())
+        self.luna_subscription(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration,
+                               qos.STATE)
         self.luna_subscription(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
         self.luna_subscription(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
         self.luna_subscription(lm.Route, "planning/route", self.on_route, qos.LATCHED)
@@ -91,25 +103,13 @@ class SceneDescriptorNode(LunaNode):
     # -- inputs -------------------------------------------------------------------------------------
 
     def on_odometry(self, msg: Odometry) -> None:
-        ego = convert.odometry_to_ego(msg)
-        if not ego.is_finite():
-            raise ValueError("odometry contains NaN or inf")
-        if self.ego is not None:
-            dt = ego.stamp - self.ego.stamp
-            if dt < 0:
-                raise ValueError(f"odometry stamp {ego.stamp:.3f} s is older than the last one "
-                                 f"({self.ego.stamp:.3f} s)")
-            # Odometry carries no acceleration: differentiate the speed (smoothed).
-            if dt > 1e-3:
-                raw = (ego.velocity - self.ego.velocity) / dt
-                ego.acceleration = 0.7 * self.ego.acceleration + 0.3 * raw
-            else:
-                ego.acceleration = self.ego.acceleration
-        self.ego = ego
-        self.recent["ego"].append(ego)
+        self.ego.add_state(convert.odometry_to_ego(msg))  # EgoHistoryError -> rejected, diagnosed
+
+    def on_acceleration(self, msg: AccelWithCovarianceStamped) -> None:
+        self.ego.add_acceleration(convert.from_time(msg.header.stamp), float(msg.accel.accel.linear.x))
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
-        ego = self.ego
+        ego = self.ego.latest
         self.objects = self.usable_objects_of(msg, (ego.x, ego.y) if ego is not None else None)
         self.recent["objects"].append(self.objects)
 
@@ -131,18 +131,18 @@ class SceneDescriptorNode(LunaNode):
     # -- output -------------------------------------------------------------------------------------
 
     def missing_inputs(self) -> list[str]:
-        return [name for name, value in (("odometry", self.ego), ("route", self.route),
+        return [name for name, value in (("odometry", self.ego.latest), ("route", self.route),
                                          ("lane graph", self.graph)) if value is None]
 
     def _has_inputs_of(self, now: float) -> bool:
-        if self.graph is None or self.route is None or self.ego is None:
+        if self.graph is None or self.route is None:
             return False
-        # None = never heard (no lights source, e.g. in some bags): not waited for.
-        return self.ego.stamp >= now - 1e-6 and all(m is None or m.stamp >= now - 1e-6
-                                                    for m in (self.objects, self.lights))
+        # Odometry with (once heard) its acceleration, objects and lights of this instant.
+        return self.ego.complete_at(now) and all(heard_at(m.stamp if m is not None else None, now)
+                                                 for m in (self.objects, self.lights))
 
     def _fresh_odometry_of(self, now: float) -> bool:
-        ego = self._at("ego", now, self.ego)
+        ego = self.ego.at_or_before(now)
         return ego is not None and now - ego.stamp <= self.params["max_input_age"]
 
     def _clock_past(self, now: float) -> bool:
@@ -155,17 +155,17 @@ class SceneDescriptorNode(LunaNode):
 
     def tick(self) -> None:
         now = self.now_s()
-        ego, objects, lights = self.ego, self.objects, self.lights
+        ego, objects, lights = self.ego.latest, self.objects, self.lights
         if self.sim_time():
-            if self.ego is None:  # the first instant of a lock-step run: its odometry may still be on the way
-                self.wait_until(lambda: self.ego is not None, FIRST_ODOMETRY_WAIT)
+            if ego is None:  # the first instant of a lock-step run: its odometry may still be on the way
+                self.wait_until(lambda: self.ego.latest is not None, FIRST_ODOMETRY_WAIT)
             if not self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"]):
                 # Without fresh odometry the instant gets no scene at all. A lock-step driver (luna replay,
                 # a simulator) holds its clock at the instant until the stack answers, so odometry that is
                 # merely late (a starved node) will come: wait for it while the clock stands here; once the
                 # clock moves on, the instant is over. The bound only keeps a dead driver from hanging it.
                 self.wait_until(lambda: self._fresh_odometry_of(now) or self._clock_past(now), FIRST_ODOMETRY_WAIT)
-            ego, objects, lights = (self._at("ego", now, self.ego), self._at("objects", now, self.objects),
+            ego, objects, lights = (self.ego.at_or_before(now), self._at("objects", now, self.objects),
                                     self._at("lights", now, self.lights))
         missing = self.missing_inputs()
         if missing:

@@ -50,7 +50,8 @@ import torch
 
 from luna_core.assets import resolve
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
-from luna_core.decision import DecisionInForce, InvalidDecision, latch
+from luna_core.decision import (DEFAULT_DECISION_PERIOD, DecisionInForce, DecisionTiming, DecisionTimingError,
+                                 DecisionTracker)
 from luna_core.idm import pdm_policy
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
                                           to_map_frame)
@@ -89,7 +90,8 @@ class DecisionGuidedConfig:
     # Deterministic mode for batch evaluation: no wall-clock budget, every stage runs at its full
     # configured size, so the result does not depend on the machine's load (same input, same output).
     deterministic: bool = False
-    decision_timeout: float = 4.0  # s: 2 T_d with T_d = 2 s
+    decision_period: float = DEFAULT_DECISION_PERIOD  # s, T_d of the decisions this planner follows
+    decision_timeout: float = 0.0  # s; 0 = 2 T_d (``luna_core.decision.DecisionTiming``)
     use_decisions: bool = True  # False: the "Diffusion-ES without decisions" baseline
     output_horizon: float = 8.0  # s of the published trajectory
     comfortable_deceleration: float = 2.0  # m/s^2 of the comfortable stop
@@ -117,13 +119,22 @@ class DecisionGuidedConfig:
             object.__setattr__(self, "search", replace(self.search, population=int(self.population)))
         if self.gamma_p is not None:
             object.__setattr__(self, "objective", replace(self.objective, gamma_p=float(self.gamma_p)))
-        if not (self.time_budget > 0.0 and self.decision_timeout > 0.0 and self.output_horizon > 0.0
+        try:
+            self.timing  # noqa: B018 - checks decision_period and decision_timeout
+        except DecisionTimingError as exc:
+            raise ValueError(f"DecisionGuidedConfig: {exc}") from None
+        if not (self.time_budget > 0.0 and self.output_horizon > 0.0
                 and self.comfortable_deceleration > 0.0 and self.tail_blend_time > 0.0):
-            raise ValueError("DecisionGuidedConfig: time_budget, decision_timeout, output_horizon, "
+            raise ValueError("DecisionGuidedConfig: time_budget, output_horizon, "
                              "comfortable_deceleration and tail_blend_time must be positive")
         if not (self.switch_margin >= 0.0 and self.emergency_time >= 0.0 and self.emergency_max_speed >= 0.0):
             raise ValueError("DecisionGuidedConfig: switch_margin, emergency_time and emergency_max_speed "
                              "must be >= 0")
+
+    @property
+    def timing(self) -> DecisionTiming:
+        """T_d and the timeout of the decisions this planner follows."""
+        return DecisionTiming(self.decision_period, self.decision_timeout)
 
 
 @dataclass
@@ -368,14 +379,15 @@ class DecisionGuidedPlanner:
         self.name = "luna" if config.use_decisions else "diffusion_es"
         self.calls = 0
         self.last: PlanResult | None = None
-        self._in_force: DecisionInForce | None = None
+        # The decision in force (luna_core.decision): latched once per decision, aged against T_d.
+        self.decisions = DecisionTracker(config.timing, config.objective.gamma_p)
         self.last_context: PlanningContext | None = None  # the last cycle's set-up
         self.timer = StageTimer()  # stage costs measured in earlier calls, for the anytime budget
 
     def reset(self) -> None:
         self.calls = 0
         self.last = None
-        self._in_force = None
+        self.decisions.reset()
         self.last_context = None
 
     def plan(self, planner_input: PlannerInput, context: PlanningContext | None = None) -> Trajectory:
@@ -444,24 +456,13 @@ class DecisionGuidedPlanner:
         if not c.use_decisions:
             return (*fallback, MODE_NO_DECISION, None)
         d = planner_input.decision
-        if d is None:
-            reasons.append("no decision received: J_gen-only fallback")
-            return (*fallback, MODE_FALLBACK, None)
         lanes = {code: path.lane_ids for code, path in paths.items()}
-        if self._in_force is None or self._in_force.stamp != d.stamp:
-            try:
-                self._in_force = latch(d, planner_input.ego_history, c.objective.gamma_p).with_lanes(lanes)
-            except InvalidDecision as exc:
-                self._in_force = None
-                reasons.append(f"invalid decision: {exc}: J_gen-only fallback")
-                return (*fallback, MODE_FALLBACK, None)
-            if self._in_force.reference_note:
-                reasons.append(f"decision's reference speed: {self._in_force.reference_note}")
-        decision = self._in_force
-        age = decision.age(planner_input.time)
-        if age > c.decision_timeout:
-            reasons.append(f"decision is stale ({age:.2f} s old > {c.decision_timeout:.2f} s): J_gen-only fallback")
+        decision, notes = self.decisions.follow(d, planner_input.ego_history, planner_input.time, lanes)
+        if decision is None:
+            reasons.extend(notes[:-1])
+            reasons.append(f"{notes[-1]}: J_gen-only fallback")
             return (*fallback, MODE_FALLBACK, None)
+        reasons.extend(notes)
         chosen, group_paths = [], []
         for code in decision.candidate_set:
             # The lanes the action named when decided, wherever the ego is now (halfway through a lane

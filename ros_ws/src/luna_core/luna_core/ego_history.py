@@ -1,0 +1,126 @@
+"""The ego history a node keeps: odometry states, oldest first, each paired with its acceleration.
+
+Odometry (``nav_msgs/Odometry``) carries no acceleration; localization publishes it on a topic of its
+own (``localization/acceleration``), and the two arrive in either order. Which value the stack uses
+matters beyond the planner: ``ego_acceleration`` is a field of the scene descriptor xi_t the student
+reads, so it must be the same over ROS as in evaluation.
+
+**The acceleration used is the reported one** (the simulator's value in closed loop, the vehicle's
+localization on the road), paired with the odometry by stamp: an in-process run (``luna-bridge eval``)
+puts the simulator's value in ``EgoState.acceleration``, the ROS bridge publishes that same value, and
+the student's training data comes from logged states with their own acceleration. A finite difference
+of the speed would lag it and amplify speed noise, and in lock step it would differ from what
+evaluation showed the student. Only a source that never publishes an acceleration (a bag recorded
+without the topic) gets a smoothed finite difference of the speed, in every node alike.
+
+Pairing: an acceleration stamped like an odometry state is that state's; a state whose own
+acceleration has not arrived yet takes the latest reported one and is corrected when its own arrives
+(states are updated in place, so a scene or plan built afterwards sees the paired value). Under sim
+time a node waits for the instant's acceleration (``complete_at``) once the topic has been heard.
+
+The planner node and the scene descriptor both keep one ``EgoHistory``: neither has its own rule.
+Readers iterate over a snapshot (``tuple(deque)`` is atomic under the GIL), so a node may read while
+its odometry callback, in a callback group of its own, appends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from luna_core.types import EgoState
+
+# Two stamps this close (s) are the same instant (stamps travel as integer ns).
+SAME_INSTANT = 1e-6
+# Weight of the newest finite difference in the fallback estimate (exponential smoothing of the speed's
+# derivative, for sources without an acceleration topic).
+DIFFERENCE_WEIGHT = 0.3
+MIN_DIFFERENCE_DT = 1e-3  # s: closer odometry stamps keep the previous estimate (no division by ~0)
+REPORTS_KEPT = 50  # reported accelerations remembered for pairing (2.5 s at 20 Hz)
+
+
+class EgoHistoryError(ValueError):
+    """An odometry state or acceleration that cannot enter the history (not finite, out of order)."""
+
+
+def heard_at(stamp: float | None, now: float) -> bool:
+    """Whether an input last stamped ``stamp`` has reached instant ``now``; None = never heard (a
+    source this run does not have, e.g. in some bags): nothing to wait for."""
+    return stamp is None or stamp >= now - SAME_INSTANT
+
+
+@dataclass
+class EgoHistory:
+    """Odometry states over the last ``duration`` s, each with its acceleration (see the module)."""
+
+    duration: float = 2.0  # s kept behind the newest state
+    states: deque[EgoState] = field(default_factory=deque)
+    reports: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=REPORTS_KEPT))
+
+    @property
+    def latest(self) -> EgoState | None:
+        try:
+            return self.states[-1]
+        except IndexError:  # empty (checked this way: no window between a test and the read)
+            return None
+
+    @property
+    def acceleration_stamp(self) -> float | None:
+        """Stamp of the latest reported acceleration; None until the topic has been heard."""
+        reports = tuple(self.reports)
+        return reports[-1][0] if reports else None
+
+    def add_state(self, ego: EgoState) -> EgoState:
+        """Append an odometry state (its acceleration set here); raises ``EgoHistoryError`` for a
+        non-finite state or one older than the newest."""
+        if not ego.is_finite():
+            raise EgoHistoryError("odometry contains NaN or inf")
+        last = self.latest
+        if last is not None and ego.stamp < last.stamp:
+            raise EgoHistoryError(f"odometry stamp {ego.stamp:.3f} s is older than the last one ({last.stamp:.3f} s)")
+        ego.acceleration = self._acceleration_for(ego, last)
+        self.states.append(ego)
+        while self.states and ego.stamp - self.states[0].stamp > self.duration + 1e-9:
+            self.states.popleft()
+        return ego
+
+    def add_acceleration(self, stamp: float, value: float) -> None:
+        """A reported longitudinal acceleration (m/s^2) stamped ``stamp``: pairs it with the state of
+        that stamp if it is already in (correcting its provisional value)."""
+        if not (math.isfinite(stamp) and math.isfinite(value)):
+            raise EgoHistoryError(f"acceleration {value} at stamp {stamp} is not finite")
+        self.reports.append((stamp, float(value)))
+        for ego in reversed(tuple(self.states)):
+            if abs(ego.stamp - stamp) < SAME_INSTANT:
+                ego.acceleration = float(value)
+                break
+            if ego.stamp < stamp:
+                break
+
+    def at_or_before(self, now: float) -> EgoState | None:
+        """The newest state stamped at or before ``now`` (the oldest kept if all are newer; None if empty)."""
+        states = tuple(self.states)
+        for ego in reversed(states):
+            if ego.stamp <= now + SAME_INSTANT:
+                return ego
+        return states[0] if states else None
+
+    def complete_at(self, now: float) -> bool:
+        """Whether the odometry of instant ``now`` is in, with its acceleration if the topic is heard."""
+        last = self.latest
+        return last is not None and last.stamp >= now - SAME_INSTANT and heard_at(self.acceleration_stamp, now)
+
+    def _acceleration_for(self, ego: EgoState, last: EgoState | None) -> float:
+        for stamp, value in reversed(tuple(self.reports)):
+            if abs(stamp - ego.stamp) < SAME_INSTANT:
+                return value
+        if self.reports:  # its own is still on the way: the latest until it comes (add_acceleration)
+            return self.reports[-1][1]
+        if last is None:
+            return 0.0
+        dt = ego.stamp - last.stamp
+        if dt <= MIN_DIFFERENCE_DT:
+            return last.acceleration
+        raw = (ego.velocity - last.velocity) / dt
+        return (1.0 - DIFFERENCE_WEIGHT) * last.acceleration + DIFFERENCE_WEIGHT * raw
