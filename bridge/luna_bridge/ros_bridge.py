@@ -89,7 +89,10 @@ class RosStackPlanner:
             d = convert.msg_to_decision(msg)
         except ValueError:
             return  # the planner diagnoses bad decisions; the bridge only records good ones
+        # Both of its times back to simulation time (the scene's too: the log and the reflection round
+        # pair a decision with its scene by it, as in process).
         d.stamp -= self.config.time_offset
+        d.scene_stamp -= self.config.time_offset
         self.decisions.append(d)
 
     def _spin_until(self, predicate, timeout: float, heartbeat=None) -> bool:
