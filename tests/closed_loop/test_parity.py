@@ -164,6 +164,12 @@ def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_con
         assert a.candidate_set == b.candidate_set, at
         assert a.scene_stamp == pytest.approx(b.scene_stamp, abs=STAMP_ATOL), at
 
+    # The compared prompts carry what each path gets its own way (the simulator's acceleration, which
+    # differed before; the recent decisions the scene node hears over ROS; a tracked object).
+    later = ours.decisions[-1].query
+    assert "acceleration 0.00 m/s^2" not in later and "Recent decisions: none." not in later \
+        and "lead vehicle" in later, later
+
     # Trajectories: the same cycles, each planned the same.
     assert [t for t, _ in ours.plans] == pytest.approx([t for t, _ in theirs.plans], abs=STAMP_ATOL)
     assert len(ours.plans) == int((DURATION - SIM_DT) / REPLAN + 1e-9) + 1  # every cycle up to the last step
