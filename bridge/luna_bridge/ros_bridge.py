@@ -4,7 +4,8 @@
 (``/clock``, odometry, acceleration, objects, traffic lights; the lane graph and route latched once)
 and, at every replan instant, waits for the stack's ``planning/trajectory`` of that very instant.
 ``simulate`` calls it every step, so the stack sees 0.1 s steps of simulation time and the result is
-the same as running the planner in process (``tests/closed_loop/test_ros_lockstep.py``). A trajectory
+the same as running the planner in process (``tests/closed_loop/test_ros_lockstep.py``; with decisions,
+``luna`` and the default student: ``tests/closed_loop/test_parity.py``). A trajectory
 that does not arrive within the timeout counts as a planner failure (the simulator then tracks a
 comfortable stop).
 
