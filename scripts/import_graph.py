@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""The import graph between the project's Python packages, read from the sources with ast.
+
+    python scripts/import_graph.py            # the cross-package edge table (markdown)
+    python scripts/import_graph.py --third    # the third-party modules each package imports
+
+No package is imported: the table describes what the code says, so it runs without the venv and
+without ROS. tests/unit/test_dependencies.py uses the same functions to check the star and the
+declared dependencies, so the table in docs/architecture.md and the test cannot disagree.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Package:
+    """One of our Python distributions: where its sources lie and the module names it provides."""
+
+    name: str  # distribution / ROS package name
+    root: Path  # the folder holding setup.py or pyproject.toml
+    modules: tuple[str, ...]  # top-level import names it provides
+
+    def sources(self) -> list[Path]:
+        """Every .py file the package ships (its modules and, for ROS packages, its launch files);
+        setup.py is the build script, not the package."""
+        files: list[Path] = []
+        for module in self.modules:
+            files += sorted((self.root / module).rglob("*.py"))
+        files += sorted((self.root / "launch").glob("*.py"))
+        return files
+
+
+def project_packages(root: Path = ROOT) -> list[Package]:
+    """Our Python packages: each ros_ws/src/<pkg>/<pkg> with a setup.py, plus bridge/ and offline/."""
+    packages: list[Package] = []
+    for setup in sorted((root / "ros_ws" / "src").glob("*/setup.py")):
+        pkg = setup.parent
+        packages.append(Package(pkg.name, pkg, (pkg.name,)))
+    for folder, dist in (("bridge", "luna_bridge"), ("offline", "luna_offline")):
+        packages.append(Package(dist, root / folder, (dist,)))
+    return packages
+
+
+@dataclass(frozen=True)
+class Import:
+    """One absolute import statement's top-level module and where it is."""
+
+    module: str  # top-level name (``luna_nodes`` for ``from luna_nodes.convert import x``)
+    full: str  # the dotted name as written
+    path: Path
+    line: int
+    deferred: bool  # inside a function (imported only when called) or under TYPE_CHECKING
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path) -> list[Import]:
+    """The absolute imports of one file (relative imports stay inside the package)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: list[Import] = []
+
+    def visit(node: ast.AST, deferred: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                inner = True
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    found.append(Import(alias.name.split(".")[0], alias.name, path, child.lineno, deferred))
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                found.append(Import(child.module.split(".")[0], child.module, path, child.lineno, deferred))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+@dataclass
+class Graph:
+    """Cross-package edges (importer -> imported -> the imports) and third-party imports per package."""
+
+    edges: dict[tuple[str, str], list[Import]] = field(default_factory=lambda: defaultdict(list))
+    third_party: dict[str, dict[str, list[Import]]] = field(default_factory=dict)
+
+
+def build_graph(packages: list[Package] | None = None, ros_interfaces: frozenset[str] = frozenset()) -> Graph:
+    """``ros_interfaces``: names of message packages (luna_msgs and the ROS ones) that are not
+    Python distributions of ours but are still counted as third party."""
+    packages = packages if packages is not None else project_packages()
+    owner = {module: pkg.name for pkg in packages for module in pkg.modules}
+    stdlib = set(sys.stdlib_module_names)
+    graph = Graph()
+    for pkg in packages:
+        third: dict[str, list[Import]] = defaultdict(list)
+        for path in pkg.sources():
+            for imp in imports_of(path):
+                target = owner.get(imp.module)
+                if target == pkg.name or imp.module in stdlib or imp.module == "__future__":
+                    continue
+                if target is not None:
+                    graph.edges[(pkg.name, target)].append(imp)
+                else:
+                    third[imp.module].append(imp)
+        graph.third_party[pkg.name] = dict(third)
+    return graph
+
+
+def edge_table(graph: Graph, root: Path = ROOT) -> str:
+    """Markdown: importer, imported, files, the modules imported, how many are deferred."""
+    rows = ["| importer | imports | files | modules | deferred imports |", "|---|---|---|---|---|"]
+    for (src, dst), imps in sorted(graph.edges.items()):
+        files = {imp.path for imp in imps}
+        modules = sorted({imp.full for imp in imps})
+        deferred = sum(imp.deferred for imp in imps)
+        rows.append(f"| {src} | {dst} | {len(files)} | {', '.join(f'`{m}`' for m in modules)} | {deferred}/{len(imps)} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--third", action="store_true", help="list third-party imports per package")
+    parser.add_argument("--files", action="store_true", help="list the files behind each edge")
+    args = parser.parse_args()
+    graph = build_graph()
+    print(edge_table(graph))
+    if args.files:
+        for (src, dst), imps in sorted(graph.edges.items()):
+            print(f"\n{src} -> {dst}")
+            for imp in imps:
+                print(f"  {imp.path.relative_to(ROOT)}:{imp.line} {imp.full}{' (deferred)' if imp.deferred else ''}")
+    if args.third:
+        for name, third in graph.third_party.items():
+            mods = ", ".join(f"{m}{'' if any(not i.deferred for i in v) else '*'}" for m, v in sorted(third.items()))
+            print(f"\n{name}: {mods}")
+
+
+if __name__ == "__main__":
+    main()
