@@ -57,7 +57,7 @@ class Import:
     full: str  # the dotted name as written
     path: Path
     line: int
-    deferred: bool  # inside a function (imported only when called) or under TYPE_CHECKING
+    deferred: bool  # inside a function (imported only when called), under TYPE_CHECKING or try/except ImportError
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -65,6 +65,16 @@ def _is_type_checking(node: ast.If) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
     )
+
+
+def _guards_import_error(node: ast.Try) -> bool:
+    """A try whose handlers catch ImportError (or a parent of it): the import in it is optional."""
+    for handler in node.handlers:
+        names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        for name in names:
+            if name is None or (isinstance(name, ast.Name) and name.id in ("ImportError", "ModuleNotFoundError", "Exception")):
+                return True
+    return False
 
 
 def imports_of(path: Path) -> list[Import]:
@@ -76,6 +86,8 @@ def imports_of(path: Path) -> list[Import]:
         for child in ast.iter_child_nodes(node):
             inner = deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, ast.If) and _is_type_checking(child):
+                inner = True
+            if isinstance(child, ast.Try) and _guards_import_error(child):
                 inner = True
             if isinstance(child, ast.Import):
                 for alias in child.names:
