@@ -53,7 +53,7 @@ def project_packages(root: Path = ROOT) -> list[Package]:
 class Import:
     """One absolute import statement's top-level module and where it is."""
 
-    module: str  # top-level name (``luna_nodes`` for ``from luna_nodes.convert import x``)
+    module: str  # top-level name (``luna_nodes`` for ``from luna_msgs_py.convert import x``)
     full: str  # the dotted name as written
     path: Path
     line: int

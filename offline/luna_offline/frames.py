@@ -217,7 +217,7 @@ def read_bag_inputs(path: str | Path) -> BagInputs:
     from luna_bringup.bag.msgtypes import import_message_class
     from luna_bringup.bag.reader import BagError, BagReader
     from luna_bringup.bag.topics import LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE, TRAFFIC_LIGHTS
-    from luna_nodes import convert as C
+    from luna_msgs_py import convert as C
 
     wanted = {ODOMETRY: ("nav_msgs/msg/Odometry", C.odometry_to_ego, "egos"),
               OBJECTS: ("luna_msgs/msg/TrackedObjects", C.msg_to_objects, "objects"),

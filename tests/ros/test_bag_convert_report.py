@@ -20,7 +20,7 @@ from luna_bringup.bag.reader import BagReader
 from luna_bringup.bag.report import write_report
 from luna_bringup.bag.writer import BagWriter
 from luna_core import types as T
-from luna_nodes import convert as C
+from luna_msgs_py import convert as C
 from nav_msgs.msg import Odometry
 from rosgraph_msgs.msg import Clock
 from tests import samples

@@ -45,17 +45,17 @@ ROS_PYTHON = {"rclpy", "launch", "launch_ros", "ament_index_python"}
 #: The star: which of our packages each may import. luna_core is the hub and imports none of ours.
 ALLOWED = {
     "luna_core": set(),
-    "luna_nodes": {"luna_core"},
-    "luna_bridge": {"luna_core"},
+    # The Python side of luna_msgs (conversions, QoS): what every ROS-speaking package shares.
+    "luna_msgs_py": {"luna_core"},
+    "luna_nodes": {"luna_core", "luna_msgs_py"},
+    "luna_bridge": {"luna_core", "luna_msgs_py"},
     # The bring-up composes the stack: `luna demo` runs the nodes against the simulator.
-    "luna_bringup": {"luna_core", "luna_nodes", "luna_bridge"},
-    "luna_offline": {"luna_core", "luna_bridge"},
+    "luna_bringup": {"luna_core", "luna_msgs_py", "luna_nodes", "luna_bridge"},
+    # Frames from simulated scenarios (the bridge's scenarios and simulator) and from bags.
+    "luna_offline": {"luna_core", "luna_msgs_py", "luna_bridge"},
 }
 #: Edges that break the star today, each with the step of issue 15 that removes it.
 KNOWN_EXCEPTIONS = {
-    # step 4: the message conversions and QoS profiles move out of luna_nodes into their own package
-    ("luna_bridge", "luna_nodes"),
-    ("luna_offline", "luna_nodes"),
     # step 4: the bag tools move out of luna_bringup into their own package, which offline may import
     ("luna_offline", "luna_bringup"),
 }

@@ -99,7 +99,7 @@ def test_bag_without_lane_graph_is_refused_with_the_reason(tmp_path):
     from rclpy.serialization import serialize_message
 
     from luna_core.types import EgoState
-    from luna_nodes import convert as C
+    from luna_msgs_py import convert as C
 
     bag = tmp_path / "odom_only"
     with BagWriter(bag, "mcap") as w:

@@ -185,7 +185,7 @@ class DecisionLockStep:
     def __init__(self, node: Node, period: float, timeout: float, max_scene_age: float) -> None:
         import luna_msgs.msg as lm
 
-        from luna_nodes import qos
+        from luna_msgs_py import qos
 
         self.node, self.timeout, self.max_scene_age = node, timeout, max_scene_age
         self.period_ns = int(round(period * 1e9))
