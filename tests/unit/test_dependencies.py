@@ -184,3 +184,21 @@ def test_the_graph_reader_sees_what_it_should(tmp_path: Path) -> None:
     found = {(i.module, i.deferred) for i in import_graph.imports_of(src)}
     assert found == {("numpy", False), ("luna_core", False), ("typing", False), ("torch", True),
                      ("lz4", True), ("yaml", True)}
+
+
+def test_scenario_data_and_formats_import_without_the_simulator() -> None:
+    """offline and the bag tools read scenarios (suites, the .json.gz format, CommonRoad and synthetic
+    scenes) without the simulator, ROS or torch; a fresh interpreter, since this one may hold them."""
+    import json
+    import os
+    import subprocess
+
+    modules = ["luna_bridge.scenario", "luna_bridge.scenarios", "luna_bridge.scenarios.format",
+               "luna_bridge.scenarios.registry", "luna_bridge.scenarios.synthetic", "luna_bridge.scenarios.commonroad"]
+    heavy = ["luna_bridge.sim", "rclpy", "torch", "luna_msgs_py", "luna_nodes", "matplotlib"]
+    code = (f"import importlib, json, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+            f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode == 0, f"importing the scenario modules failed:\n{proc.stderr[-4000:]}"
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded == [], f"the scenario modules import {loaded} at module level"
