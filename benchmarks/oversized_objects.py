@@ -31,7 +31,7 @@ import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("ros_ws/src/luna_core", "ros_ws/src/luna_msgs_py", "ros_ws/src/luna_nodes", "ros_ws/src/luna_bringup")
+PACKAGES = ("ros_ws/src/luna_core", "ros_ws/src/luna_msgs_py", "ros_ws/src/luna_nodes", "ros_ws/src/luna_bags", "ros_ws/src/luna_bringup")
 _STALE = re.compile(r"odometry is stale \(([\d.]+) s old\)")
 
 

@@ -37,7 +37,7 @@ DISTRIBUTION = {
 }
 #: Distribution -> rosdep key in package.xml, where it is not python3-<distribution>.
 ROSDEP = {"pyyaml": "python3-yaml", "faiss-cpu": "python3-faiss"}
-#: Standard library on newer Pythons, imported with a fallback (bag/reader.py: compression.zstd, 3.14).
+#: Standard library on newer Pythons, imported with a fallback (luna_bags/reader.py: compression.zstd, 3.14).
 NEWER_STDLIB = {"compression"}
 #: ROS Python packages that are not message packages.
 ROS_PYTHON = {"rclpy", "launch", "launch_ros", "ament_index_python"}
@@ -49,16 +49,18 @@ ALLOWED = {
     "luna_msgs_py": {"luna_core"},
     "luna_nodes": {"luna_core", "luna_msgs_py"},
     "luna_bridge": {"luna_core", "luna_msgs_py"},
-    # The bring-up composes the stack: `luna demo` runs the nodes against the simulator.
-    "luna_bringup": {"luna_core", "luna_msgs_py", "luna_nodes", "luna_bridge"},
+    # Bags: from-scenario reads the bridge's scenario modules (ONLY_MODULES), never its simulator.
+    "luna_bags": {"luna_core", "luna_msgs_py", "luna_bridge"},
+    # The bring-up composes the stack: `luna demo` runs the nodes against the simulator, `luna replay`
+    # plays a bag through the nodes.
+    "luna_bringup": {"luna_core", "luna_msgs_py", "luna_nodes", "luna_bags", "luna_bridge"},
     # Frames from simulated scenarios (the bridge's scenarios and simulator) and from bags.
-    "luna_offline": {"luna_core", "luna_msgs_py", "luna_bridge"},
+    "luna_offline": {"luna_core", "luna_msgs_py", "luna_bags", "luna_bridge"},
 }
+#: Edges allowed only to some modules of the imported package.
+ONLY_MODULES = {("luna_bags", "luna_bridge"): ("luna_bridge.scenario", "luna_bridge.scenarios")}
 #: Edges that break the star today, each with the step of issue 15 that removes it.
-KNOWN_EXCEPTIONS = {
-    # step 4: the bag tools move out of luna_bringup into their own package, which offline may import
-    ("luna_offline", "luna_bringup"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()  # none left after step 4 (luna_msgs_py, luna_bags)
 
 
 def _normalise(requirement: str) -> str:
@@ -168,6 +170,11 @@ def test_packages_form_a_star() -> None:
     for (src, dst), imps in sorted(GRAPH.edges.items()):
         if dst not in ALLOWED[src] and (src, dst) not in KNOWN_EXCEPTIONS:
             bad.append(f"{src} -> {dst} ({_where(imps)})")
+        prefixes = ONLY_MODULES.get((src, dst))
+        outside = [i for i in imps if prefixes and not any(i.full == p or i.full.startswith(p + ".") for p in prefixes)]
+        if outside:
+            bad.append(f"{src} -> {', '.join(sorted({i.full for i in outside}))} ({_where(outside)}); "
+                       f"only {', '.join(prefixes)} may be imported")
     assert not bad, "imports that break the star around luna_core:\n  " + "\n  ".join(bad)
     gone = sorted(e for e in KNOWN_EXCEPTIONS if e not in GRAPH.edges)
     assert not gone, f"known exceptions no longer in the code, remove them from KNOWN_EXCEPTIONS: {gone}"

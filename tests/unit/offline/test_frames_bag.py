@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from luna_bringup.bag.convert import scenario_to_bag
-from luna_bringup.bag.writer import BagWriter
+from luna_bags.convert import scenario_to_bag
+from luna_bags.writer import BagWriter
 from luna_core.scene import scene_to_dict
 from luna_offline import cli
 from luna_offline.frames import FrameError, bag_frames, read_frames, scenario_frames
