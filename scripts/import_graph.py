@@ -3,6 +3,7 @@
 
     python scripts/import_graph.py            # the cross-package edge table (markdown)
     python scripts/import_graph.py --third    # the third-party modules each package imports
+    python scripts/import_graph.py --png docs/figures/packages.png   # and the graph as a picture
 
 No package is imported: the table describes what the code says, so it runs without the venv and
 without ROS. tests/unit/test_dependencies.py uses the same functions to check the star and the
@@ -141,12 +142,60 @@ def edge_table(graph: Graph, root: Path = ROOT) -> str:
     return "\n".join(rows)
 
 
+#: Where each package is drawn (luna_core in the middle; composition on top). Packages not named here
+#: are placed on a ring, so a new package still shows up.
+_LAYOUT = {"luna_core": (0.0, 0.0), "luna_msgs_py": (-1.5, 1.2), "luna_bridge": (1.5, 1.2),
+           "luna_nodes": (-2.9, 1.5), "luna_bags": (0.0, 3.2), "luna_offline": (2.4, 2.8),
+           "luna_bringup": (-1.5, 4.0)}
+
+
+def draw(graph: Graph, packages: list[Package], path: Path) -> None:
+    """The package graph as a PNG: one arrow per cross-package edge, labelled with its file count."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [p.name for p in packages]
+    pos = dict(_LAYOUT)
+    extra = [n for n in names if n not in pos]
+    for i, name in enumerate(extra):
+        pos[name] = (3.0 * math.cos(2 * math.pi * i / len(extra)), 3.0 * math.sin(2 * math.pi * i / len(extra)))
+    fig, ax = plt.subplots(figsize=(8, 7))
+    boxes = {}
+    for name in names:  # boxes first: the arrows are clipped at them
+        x, y = pos[name]
+        boxes[name] = ax.text(x, y, name, ha="center", va="center", fontsize=11, zorder=3, bbox=dict(
+            boxstyle="round,pad=0.4", fc="#dfe9f5" if name == "luna_core" else "#f2f2f2", ec="#333"))
+    fig.canvas.draw()  # lay the boxes out so the arrows can be clipped at them
+    for (src, dst), imps in sorted(graph.edges.items()):
+        (x0, y0), (x1, y1) = pos[src], pos[dst]
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=1,
+                    arrowprops=dict(arrowstyle="-|>", color="#555", lw=1.2, shrinkA=3, shrinkB=3,
+                                    patchA=boxes[src].get_bbox_patch(), patchB=boxes[dst].get_bbox_patch(),
+                                    connectionstyle="arc3,rad=0.06"))
+        ax.text(0.6 * x0 + 0.4 * x1, 0.6 * y0 + 0.4 * y1, str(len({i.path for i in imps})), fontsize=8, zorder=2,
+                color="#333", ha="center", va="center", bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none"))
+    ax.set_xlim(-3.7, 3.3)
+    ax.set_ylim(-0.4, 4.4)
+    ax.set_axis_off()
+    ax.set_title("Imports between the project's packages (arrow: importer -> imported; number: files)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--third", action="store_true", help="list third-party imports per package")
     parser.add_argument("--files", action="store_true", help="list the files behind each edge")
+    parser.add_argument("--png", type=Path, help="also draw the package graph into this PNG")
     args = parser.parse_args()
     graph = build_graph()
+    if args.png:
+        draw(graph, project_packages(), args.png)
     print(edge_table(graph))
     if args.files:
         for (src, dst), imps in sorted(graph.edges.items()):
