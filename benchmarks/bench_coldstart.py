@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("ros_ws/src/luna_core", "ros_ws/src/luna_nodes", "ros_ws/src/luna_bringup", "bridge", "offline")
+SOURCES = ("ros_ws/src/luna_core", "ros_ws/src/luna_msgs_py", "ros_ws/src/luna_nodes", "ros_ws/src/luna_bags", "ros_ws/src/luna_bringup", "bridge", "offline")
 #: The node executables (ros_ws/src/luna_nodes/setup.py) by the topology's executable name.
 ENTRY = {"map_server": "luna_nodes.map_server:main", "scene_descriptor": "luna_nodes.scene_descriptor:main",
          "progress_monitor": "luna_nodes.progress_monitor:main", "planner": "luna_nodes.planner:main",

@@ -31,7 +31,7 @@ import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("ros_ws/src/luna_core", "ros_ws/src/luna_nodes", "ros_ws/src/luna_bringup")
+PACKAGES = ("ros_ws/src/luna_core", "ros_ws/src/luna_msgs_py", "ros_ws/src/luna_nodes", "ros_ws/src/luna_bags", "ros_ws/src/luna_bringup")
 _STALE = re.compile(r"odometry is stale \(([\d.]+) s old\)")
 
 
@@ -62,8 +62,8 @@ def run_once(tree: Path, n_objects: int, rate: float, seconds: float, domain: in
 
     import luna_msgs.msg as lm
     from luna_core import types as T
-    from luna_nodes import convert as C
-    from luna_nodes import qos
+    from luna_msgs_py import convert as C
+    from luna_msgs_py import qos
 
     env = node_env(tree, domain)
     os.environ.update({k: v for k, v in env.items() if k.startswith(("ROS_", "FASTDDS_"))})

@@ -67,7 +67,7 @@ if ! stamp_ok luna_msgs "$msgs_hash"; then
 fi
 
 # 5. the project's Python packages, editable ----------------------------------------------------------
-PKGS=(ros_ws/src/luna_core ros_ws/src/luna_nodes ros_ws/src/luna_bringup offline bridge)
+PKGS=(ros_ws/src/luna_core ros_ws/src/luna_msgs_py ros_ws/src/luna_nodes ros_ws/src/luna_bags ros_ws/src/luna_bringup offline bridge)
 pkgs_hash=$( (cd "$ROOT" && for p in "${PKGS[@]}"; do cat "$p"/setup.py "$p"/setup.cfg "$p"/pyproject.toml 2>/dev/null; done; echo "$ROOT") | sha256sum | cut -c1-16)
 if ! stamp_ok packages "$pkgs_hash"; then
   say "installing the project's packages (editable)"

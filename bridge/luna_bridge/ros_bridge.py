@@ -29,7 +29,7 @@ from rosgraph_msgs.msg import Clock
 
 import luna_msgs.msg as lm
 from luna_core.types import DecisionDistribution, PlannerInput, Trajectory
-from luna_nodes import convert, qos
+from luna_msgs_py import convert, qos
 
 from luna_bridge.scenario import SIM_DT, Scenario
 

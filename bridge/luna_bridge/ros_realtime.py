@@ -24,7 +24,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 
 import luna_msgs.msg as lm
 from luna_core.types import PlannerInput, Trajectory
-from luna_nodes import convert, qos
+from luna_msgs_py import convert, qos
 
 from luna_bridge.ros_bridge import LockstepConfig, PlannerTimeout, RosStackPlanner
 from luna_bridge.scenario import SIM_DT, Scenario

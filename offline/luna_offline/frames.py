@@ -5,7 +5,7 @@ xi_t is built from the expert state, the logged objects and lights, the route an
 "recent decisions" of a frame are the expert's own decisions over the preceding frame intervals,
 labelled from its motion (``expert_decision``), as the paper's descriptor carries the last two.
 
-A rosbag2 bag (MCAP or sqlite3, ``luna_bringup.bag.reader``; damaged parts are skipped and reported)
+A rosbag2 bag (MCAP or sqlite3, ``luna_bags.reader``; damaged parts are skipped and reported)
 is read the same way: the recorded odometry plays the expert, and each frame takes the latest
 objects, lights, route and lane graph recorded at or before it (by header stamp), as the
 ``scene_descriptor`` node would have held them (``bag_frames``).
@@ -214,10 +214,10 @@ def read_bag_inputs(path: str | Path) -> BagInputs:
     """Decode odometry, objects, lights, route and lane graph from a bag (topics of DESIGN Sec. 5)."""
     from rclpy.serialization import deserialize_message
 
-    from luna_bringup.bag.msgtypes import import_message_class
-    from luna_bringup.bag.reader import BagError, BagReader
-    from luna_bringup.bag.topics import LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE, TRAFFIC_LIGHTS
-    from luna_nodes import convert as C
+    from luna_bags.msgtypes import import_message_class
+    from luna_bags.reader import BagError, BagReader
+    from luna_bags.topics import LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE, TRAFFIC_LIGHTS
+    from luna_msgs_py import convert as C
 
     wanted = {ODOMETRY: ("nav_msgs/msg/Odometry", C.odometry_to_ego, "egos"),
               OBJECTS: ("luna_msgs/msg/TrackedObjects", C.msg_to_objects, "objects"),
@@ -266,7 +266,7 @@ def bag_frames(path: str | Path, rate: float = 2.0, config: SceneConfig | None =
     and the issues met (bag damage, frames skipped for want of fresh odometry or objects)."""
     if not rate > 0.0:
         raise FrameError(f"frame rate must be positive, got {rate}")
-    from luna_bringup.bag.topics import LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE
+    from luna_bags.topics import LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE
     from luna_core.types import Route
 
     inputs = read_bag_inputs(path)

@@ -5,7 +5,7 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 
 import luna_msgs.msg as lm
-from luna_nodes import qos
+from luna_msgs_py import qos
 
 TYPES = [getattr(lm, n) for n in sorted(dir(lm)) if not n.startswith("_") and isinstance(getattr(lm, n), type)]
 

@@ -136,7 +136,7 @@ class Probe:
         """Collector of this node's DiagnosticStatus entries (from /diagnostics)."""
         from diagnostic_msgs.msg import DiagnosticArray
 
-        from luna_nodes import qos
+        from luna_msgs_py import qos
 
         box: list = []
         self.node.create_subscription(
@@ -163,8 +163,8 @@ class StalledCarTraffic:
 
         from luna_core import types as T
         from luna_core.lanes import make_lane
-        from luna_nodes import convert as C
-        from luna_nodes import qos
+        from luna_msgs_py import convert as C
+        from luna_msgs_py import qos
 
         self.probe, self.ego_x, self.ego_v = probe, ego_x, ego_v
         self.odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
@@ -186,7 +186,7 @@ class StalledCarTraffic:
     def frame(self) -> None:
         """Publish one frame at the node clock's now."""
         from luna_core import types as T
-        from luna_nodes import convert as C
+        from luna_msgs_py import convert as C
 
         now = self.now()
         t = now - self.t0

@@ -14,13 +14,13 @@ from rosbags.typesys import Stores, get_typestore
 
 import luna_msgs.msg as lm
 from luna_bridge.scenario import AgentTrack, Scenario, TrafficLightTimeline
-from luna_bringup.bag import topics as TOP
-from luna_bringup.bag.convert import DEFAULT_START_TIME, scenario_to_bag
-from luna_bringup.bag.reader import BagReader
-from luna_bringup.bag.report import write_report
-from luna_bringup.bag.writer import BagWriter
+from luna_bags import topics as TOP
+from luna_bags.convert import DEFAULT_START_TIME, scenario_to_bag
+from luna_bags.reader import BagReader
+from luna_bags.report import write_report
+from luna_bags.writer import BagWriter
 from luna_core import types as T
-from luna_nodes import convert as C
+from luna_msgs_py import convert as C
 from nav_msgs.msg import Odometry
 from rosgraph_msgs.msg import Clock
 from tests import samples
@@ -198,7 +198,7 @@ def test_shipped_sample_bag_is_intact_and_self_describing():
 def test_replay_leaves_out_the_processes_whose_outputs_the_bag_provides():
     import sys
 
-    from luna_bringup.bag.replay import node_outputs, topology_stack
+    from luna_bringup.replay import node_outputs, topology_stack
     from luna_bringup.topology import load_topology
 
     if shutil.which("scene_descriptor", path=str(Path(sys.executable).parent)) is None:

@@ -15,11 +15,11 @@ from rclpy.node import Node
 from rclpy.serialization import serialize_message
 from std_msgs.msg import String
 
-from luna_bringup.bag.msgtypes import MessageTypes
-from luna_bringup.bag.play import Player, _time_msg
-from luna_bringup.bag.reader import BagError, BagReader
-from luna_bringup.bag.writer import BagExistsError, BagWriter, resolve_output
-from luna_nodes import convert as C
+from luna_bags.msgtypes import MessageTypes
+from luna_bags.play import Player, _time_msg
+from luna_bags.reader import BagError, BagReader
+from luna_bags.writer import BagExistsError, BagWriter, resolve_output
+from luna_msgs_py import convert as C
 from tests import samples
 
 T0 = 1_700_000_000 * 10**9
@@ -273,8 +273,8 @@ def test_player_skips_unknown_type_and_undecodable_messages_and_counts_stamps_st
 
 def test_start_offset_still_delivers_the_latched_map_first(tmp_path, ros_context):
     """--start skips the first seconds but not the transient-local map published at the beginning."""
-    from luna_bringup.bag.qos import to_bag_qos
-    from luna_nodes import qos as Q
+    from luna_bags.qos import to_bag_qos
+    from luna_msgs_py import qos as Q
 
     path = tmp_path / "latched"
     with BagWriter(path) as bag:

@@ -23,10 +23,10 @@ from nav_msgs.msg import Odometry
 from rosgraph_msgs.msg import Clock
 
 import luna_msgs.msg as lm
-from luna_bringup.bag.msgtypes import MessageTypes
-from luna_bringup.bag.reader import BagReader
-from luna_nodes import convert as C
-from luna_nodes import qos as Q
+from luna_bags.msgtypes import MessageTypes
+from luna_bags.reader import BagReader
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos as Q
 from tests import samples
 from tests.ros.helpers import start_python, wait_for, wait_for_subscribers
 

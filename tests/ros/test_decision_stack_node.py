@@ -14,8 +14,8 @@ from builtin_interfaces.msg import Time
 from rosgraph_msgs.msg import Clock
 
 from luna_core import types as T
-from luna_nodes import convert as C
-from luna_nodes import qos
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos
 from tests import samples
 from tests.heuristic_fixtures import make_bank, make_student_dir
 from tests.ros.helpers import Probe, ros_env, stop_process, wait_for_subscribers

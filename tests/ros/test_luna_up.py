@@ -13,7 +13,7 @@ from rclpy.node import Node
 
 import luna_msgs.msg as lm
 from luna_core.lane_graph_io import save_lane_graph
-from luna_nodes import qos
+from luna_msgs_py import qos
 from tests import samples
 from tests.ros.helpers import ros_env, wait_for
 

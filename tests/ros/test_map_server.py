@@ -5,8 +5,8 @@ import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
 
 import luna_msgs.msg as lm
-from luna_nodes import convert as C
-from luna_nodes import qos
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos
 from tests.ros.helpers import Probe, start_node, stop_process
 
 pytest.importorskip("lanelet2")

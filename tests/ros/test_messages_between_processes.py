@@ -6,8 +6,8 @@ import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 
-from luna_nodes import convert as C
-from luna_nodes import qos
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos
 from tests import samples
 from tests.equality import assert_same
 from tests.ros.echo_peer import TYPES

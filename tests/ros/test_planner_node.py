@@ -21,8 +21,8 @@ from nav_msgs.msg import Odometry
 from visualization_msgs.msg import Marker, MarkerArray
 
 from luna_core import types as T
-from luna_nodes import convert as C
-from luna_nodes import qos
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos
 from tests import samples
 from tests.ros.helpers import (Probe, apply_ros_env, get_parameters, set_parameters, start_node, stop_process,
                                wait_for_subscribers)

@@ -34,8 +34,8 @@ from luna_core.memory.bank import MemoryBank, stored_version
 from luna_core.memory.journal import scan
 from luna_core.prompts import PromptManager
 from luna_core.reflection import Outbox, ReflectionRequest, audit_reflections
-from luna_nodes import convert as C
-from luna_nodes import qos
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos
 from tests import samples
 from tests.heuristic_fixtures import make_bank
 from tests.ros.helpers import Probe, StalledCarTraffic, ros_env, stop_process, wait_for_subscribers

@@ -18,8 +18,8 @@ import yaml
 import luna_msgs.msg as lm
 from luna_core.memory.bank import MemoryBank
 from luna_core.reflection import audit_reflections
-from luna_nodes import convert as C
-from luna_nodes import qos
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos
 from tests import samples
 from tests.heuristic_fixtures import make_bank, make_student_dir
 from tests.ros.helpers import Probe, StalledCarTraffic, ros_env, stop_process, wait_for_subscribers

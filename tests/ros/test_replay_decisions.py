@@ -14,10 +14,10 @@ import yaml
 from rclpy.serialization import deserialize_message
 
 import luna_msgs.msg as lm
-from luna_bringup.bag import topics as TOP
-from luna_bringup.bag.reader import BagReader
+from luna_bags import topics as TOP
+from luna_bags.reader import BagReader
 from luna_bringup.topology import config_dir
-from luna_nodes import convert as C
+from luna_msgs_py import convert as C
 from tests.ros.helpers import REPO, ros_env
 
 SAMPLE = REPO / "models" / "sample_bags" / "USA_US101-4_1_T-1"

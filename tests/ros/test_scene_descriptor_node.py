@@ -11,8 +11,8 @@ from nav_msgs.msg import Odometry
 from rosgraph_msgs.msg import Clock
 
 from luna_core import types as T
-from luna_nodes import convert as C
-from luna_nodes import qos
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos
 from tests import samples
 from tests.ros.helpers import Probe, start_node, stop_process, wait_for_subscribers
 

@@ -32,8 +32,8 @@ import luna_msgs.msg as lm
 from luna_bringup.topology import config_dir, load_topology
 from luna_core import types as T
 from luna_core.lane_graph_io import save_lane_graph
-from luna_nodes import convert as C
-from luna_nodes import qos
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos
 from tests import samples
 from tests.ros.helpers import apply_ros_env, ros_env
 

@@ -14,7 +14,8 @@ setup(
         (f"share/{PACKAGE}/launch", glob("launch/*.py")),
         (f"share/{PACKAGE}/config", glob("config/*")),
     ],
-    install_requires=["pyyaml"],
+    # luna_bridge: `luna demo` runs the simulator (a pip package, so not in package.xml).
+    install_requires=["luna_core", "luna_msgs_py", "luna_nodes", "luna_bags", "luna_bridge", "pyyaml", "numpy"],
     zip_safe=False,
     maintainer="LUNA-AD team",
     description="Launch, parameters and topology of the LUNA-AD stack; the luna command",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from luna_bringup.bag.convert import scenario_to_bag
-from luna_bringup.bag.writer import BagWriter
+from luna_bags.convert import scenario_to_bag
+from luna_bags.writer import BagWriter
 from luna_core.scene import scene_to_dict
 from luna_offline import cli
 from luna_offline.frames import FrameError, bag_frames, read_frames, scenario_frames
@@ -99,7 +99,7 @@ def test_bag_without_lane_graph_is_refused_with_the_reason(tmp_path):
     from rclpy.serialization import serialize_message
 
     from luna_core.types import EgoState
-    from luna_nodes import convert as C
+    from luna_msgs_py import convert as C
 
     bag = tmp_path / "odom_only"
     with BagWriter(bag, "mcap") as w:

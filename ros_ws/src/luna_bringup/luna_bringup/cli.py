@@ -73,7 +73,7 @@ def _command_modules() -> list:
     import importlib
 
     modules = []
-    for name in ("luna_bringup.demo", "luna_bringup.bag.cli"):
+    for name in ("luna_bringup.demo", "luna_bringup.replay"):
         try:
             modules.append(importlib.import_module(name))
         except ModuleNotFoundError as exc:

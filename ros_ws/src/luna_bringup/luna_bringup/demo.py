@@ -214,8 +214,8 @@ class StackWatch:
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.node import Node
 
-        from luna_bringup.bag.replay import StackReadiness
-        from luna_nodes import qos
+        from luna_bringup.replay import StackReadiness
+        from luna_msgs_py import qos
 
         self.node = Node("luna_demo")
         self.values: dict[str, dict[str, str]] = {}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from luna_bringup.topology import ProcessSpec, Topology, config_dir, executable_path
+from luna_bringup.topology import ProcessSpec, Topology, config_dir, executable_path, fast_discovery_profile
 
 _COLORS = [36, 33, 35, 32, 34, 31, 96, 93]
 
@@ -30,7 +30,7 @@ _COLORS = [36, 33, 35, 32, 34, 31, 96, 93]
 def stack_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for stack processes: unbuffered output and the fast-discovery DDS profile."""
     env = dict(os.environ if base is None else base)
-    env.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(config_dir() / "fastdds_fast_discovery.xml"))
+    env.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(fast_discovery_profile()))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

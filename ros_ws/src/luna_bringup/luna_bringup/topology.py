@@ -42,6 +42,11 @@ def config_dir() -> Path:
     return package_dir() / "config"
 
 
+def fast_discovery_profile() -> Path:
+    """The Fast DDS profile the stack's processes and the bag commands start with (fast discovery)."""
+    return config_dir() / "fastdds_fast_discovery.xml"
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     """How a process that died on its own is started again.

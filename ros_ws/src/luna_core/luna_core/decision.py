@@ -18,7 +18,7 @@ the decision term. What it follows is fixed when the decision is first seen:
 The contract has one owner, this module, for every path a decision takes (the planner node, the
 bridge's in-process stack planners, ``DecisionGuidedPlanner``):
 
-- ``check_decision`` is the one validation: at the ROS boundary (``luna_nodes.convert``) and where an
+- ``check_decision`` is the one validation: at the ROS boundary (``luna_msgs_py.convert``) and where an
   in-process decision source hands a decision to the planner (``latch``);
 - ``DecisionTiming`` owns T_d and what derives from it: the timeout (2 T_d unless set), whether an
   instant is a decision instant, and why a decision is no longer in force;

@@ -1,7 +1,7 @@
 """What every LUNA node shares: validated parameters, 1 Hz diagnostics, guarded callbacks, main().
 
 Nodes stay thin: they declare their interface (``NodeInterface``), convert messages with
-``luna_nodes.convert`` and call luna_core. A bad message never crashes a node: the guarded callback
+``luna_msgs_py.convert`` and call luna_core. A bad message never crashes a node: the guarded callback
 logs it (throttled), counts it and shows it in ``/diagnostics`` until the topic delivers a good one.
 ``set_parameters`` on a running node is checked against the same specs as the parameter file:
 applied, or refused with the reason (``SetParametersResult(successful=False, reason=...)``).
@@ -29,7 +29,7 @@ from rclpy.node import Node
 from rosgraph_msgs.msg import Clock as Clock_
 
 from luna_core.types import TrackedObjects, usable_objects
-from luna_nodes import convert, qos
+from luna_msgs_py import convert, qos
 from luna_nodes.params import (NodeInterface, ParameterError, ParamSpec, check_runtime_change,
                                declare_parameters)
 

@@ -29,7 +29,7 @@ from std_msgs.msg import UInt64
 from luna_core.heuristic import HeuristicSystem, check_scene
 from luna_core.stack import HeuristicStackConfig, build_heuristic_system, executed_decision
 from luna_core.types import DecisionDistribution, FailureEvent
-from luna_nodes import convert, qos
+from luna_msgs_py import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import luna_msgs.msg as lm
 
 from luna_core.map_files import MAP_FORMATS, MapLoadError, load_map, parse_origin
-from luna_nodes import convert, qos
+from luna_msgs_py import convert, qos
 from luna_nodes.base import ERROR, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 

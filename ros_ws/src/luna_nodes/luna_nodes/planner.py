@@ -41,7 +41,8 @@ from luna_core.planning.factory import PlannerConfigError, make_planner, planner
 from luna_core.planning.cycle import ERROR as CYCLE_ERROR
 from luna_core.planning.cycle import CycleInputs, CyclePolicy, instant_complete, plan_cycle
 from luna_core.types import DecisionDistribution, LaneGraph, Route, TrackedObjects, TrafficLights
-from luna_nodes import convert, markers, qos
+from luna_msgs_py import convert, qos
+from luna_nodes import markers
 from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 

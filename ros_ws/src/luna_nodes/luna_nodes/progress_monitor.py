@@ -10,7 +10,7 @@ from luna_core.geometry import TOUCH_TOLERANCE
 from luna_core.holds import HoldParameters
 from luna_core.monitor import MonitorParameters
 from luna_core.stack import MonitorConfig, build_progress_monitor
-from luna_nodes import convert, qos
+from luna_msgs_py import convert, qos
 from luna_nodes.base import MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 

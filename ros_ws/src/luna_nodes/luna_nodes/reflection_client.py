@@ -26,7 +26,7 @@ from luna_core.hindsight import HindsightError, HindsightRecorder
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
 from luna_core.stack import LLMClientConfig, build_llm_client
 from luna_core.types import DecisionDistribution, DecisionExplanation, FailureEvent
-from luna_nodes import convert, qos
+from luna_msgs_py import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 

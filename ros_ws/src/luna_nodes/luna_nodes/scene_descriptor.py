@@ -32,7 +32,7 @@ from luna_core.scene import SceneConfig, SceneInputError, build_scene
 from luna_core.types import LaneGraph, Route, TrackedObjects, TrafficLights
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 
-from luna_nodes import convert, qos
+from luna_msgs_py import convert, qos
 from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import NodeInterface, ParamSpec
 

@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    init_ros()
+    init_ros(getattr(args, "fastdds_profile", None))
     node = Node("luna_bag_player")
     try:
         player = Player(node, reader, rate=args.rate, start_offset=args.start, topics=args.topics,

@@ -11,7 +11,7 @@
    instant k T_d until the decision for it is out, so every T_d of the bag gets its decision however
    slow the machine's forward pass is (a replay is about what the stack decides, not about timing);
 4. let the stack settle, stop it, finalise the bag, and write ``<out>/report/report.html`` (+ ``.md``,
-   PNGs) with ``report.write_report``; the stack's log goes to ``<out>/report/stack.log``.
+   PNGs) with ``luna_bags.report.write_report``; the stack's log goes to ``<out>/report/stack.log``.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
-from .ros import init_ros
-from .msgtypes import MessageTypes
-from .play import PlayReport, Player
-from .reader import BagError, BagReader
-from .record import Recorder, drain
-from .topics import DECISION, SCENE, is_replay_input
-from .writer import BagExistsError, BagWriter, resolve_output
+from luna_bags.msgtypes import MessageTypes
+from luna_bags.play import PlayReport, Player
+from luna_bags.reader import BagError, BagReader
+from luna_bags.record import Recorder, drain
+from luna_bags.ros import init_ros
+from luna_bags.topics import DECISION, SCENE, is_replay_input
+from luna_bags.writer import BagExistsError, BagWriter, resolve_output
 
 #: Starts the stack, logging to the given file; the context manager stops it on exit.
 StackStarter = Callable[[Path], AbstractContextManager]
@@ -185,7 +185,7 @@ class DecisionLockStep:
     def __init__(self, node: Node, period: float, timeout: float, max_scene_age: float) -> None:
         import luna_msgs.msg as lm
 
-        from luna_nodes import qos
+        from luna_msgs_py import qos
 
         self.node, self.timeout, self.max_scene_age = node, timeout, max_scene_age
         self.period_ns = int(round(period * 1e9))
@@ -299,7 +299,9 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
     report_dir.mkdir()
     own_context = not rclpy.ok()
     if own_context:
-        init_ros()
+        from luna_bringup.topology import fast_discovery_profile
+
+        init_ros(fast_discovery_profile())
     node = Node("luna_replay", parameter_overrides=[Parameter("use_sim_time", value=True)])
     executor = SingleThreadedExecutor()
     executor.add_node(node)
@@ -361,7 +363,7 @@ def replay(bag: Path, output: Path, storage: str = "mcap", stack: StackStarter |
         if own_context:
             rclpy.try_shutdown()
         reader.close()
-    from .report import write_report  # matplotlib: imported only when a report is written
+    from luna_bags.report import write_report  # matplotlib: imported only when a report is written
 
     notes = [f"process {p} not started: the bag provides its output {', '.join(t)}"
              for p, t in getattr(stack, "left_out", {}).items()]
@@ -443,3 +445,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="in lock step, the longest (s) bag time waits at a decision instant")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
+
+
+def register(subparsers) -> None:
+    """Add ``luna bag`` (luna_bags' commands, started with the stack's DDS profile) and ``luna replay``
+    (which runs the stack, so it is the bring-up's) to the ``luna`` command."""
+    from luna_bags import cli as bag_cli
+    from luna_bringup.topology import fast_discovery_profile
+
+    bag_cli.register(subparsers, fast_discovery_profile())
+    p = subparsers.add_parser("replay", help="play a bag through the stack, record its outputs, write a report",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)

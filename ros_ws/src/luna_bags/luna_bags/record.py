@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    init_ros()
+    init_ros(getattr(args, "fastdds_profile", None))
     node = Node("luna_bag_recorder", parameter_overrides=[Parameter("use_sim_time", value=args.use_sim_time)])
     executor = SingleThreadedExecutor()
     executor.add_node(node)

@@ -7,7 +7,7 @@ import pytest
 from rclpy.serialization import deserialize_message, serialize_message
 
 from luna_core import types as T
-from luna_nodes import convert as C
+from luna_msgs_py import convert as C
 from tests import samples
 from tests.equality import assert_same
 

@@ -4,7 +4,7 @@ The expert log plays the ego: every 0.1 s step of the expert track gives ``/cloc
 ``/localization/kinematic_state`` (nav_msgs/Odometry at the rear axle, body-frame twist),
 ``/perception/objects`` (the logged agents present at that step) and ``/perception/traffic_lights``;
 ``/map/lane_graph`` and ``/planning/route`` are written once at the start with transient-local QoS, as
-the map server and the route planner publish them. Messages are built by ``luna_nodes.convert``
+the map server and the route planner publish them. Messages are built by ``luna_msgs_py.convert``
 (the same conversion the nodes use) and serialized without a ROS graph; stamps and receive times are
 ``--start-time`` + scenario time (never near 0, which ROS reads as "clock not set").
 """
@@ -24,8 +24,8 @@ from rosgraph_msgs.msg import Clock
 from tqdm import tqdm
 
 from luna_core.types import EgoState, wrap_angle
-from luna_nodes import convert as C
-from luna_nodes import qos as Q
+from luna_msgs_py import convert as C
+from luna_msgs_py import qos as Q
 
 from .qos import to_bag_qos
 from .topics import CLOCK, LANE_GRAPH, OBJECTS, ODOMETRY, ROUTE, TRAFFIC_LIGHTS

@@ -1,4 +1,5 @@
-"""The ``luna bag`` command group (record, play, info, report, from-scenario) and ``luna replay``.
+"""The ``luna bag`` command group (record, play, info, report, from-scenario); ``luna replay`` (which runs
+the stack) is luna_bringup.replay's.
 
 Each subcommand's module defines ``add_arguments(parser)`` (which sets ``func``) and ``run(args)``;
 matplotlib and the bridge are imported only when the subcommand that needs them runs.
@@ -8,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _info(args: argparse.Namespace) -> int:
-    from luna_bringup.bag.reader import BagError, BagReader
+    from luna_bags.reader import BagError, BagReader
 
     try:
         reader = BagReader(args.bag)
@@ -34,8 +36,8 @@ def _info(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from luna_bringup.bag.reader import BagError
-    from luna_bringup.bag.report import write_report
+    from luna_bags.reader import BagError
+    from luna_bags.report import write_report
 
     bag = Path(args.bag)
     try:
@@ -47,11 +49,13 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers) -> None:
-    """Add ``bag`` (with its subcommands) and ``replay`` to the ``luna`` command."""
-    from luna_bringup.bag import convert, play, record, replay
+def register(subparsers, fastdds_profile: Path | None = None) -> None:
+    """Add ``bag`` (with its subcommands) to the ``luna`` command; ``fastdds_profile``: the DDS profile
+    ``record`` and ``play`` start rclpy with (``ros.init_ros``)."""
+    from luna_bags import convert, play, record
 
     bag = subparsers.add_parser("bag", help="record, play, inspect and make rosbag2 bags")
+    bag.set_defaults(fastdds_profile=fastdds_profile)
     sub = bag.add_subparsers(dest="bag_command", required=True)
     p = sub.add_parser("record", help="record live topics (all by default) into a bag",
                        description=record.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,6 +73,3 @@ def register(subparsers) -> None:
     p = sub.add_parser("from-scenario", help="write a bridge scenario's stack inputs into a bag",
                        description=convert.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     convert.add_arguments(p)
-    p = subparsers.add_parser("replay", help="play a bag through the stack, record its outputs, write a report",
-                              description=replay.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    replay.add_arguments(p)
