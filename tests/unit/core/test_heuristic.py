@@ -137,5 +137,7 @@ def test_explanation_ends_at_a_sentence_names_no_action_wrongly_and_reports_its_
         body = e.text[len(prefix):].rstrip()
         # Whatever the (untrained) student generated: cut by the budget, it ends at a sentence end.
         assert e.stop_reason == "eos" or body == "" or body[-1] in ".!?"
-        assert e.stop_reason in ("eos", "max_tokens") and e.latency > 0.0
+        # "max_time" only when the explanation really ran out of its wall-clock budget (a loaded machine)
+        assert e.stop_reason in ("eos", "max_tokens", "max_time") and e.latency > 0.0
+        assert e.stop_reason != "max_time" or e.latency >= system.config.explanation_max_time
         assert action_name_errors(e.text) == []
