@@ -29,13 +29,26 @@ BUNDLED = REPO / "models" / "student"
 
 
 @pytest.fixture(scope="module")
-def merged() -> DualHeadStudent:
-    return DualHeadStudent.from_pretrained(BUNDLED, PROMPTS, device="cpu")
+def trained_adapter(tmp_path_factory) -> Path:
+    """The bundled student with a non-zero LoRA B (the bundled stage-1 student's adapters are still at
+    their initialisation, B = 0, where merging would be a no-op and the checks below empty)."""
+    student = DualHeadStudent.from_pretrained(BUNDLED, PROMPTS, device="cpu", for_training=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in student.lm.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.02 * torch.randn(param.shape, generator=g))
+    return student.save_pretrained(tmp_path_factory.mktemp("student") / "student")
 
 
 @pytest.fixture(scope="module")
-def with_peft() -> DualHeadStudent:
-    return DualHeadStudent.from_pretrained(BUNDLED, PROMPTS, device="cpu", for_training=True)
+def merged(trained_adapter) -> DualHeadStudent:
+    return DualHeadStudent.from_pretrained(trained_adapter, PROMPTS, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def with_peft(trained_adapter) -> DualHeadStudent:
+    return DualHeadStudent.from_pretrained(trained_adapter, PROMPTS, device="cpu", for_training=True)
 
 
 def test_merged_student_predicts_what_the_peft_student_predicts(merged, with_peft):
@@ -82,10 +95,10 @@ def test_inference_load_imports_no_peft():
     assert loaded == [], f"the inference load path imported {loaded}"
 
 
-def test_merged_student_saves_the_adapter_it_read(merged, tmp_path):
+def test_merged_student_saves_the_adapter_it_read(merged, trained_adapter, tmp_path):
     out = merged.save_pretrained(tmp_path / "copy")
     written = load_file(str(out / files.ADAPTER_FILE))
-    original = load_file(str(BUNDLED / files.ADAPTER_FILE))
+    original = load_file(str(trained_adapter / files.ADAPTER_FILE))
     assert written.keys() == original.keys()
     assert all(torch.equal(written[k], original[k]) for k in original)
     again = DualHeadStudent.from_pretrained(out, PROMPTS, device="cpu")
