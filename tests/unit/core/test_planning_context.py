@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from luna_core.lanes import lane_map, make_lane
+from luna_core.lanes import lane_map
 from luna_core.planning import context as context_module
 from luna_core.planning.context import PlannerInputError, build_planning_context
 from luna_core.planning.decision_guided import MODE_DECISION, MODE_STOP
@@ -19,26 +19,14 @@ from luna_core.planning.diffusion_es import DiffusionESConfig
 from luna_core.planning.factory import make_planner
 from luna_core.planning.forecast import constant_velocity_forecast
 from luna_core.planning.reference_paths import OffMapError
-from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
+from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, ObjectClass, PlannerInput,
                              Route, TrackedObject, TrackedObjects, TrafficLightPhase, TrafficLights,
                              TrafficLightState)
 
+from tests.unit.core.test_pdm import graph as road  # the same two lanes and junction lane
+
 SEARCH = DiffusionESConfig(population=16, warm_starts=15, iterations=1, renoise_steps=(3,))
 PLANNERS = ("luna", "diffusion-es", "pdm", "idm")
-
-
-def road() -> LaneGraph:
-    """Two lanes along +x up to x = 200 (speed limit 15 m/s), then a junction lane behind a light."""
-    g = LaneGraph()
-    xs = np.linspace(-50.0, 200.0, 26)
-    g.add(make_lane("right", np.column_stack([xs, np.zeros_like(xs)]), 4.0, 15.0, road_id="r0",
-                    left_neighbor="left", successors=["j"]))
-    g.add(make_lane("left", np.column_stack([xs, np.full_like(xs, 4.0)]), 4.0, 15.0, road_id="r0",
-                    right_neighbor="right"))
-    xj = np.linspace(200.0, 400.0, 21)
-    g.add(make_lane("j", np.column_stack([xj, np.zeros_like(xj)]), 4.0, 15.0, road_id="r1", in_junction=True,
-                    predecessors=["right"]))
-    return g
 
 
 def car(i: str, x: float, y: float = 0.0, vx: float = 0.0) -> TrackedObject:

@@ -18,7 +18,6 @@ until the decision of that instant is out), and goes on with the schedule shifte
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from .msgtypes import MessageTypes, UnknownMessageType, import_message_class
 from .qos import playback_qos
 from .reader import BagError, BagIssue, BagMessage, BagReader
 from .topics import CLOCK
+from .signals import stop_on_signals
 
 
 
@@ -288,9 +288,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for issue in reader.issues:
         print(f"bag: {issue}", file=sys.stderr)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     init_ros(getattr(args, "fastdds_profile", None))
     node = Node("luna_bag_player")
     try:

@@ -10,7 +10,6 @@ work, drains what the middleware already delivered, and finalises the bag: nothi
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from .ros import init_ros
 from .msgtypes import MessageTypes, import_message_class
 from .qos import recording_qos, to_bag_qos
 from .writer import BagExistsError, BagWriter, resolve_output
+from .signals import stop_on_signals
 
 
 class Recorder:
@@ -128,9 +128,7 @@ def run(args: argparse.Namespace) -> int:
     except (BagExistsError, ValueError) as err:
         print(f"luna bag record: {err}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     init_ros(getattr(args, "fastdds_profile", None))
     node = Node("luna_bag_recorder", parameter_overrides=[Parameter("use_sim_time", value=args.use_sim_time)])
     executor = SingleThreadedExecutor()

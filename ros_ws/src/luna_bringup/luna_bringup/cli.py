@@ -11,11 +11,10 @@ Each command group lives in its own module with a ``register(subparsers)`` funct
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
 
+from luna_bags.signals import stop_on_signals
 from luna_bringup.supervisor import Supervisor, run_until_stopped
 from luna_bringup.topology import TopologyError, config_dir, load_topology
 
@@ -36,9 +35,7 @@ def _load(args) -> tuple:
 
 def cmd_up(args) -> int:
     topology, params_dir = _load(args)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     supervisor = Supervisor(topology, params_dir, args.sim_time, color=sys.stdout.isatty())
     return run_until_stopped(supervisor, stop.is_set)
 

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 import time
@@ -37,6 +36,7 @@ from luna_bags.play import PlayReport, Player
 from luna_bags.reader import BagError, BagReader
 from luna_bags.record import Recorder, drain
 from luna_bags.ros import init_ros
+from luna_bags.signals import stop_on_signals
 from luna_bags.topics import DECISION, SCENE, is_replay_input
 from luna_bags.writer import BagExistsError, BagWriter, resolve_output
 
@@ -398,9 +398,7 @@ def run(args: argparse.Namespace) -> int:
     except (BagExistsError, ValueError) as err:
         print(f"luna replay: {err}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         with BagReader(args.bag) as reader:
             provided = set(args.topics or [t for t in reader.topics if is_replay_input(t)])
