@@ -416,6 +416,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for name, typ in (("variants", int), ("eval_k", int), ("head_epochs", int), ("head_lr", float),
                       ("head_batch", int), ("head_weight_decay", float), ("heldout_limit", int)):
         h.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(hd, name))
+    h.add_argument("--extra-features", nargs="+", default=[], metavar="DIR",
+                   help="also train the head on these caches' training rows (same bank and split, e.g. "
+                        "<a K = 0 run>/features)")
     p.set_defaults(func=run)
 
 

@@ -26,7 +26,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -50,6 +50,9 @@ class HeadSettings:
     head_batch: int = 64
     head_weight_decay: float = 0.01
     heldout_limit: int = 0  # held-out items to cache (0 = all)
+    # Training rows from other caches of the same bank and split (e.g. a K = 0 cache beside a K = 1..3
+    # one): the head sees every K without recomputing rows that exist.
+    extra_features: list[str] = field(default_factory=list)
 
 
 # ---- feature cache ------------------------------------------------------------------------------------
@@ -168,6 +171,27 @@ def _meta(path: Path) -> dict[str, str]:
 
     with safe_open(str(path), "pt") as f:
         return f.metadata()
+
+
+def _with_extra_rows(x: torch.Tensor, y: torch.Tensor, folders: Sequence[str], train_ids: set[str]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x, y`` plus the training rows of the caches in ``folders``. Every extra row must be a training item
+    of this run's split: a row of a held-out item (another split, seed or bank) would leak into training."""
+    from luna_offline.distill import DistillError
+
+    for folder in folders:
+        ex, ey, rows = load_features(Path(folder), "train")
+        if not rows:
+            raise DistillError(f"--extra-features {folder}: no cached training rows (train-*.safetensors)")
+        foreign = sorted({i for i, _ in rows} - train_ids)
+        if foreign:
+            raise DistillError(f"--extra-features {folder}: {len(foreign)} rows are not training items of this "
+                               f"run (e.g. {foreign[0]}): another bank, seed or held-out split")
+        if ex.shape[1] != x.shape[1]:
+            raise DistillError(f"--extra-features {folder}: hidden size {ex.shape[1]}, this cache {x.shape[1]} "
+                               "(another base model)")
+        x, y = torch.cat([x, ex.to(x.device)]), torch.cat([y, ey.to(y.device)])
+    return x, y
 
 
 # ---- head training ------------------------------------------------------------------------------------
@@ -369,6 +393,7 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
         raise DistillError(str(exc)) from None
     if not rows:
         raise DistillError(f"{out / FEATURES} holds no cached training rows; run with --features compute or only")
+    x, y = _with_extra_rows(x, y, head_settings.extra_features, {it.id for it in train})
     x, hx = x.to(student.device), hx.to(student.device)
     y, hy = y.to(student.device), hy.to(student.device)
     t0 = time.process_time()

@@ -186,17 +186,12 @@ def test_stopped_car_of_unknown_size_ahead_slows_the_ego(stack):
     # The first cycles of a case can still warm-start from the previous case's plan (drive() puts the ego
     # back at x = 20 m, a 15 m jump): judge the last ones. The ego drives at 8 m/s; without the car the
     # planner speeds up to ~10 m/s.
-    # The footprint is checked over the scored 4 s (nuPlan's/PDM's horizon; the output runs on to 8 s,
-    # unscored, and is replanned every 0.5 s): the stop's tail beyond it entered the assumed 5.5 m box by
-    # up to 3 m in 4 of 6 runs (the time-budgeted search; seen at cc025fc too). Printed, not hidden.
+    # The whole 8 s: the unscored tail beyond 4 s stops at the car's rear too (it entered the assumed box
+    # by up to 3 m when IDM's bounded braking started too close; fixed in _with_tail).
     front = T.VehicleParameters().length - T.VehicleParameters().rear_axle_to_center
     for p in plans[-MIN_PLANS:]:
         assert p.velocity[-1] < 1.0, f"the ego does not stop behind the car: {p.velocity[-1]:.1f} m/s at 8 s"
-        scored = p.t <= p.t[0] + 4.0 + 1e-9
-        assert np.max(p.x[scored]) + front < 60.0 - 5.5 / 2, "the ego's front enters the car's default footprint"
-        overshoot = np.max(p.x) + front - (60.0 - 5.5 / 2)
-        if overshoot > 0.0:
-            print(f"KNOWN LIMITATION: the unscored tail (4-8 s) of a stop enters the assumed box by {overshoot:.2f} m")
+        assert np.max(p.x) + front < 60.0 - 5.5 / 2, "the ego's front enters the car's default footprint"
 
 
 @pytest.mark.parametrize("codes, probabilities, reason", [

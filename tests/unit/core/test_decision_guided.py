@@ -15,14 +15,17 @@ from luna_core.assets import default_path
 from luna_core.planning.decision_guided import (MODE_DECISION, MODE_EMERGENCY, MODE_FALLBACK, MODE_LEAST_BAD,
                                                 MODE_NO_DECISION, MODE_STOP, DecisionGuidedConfig,
                                                 DecisionGuidedPlanner, PlannerInputError)
+from luna_core.planning.context import build_planning_context
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior
+from luna_core.idm import pdm_policy
+from luna_core.planning.proposals import idm_rollout
 from luna_core.planning.diffusion_es import DiffusionESConfig
 from luna_core.control import StateIndex
 from luna_core.geometry import proposals_vs_objects
 from luna_core.planning.objectives import selection_score
 from luna_core.planning.scorer import ego_corners
 from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
-                             Route, TrackedObject, TrackedObjects, TrafficLights, box_corners)
+                             Route, TrackedObject, TrackedObjects, TrafficLights, Trajectory, box_corners)
 
 SEARCH = DiffusionESConfig(population=32, warm_starts=15, iterations=1, renoise_steps=(3,))
 
@@ -215,6 +218,26 @@ def test_a_stopped_car_of_unknown_size_ahead_is_braked_for_like_a_known_one(prio
         traj = res.trajectory
         assert traj.velocity[-1] < 1.0 and free.velocity[-1] > 9.0, "stops for the car; drives on without it"
         assert np.max(traj.x) + 3.9 < rear_of_car, "the ego's front (3.9 m ahead of the rear axle) stays clear"
+
+
+def test_the_unscored_tail_stops_at_a_stopped_car_where_idm_braking_comes_too_late(prior) -> None:
+    # Issue 17: the 4-8 s tail is an IDM continuation from the scored trajectory's last state. Ending 4 s
+    # at 4 m/s with 1.3 m to a stopped car, IDM's bounded braking ran the published tail into the car.
+    car = TrackedObject("car", ObjectClass.VEHICLE, 60.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
+    pi = make_input([car], decision({"CK": 1.0}), hist=history(x=36.0, speed=4.0))
+    ctx = build_planning_context(pi)
+    vehicle = pi.vehicle
+    t = np.arange(81) * 0.1
+    head = Trajectory(10.0, t, 36.0 + 4.0 * t, np.zeros(81), np.zeros(81), np.full(81, 4.0), np.zeros(81))
+    gap = 60.0 - 4.5 / 2 - (head.x[40] + vehicle.front_length)
+    assert 0.5 < gap < 2.0
+    s, v, _ = idm_rollout(4.0, np.array([head.x[40]]), np.zeros(1, dtype=int), [ctx.paths["K"].centerline],
+                          ctx.forecast.window(40), pdm_policy(4.0), np.array([4.0]), 40, 0.1, vehicle)
+    assert s[0, -1] + vehicle.front_length > 60.0 - 4.5 / 2, "plain IDM cannot stop in time here"
+    tail = planner(prior)._with_tail(head, ctx.paths["K"], ctx.forecast, vehicle)
+    assert np.allclose(tail.x[:41], head.x[:41]) and tail.is_finite()
+    assert np.max(tail.x) + vehicle.front_length <= 60.0 - 4.5 / 2 + 1e-6, "the tail runs into the car"
+    assert tail.x[-1] > head.x[40], "it still closes up to the car"
 
 
 def test_nan_latest_ego_state_plans_from_the_last_finite_one(prior) -> None:

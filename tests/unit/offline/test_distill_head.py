@@ -13,7 +13,8 @@ from luna_core.student import DualHeadStudent
 from luna_core.student.head import DecisionHead
 from luna_offline.distill import DistillError, DistillSettings, distill
 from luna_offline.distill_head import (FEATURES, SHARD_ROWS, CachePart, HeadSettings, _write_shard,
-                                       feature_plan, load_features, run_head_stage, train_head)
+                                       _with_extra_rows, feature_plan, load_features, run_head_stage,
+                                       train_head)
 from tests.unit.core.test_student_support import PROMPTS, memory_item
 from tests.unit.offline.test_distill import make_bank
 
@@ -78,6 +79,25 @@ def test_a_cache_of_another_plan_is_refused_and_missing_shards_are_skipped(tmp_p
     other = [(i, 1) for i, _ in plan]  # same items, another K draw
     with pytest.raises(ValueError, match="train-00000.safetensors holds rows of another plan"):
         load_features(tmp_path, "train", other)
+
+
+def test_extra_caches_add_training_rows_and_refuse_rows_that_are_not_training_items(tmp_path):
+    k0 = [("a@1", 0), ("b@1", 0)]
+    for name in ("k0", "held", "wide"):
+        (tmp_path / name).mkdir()
+    _write_shard(tmp_path / "k0", "train", 0, [torch.ones(4)] * 2, [np.full(10, 0.1)] * 2, k0)
+    _write_shard(tmp_path / "held", "train", 0, [torch.ones(4)], [np.full(10, 0.1)], [("h@1", 0)])
+    _write_shard(tmp_path / "wide", "train", 0, [torch.ones(6)], [np.full(10, 0.1)], [("a@1", 0)])
+    x, y = torch.zeros(3, 4), torch.full((3, 10), 0.1)
+    ex, ey = _with_extra_rows(x, y, [str(tmp_path / "k0")], {"a@1", "b@1", "c@1"})
+    assert ex.shape == (5, 4) and ey.shape == (5, 10) and ex[3:].eq(1).all() and ex[:3].eq(0).all()
+    assert _with_extra_rows(x, y, [], {"a@1"})[0] is x
+    with pytest.raises(DistillError, match="1 rows are not training items of this run .e.g. h@1"):
+        _with_extra_rows(x, y, [str(tmp_path / "held")], {"a@1", "b@1"})
+    with pytest.raises(DistillError, match="hidden size 6, this cache 4"):
+        _with_extra_rows(x, y, [str(tmp_path / "wide")], {"a@1"})
+    with pytest.raises(DistillError, match="no cached training rows"):
+        _with_extra_rows(x, y, [str(tmp_path / "none")], {"a@1"})
 
 
 @pytest.mark.slow  # loads the real base model and runs ~12 short forward passes: ~40 s on two cores

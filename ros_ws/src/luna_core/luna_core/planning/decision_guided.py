@@ -670,7 +670,8 @@ class DecisionGuidedPlanner:
         """``trajectory`` for the scored horizon, then an IDM continuation along ``path`` behind the
         forecast objects in its corridor at the speed reached (capped at the limit), joining the lane
         centre over ``tail_blend_time``: the tracker fits the whole published trajectory, and an
-        unscored tail must not run through a stopped car."""
+        unscored tail must not run through a stopped car (it stops at the car's rear where IDM's
+        braking would not)."""
         c = self.config
         k0 = c.objective.horizon_steps
         n = len(trajectory.t) - 1 - k0
@@ -688,7 +689,7 @@ class DecisionGuidedPlanner:
             v = np.zeros((1, n + 1))
         else:
             s, v, _ = idm_rollout(v0, np.array([s0]), np.zeros(1, dtype=int), [path.centerline], tail_objects,
-                                  pdm_policy(target), np.array([target]), n, dt, vehicle)
+                                  pdm_policy(target), np.array([target]), n, dt, vehicle, stop_short=True)
         base = path.centerline.interpolate(s[0])[None]
         d0 = float(path.lateral_offset(xy0))
         tail = blended_poses(base, v, d0, 0.0, c.tail_blend_time, dt)[0]

@@ -62,10 +62,13 @@ def corridor_leaders(path: Polyline, objects: ObjectBoxes, vehicle: VehicleParam
 
 def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray, paths: list[Polyline],
                 objects: ObjectBoxes, params: IDMParameters, target_speeds: np.ndarray, steps: int,
-                dt: float, vehicle: VehicleParameters) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                dt: float, vehicle: VehicleParameters, stop_short: bool = False
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """IDM progress, velocity and acceleration (P, steps+1) of P policies (one target speed each)
     on their paths behind the nearest forecast object whose box blocks the corridor ahead (objects
-    hold at their last forecast step)."""
+    hold at their last forecast step). ``stop_short``: a step never carries the ego's front past that
+    object's rear (it stops there), where IDM's bounded braking starts too close to stop in time; off
+    for PDM-Closed's proposals, whose scorer must see such a collision."""
     p = len(path_index)
     s = np.zeros((p, steps + 1))
     v = np.zeros((p, steps + 1))
@@ -96,8 +99,13 @@ def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray
             lead_v = np.where(np.isfinite(gap), v_along[rows, j, kk], 0.0)
         acc = idm_acceleration(v[:, k], gap, lead_v, params, target_speeds)
         a[:, k] = acc
-        s[:, k + 1] = s[:, k] + v[:, k] * dt
+        step = v[:, k] * dt
         v[:, k + 1] = np.maximum(v[:, k] + acc * dt, 0.0)
+        if stop_short:
+            short = step > np.maximum(gap, 0.0)
+            step = np.where(short, np.maximum(gap, 0.0), step)
+            v[:, k + 1] = np.where(short, 0.0, v[:, k + 1])
+        s[:, k + 1] = s[:, k] + step
     a[:, steps] = a[:, steps - 1] if steps else 0.0
     return s, v, a
 
