@@ -52,10 +52,10 @@ from tqdm import tqdm
 from luna_core.hindsight import HindsightConfig, HindsightError, HindsightObservation, HindsightRecorder
 from luna_core.monitor import MonitorParameters
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
-from luna_core.scene import SceneInputError, build_scene
+from luna_core.scene import SceneInputError
 from luna_core.stack import StackConfigError as CoreConfigError
-from luna_core.stack import (LLMClientConfig, MonitorConfig, build_llm_client, build_progress_monitor,
-                             executed_decision)
+from luna_core.stack import (LLMClientConfig, MonitorConfig, SceneDescriber, build_llm_client,
+                             build_progress_monitor, executed_decision)
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, PlannerInput, ReflectionResult,
                              SceneDescriptor)
 
@@ -133,6 +133,7 @@ class SceneDecisionSource:
 
     def __init__(self, heuristic: Any) -> None:
         self.heuristic = heuristic
+        self.describer = SceneDescriber()
         self.decisions: list[DecisionDistribution] = []
         self.scenes: list[SceneDescriptor] = []
         self.scene_errors: list[str] = []
@@ -143,13 +144,13 @@ class SceneDecisionSource:
         self.decisions.clear()
         self.scenes.clear()
         self.scene_errors.clear()
+        self.describer.reset()
         self.heuristic.reset()
 
     def decide(self, planner_input: PlannerInput) -> DecisionDistribution | None:
-        recent = [d.top_action for d in self.decisions[-2:]]
         try:
-            scene = build_scene(planner_input.ego, planner_input.objects, planner_input.traffic_lights,
-                                planner_input.route, planner_input.lane_graph, recent, planner_input.vehicle)
+            scene = self.describer.describe(planner_input.ego, planner_input.objects, planner_input.traffic_lights,
+                                            planner_input.route, planner_input.lane_graph, planner_input.vehicle)
         except SceneInputError as exc:  # no decision this cycle: the planner runs its fallback objective
             self.scene_errors.append(f"t={planner_input.time:.1f}s: {exc}")
             return None
@@ -157,6 +158,7 @@ class SceneDecisionSource:
         decision = self.decision_for(scene, planner_input)
         if decision is not None:
             self.decisions.append(decision)
+            self.describer.on_decision(decision)
         return decision
 
     def decision_for(self, scene: Any, planner_input: PlannerInput) -> DecisionDistribution | None:

@@ -16,9 +16,10 @@ from luna_core.heuristic import HeuristicSystem
 from luna_core.llm import LLMConfigError, OpenAIChatModel
 from luna_core.memory.bank import MemoryBank, MemoryBankError
 from luna_core.monitor import MonitorParameters
-from luna_core.stack import (FROM_CONFIG, HeuristicStackConfig, LLMClientConfig, MonitorConfig, StackConfigError,
-                             build_heuristic_system, build_llm_client, build_progress_monitor, executed_decision,
-                             load_student, open_memory_bank)
+from luna_core.scene import SceneConfig, SceneInputError
+from luna_core.stack import (FROM_CONFIG, HeuristicStackConfig, LLMClientConfig, MonitorConfig, SceneDescriber,
+                             StackConfigError, build_heuristic_system, build_llm_client, build_progress_monitor,
+                             executed_decision, load_student, open_memory_bank)
 from luna_core.student import StudentError
 from tests import samples
 from tests.heuristic_fixtures import make_bank, make_student_dir
@@ -153,3 +154,20 @@ def test_the_executed_decision_is_the_one_named_by_stamp_else_the_last_before() 
     early = T.FailureEvent(stamp=-1.0, issued_decision="", decision_stamp=0.0, stall=True)
     assert executed_decision(decisions, early) is None
     assert executed_decision([], named) is None
+
+
+def test_the_scene_describer_carries_the_last_two_top_actions_into_the_scene() -> None:
+    from tests.unit.core.test_scene import car, ego_at, junction_world
+
+    graph, route, lights = junction_world()
+    describer = SceneDescriber(SceneConfig(max_objects=1))
+    objects = T.TrackedObjects(0.0, [car("a", 30.0, 1.75), car("b", 40.0, 1.75)])
+    assert describer.describe(ego_at(0.0), objects, lights, route, graph).recent_decisions == []
+    for code in ("AK", "CK", "DK"):
+        describer.on_decision(T.DecisionDistribution(0.0, np.eye(T.NUM_ACTIONS)[T.ACTION_INDEX[code]]))
+    scene = describer.describe(ego_at(0.0), objects, lights, route, graph)
+    assert scene.recent_decisions == ["CK", "DK"] and len(scene.objects) == 1  # its config applies
+    describer.reset()
+    assert describer.describe(ego_at(0.0), objects, lights, route, graph).recent_decisions == []
+    with pytest.raises(SceneInputError, match="non-finite"):
+        describer.describe(ego_at(math.nan), objects, lights, route, graph)

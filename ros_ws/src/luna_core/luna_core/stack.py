@@ -12,6 +12,8 @@ run cannot decide, detect or explain differently:
 * ``build_progress_monitor(MonitorConfig)``: the progress monitor with its failure gate; its
   ``tick(now)`` is the ``progress_monitor`` node's check every T_d (the bridge replays a log through it).
 * ``executed_decision(decisions, failure)``: the decision the explainer explains for a failure.
+* ``SceneDescriber``: xi_t of a decision instant with the prompt's recent actions (``scene_descriptor``;
+  the simulator's decision source).
 
 Pure Python (no rclpy): nodes map their parameters to these configs, the bridge its settings. A bad
 config raises :class:`StackConfigError` naming the field. The student and the bank are imported and
@@ -27,7 +29,9 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from luna_core.failure_gate import FailureGate
 from luna_core.monitor import MonitorParameters, ProgressMonitor
-from luna_core.types import DecisionDistribution, FailureEvent
+from luna_core.scene import SceneConfig, SceneDescriptor, build_scene
+from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, LaneGraph, Route, TrackedObjects,
+                             TrafficLights, VehicleParameters)
 
 if TYPE_CHECKING:  # loading them pulls in torch / the bank's indexes
     from luna_core.heuristic import HeuristicConfig, HeuristicSystem
@@ -198,6 +202,33 @@ def build_llm_client(config: LLMClientConfig) -> OpenAIChatModel | None:
     return OpenAIChatModel(EndpointConfig(model=config.model, base_url=config.endpoint,
                                           api_key_env=config.api_key_env or None, timeout=config.timeout,
                                           max_retries=0))
+
+
+# --------------------------------------------------------------------------------------------------
+# Scene
+# --------------------------------------------------------------------------------------------------
+
+RECENT_ACTIONS = 2  # the prompt's "Recent decisions": the top actions of the last two decisions
+
+
+@dataclass
+class SceneDescriber:
+    """xi_t of each decision instant (``build_scene``) with the prompt's recent actions: the top actions of
+    the last ``RECENT_ACTIONS`` decisions heard (``on_decision``). Raises ``SceneInputError`` like
+    ``build_scene``."""
+
+    config: SceneConfig = field(default_factory=SceneConfig)
+    recent_actions: list[str] = field(default_factory=list)
+
+    def on_decision(self, decision: DecisionDistribution) -> None:
+        self.recent_actions = (self.recent_actions + [decision.top_action])[-RECENT_ACTIONS:]
+
+    def reset(self) -> None:
+        self.recent_actions = []
+
+    def describe(self, ego: EgoState, objects: TrackedObjects | None, lights: TrafficLights | None, route: Route,
+                 graph: LaneGraph, vehicle: VehicleParameters | None = None) -> SceneDescriptor:
+        return build_scene(ego, objects, lights, route, graph, self.recent_actions, vehicle, self.config)
 
 
 # --------------------------------------------------------------------------------------------------

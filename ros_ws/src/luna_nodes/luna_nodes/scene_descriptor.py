@@ -28,7 +28,8 @@ from geometry_msgs.msg import AccelWithCovarianceStamped
 from nav_msgs.msg import Odometry
 
 from luna_core.ego_history import EgoHistory, heard_at
-from luna_core.scene import SceneConfig, SceneInputError, build_scene
+from luna_core.scene import SceneConfig, SceneInputError
+from luna_core.stack import SceneDescriber
 from luna_core.types import LaneGraph, Route, TrackedObjects, TrafficLights
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 
@@ -74,13 +75,12 @@ INTERFACE = NodeInterface(
 class SceneDescriptorNode(LunaNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
-        self.config = scene_config(self.params)
+        self.describer = SceneDescriber(scene_config(self.params))
         self.ego = EgoHistory(RECENT_EGO)  # odometry paired with its acceleration (the planner's rule)
         self.objects: TrackedObjects | None = None
         self.lights: TrafficLights | None = None
         self.route: Route | None = None
         self.graph: LaneGraph | None = None
-        self.recent_decisions: list[str] = []
         # Under sim time the scene of an instant is built from the inputs of that instant (see above).
         self.recent: dict[str, collections.deque] = {k: collections.deque(maxlen=RECENT_KEPT)
                                                      for k in ("objects", "lights")}
@@ -98,7 +98,7 @@ class SceneDescriptorNode(LunaNode):
         self.timer = self.create_periodic(1.0 / self.params["rate"], self.tick)
 
     def apply_parameters(self, params: dict) -> None:
-        self.config = scene_config(params)
+        self.describer.config = scene_config(params)
 
     # -- inputs -------------------------------------------------------------------------------------
 
@@ -125,8 +125,7 @@ class SceneDescriptorNode(LunaNode):
         self.diagnostics.set_value("lanes", len(self.graph.lanes))
 
     def on_decision(self, msg: lm.DecisionDistribution) -> None:
-        top = convert.msg_to_decision(msg).top_action
-        self.recent_decisions = (self.recent_decisions + [top])[-2:]
+        self.describer.on_decision(convert.msg_to_decision(msg))
 
     # -- output -------------------------------------------------------------------------------------
 
@@ -178,8 +177,7 @@ class SceneDescriptorNode(LunaNode):
         self.diagnostics.clear("inputs")
         start = time.perf_counter()
         try:
-            scene = build_scene(ego, objects, lights, self.route, self.graph, self.recent_decisions,
-                                config=self.config)
+            scene = self.describer.describe(ego, objects, lights, self.route, self.graph)
         except SceneInputError as exc:
             self.diagnostics.set_condition("scene", ERROR, str(exc))
             return
