@@ -5,14 +5,18 @@ The LLM here is a scripted fake chat model (no reasoning model runs here; the va
 tested); the real-endpoint path over HTTP is tests/ros/test_reflection_endpoint.py.
 """
 
+import dataclasses
+
+import numpy as np
 import pytest
 
 from luna_core import types as T
 from luna_core.llm.base import Completion, LLMUnavailable
-from luna_core.memory.bank import MemoryBank
-from luna_core.memory.embedders import MiniLMEmbedder
+from luna_core.memory.bank import InvalidItemError, MemoryBank
+from luna_core.memory.embedders import MiniLMEmbedder, SceneVectorEmbedder
 from luna_core.prompts import PromptManager, action_set_of, parse_ranked_answer
 from luna_core.reflection import Outbox, ReflectionRequest, ReflectionSystem, audit_reflections, outbox_summary
+from luna_core.scene import scene_vector
 from tests import samples
 from tests.unit.core.test_hindsight import FRONT, car, observe
 
@@ -46,7 +50,7 @@ def bank(tmp_path, embedder):
         yield b
 
 
-def _request(collision=True, observation="collision", explanation_latency=3.2):
+def _request(collision=True, observation="collision", explanation_latency=3.2, scene=None):
     """A reflection request about the executed CK: after a collision with the stalled car ahead (a car
     drives alongside in the left lane), or after standing behind a parked car ("blocked")."""
     query = PromptManager().decision_query(samples.scene())  # action set AK, AL, CK, CL, DK, DL, SK
@@ -59,6 +63,8 @@ def _request(collision=True, observation="collision", explanation_latency=3.2):
                                         speed=8.0),
            "blocked": lambda: observe(lambda t: [car("parked", FRONT + 0.5 + 2.25)]),
            None: lambda: None}[observation]()
+    if scene is not None:  # the node's recorder pairs the decision with the scene published for it
+        obs = dataclasses.replace(obs, scene=scene)
     return ReflectionRequest.from_events(expl, failure, obs)
 
 
@@ -72,6 +78,20 @@ def test_grounded_revision_becomes_reflection_item_without_distribution(bank):
     ranked = parse_ranked_answer(item.answer, action_set_of(req.query), kind="reflection").ranked
     assert ranked[0] in ("DK", "SK") and "CL" not in ranked and "CK" not in ranked
     assert "CK instead: " in item.answer and result.hindsight.startswith(f"revise to {ranked[0]}")
+
+
+def test_a_scene_vector_bank_keys_the_revision_by_the_scene_of_the_revised_decision(tmp_path):
+    scene = samples.scene()
+    with MemoryBank.create(tmp_path / "sv", SceneVectorEmbedder()) as sv:
+        result = ReflectionSystem(None, PromptManager(), sv).reflect(_request(scene=scene))
+        assert result.memory_item_id and not result.error, result.error
+        item = sv.get(result.memory_item_id)
+        assert item.source == "reflection" and np.allclose(item.scene_vector, scene_vector(scene))
+        assert sv.retrieve(scene_vector(scene), k=1)[0][0].id == item.id
+        # Recorded without its scene (no luna/scene heard): nothing to key it by, refused with the reason.
+        with pytest.raises(InvalidItemError, match="scene_vector"):
+            ReflectionSystem(None, PromptManager(), sv).reflect(_request())
+        assert len(sv) == 1
 
 
 def test_llm_rewrite_that_agrees_with_hindsight_is_written_with_the_hindsight_in_its_prompt(bank):

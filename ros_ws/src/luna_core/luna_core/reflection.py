@@ -44,6 +44,7 @@ from luna_core.memory.bank import InvalidItemError
 from luna_core.memory.journal import Journal, scan
 from luna_core.prompts.knowledge import RANKED_TAG
 from luna_core.prompts.parsers import MalformedModelOutput, action_set_of, parse_ranked_answer, parse_reflection
+from luna_core.scene import scene_vector
 from luna_core.types import DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, ReflectionResult
 
 
@@ -244,8 +245,11 @@ class ReflectionSystem:
             # as any). After a collision 'normal' is not an answer: no grounded revision, nothing written.
             return self._result(request, normal=not request.failure.collision, hindsight=verdict.summary())
         text = verdict.answer() if self.llm is None else self._llm_answer(request, grounding, attempt)
+        # The scene of the revised decision keys the item in a scene-vector bank (retrieval by xi_t).
+        scene = verdict.scene
         item = self.bank.append(MemoryItem(id=f"refl-{request.id}", query=grounding.query, answer=text,
-                                           distribution=None, source="reflection", created=time.time()))
+                                           distribution=None, source="reflection", created=time.time(),
+                                           scene_vector=scene_vector(scene) if scene is not None else None))
         return self._result(request, revised_answer=text, memory_item_id=item.id, hindsight=grounding.summary(request))
 
     def _llm_answer(self, request: ReflectionRequest, grounding: Grounding, attempt: int) -> str:
@@ -282,7 +286,7 @@ class ReflectionSystem:
                 return None
             result = ReflectionResult(stamp=time.time(), failure_stamp=request.failure_stamp, normal=False,
                                       memory_version=int(self.bank.version), error=f"invalid reflection: {exc}")
-        except InvalidItemError as exc:  # e.g. a scene-vector bank: reflection items carry only text
+        except InvalidItemError as exc:  # e.g. a scene-vector bank and a request recorded without its scene
             result = ReflectionResult(stamp=time.time(), failure_stamp=request.failure_stamp, normal=False,
                                       memory_version=int(self.bank.version), error=f"memory update refused: {exc}")
         outbox.done(request.id, {"normal": result.normal, "memory_item_id": result.memory_item_id,
