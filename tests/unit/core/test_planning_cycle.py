@@ -11,7 +11,7 @@ import numpy as np
 from luna_core.decision import DecisionTiming
 from luna_core.planning.cycle import ERROR, WARN, Condition, CycleInputs, CyclePolicy, instant_complete, plan_cycle
 from luna_core.planning.factory import make_planner
-from luna_core.types import EgoState, LaneGraph, PlannerInput, Route, Trajectory
+from luna_core.types import EgoState, LaneGraph, PlannerInput, Route, Trajectory, VehicleParameters
 from tests import samples
 
 POLICY = CyclePolicy(max_input_age=1.0, timing=DecisionTiming(period=2.0), follows_decisions=True)
@@ -75,6 +75,21 @@ def test_missing_map_empty_map_or_stale_odometry_stop_comfortably():
     out = plan_cycle(make_planner("idm"), inputs(now=12.0, history=history(10.5)), POLICY)
     assert not out.planned and is_stop(out.trajectory) and out.trajectory.stamp == 12.0
     assert out.conditions["inputs"] == Condition(WARN, "odometry is stale (1.50 s old)")
+
+
+def test_the_planner_input_carries_the_configured_vehicle():
+    seen = []
+
+    class Recording:
+        def plan(self, pin: PlannerInput) -> Trajectory:
+            seen.append(pin.vehicle)
+            return make_planner("idm").plan(pin)
+
+    truck = VehicleParameters(width=2.6, front_length=7.5, rear_length=1.5, wheelbase=5.5)
+    policy = CyclePolicy(1.0, DecisionTiming(2.0), follows_decisions=False, vehicle=truck)
+    assert plan_cycle(Recording(), inputs(), policy).planned and seen == [truck]
+    plan_cycle(Recording(), inputs(), POLICY)
+    assert seen[-1] == VehicleParameters()
 
 
 def test_planner_failure_stops_comfortably_and_is_counted():

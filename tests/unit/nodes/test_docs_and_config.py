@@ -9,7 +9,8 @@ import yaml
 from luna_bringup.topology import COMMON_PARAMS, config_dir, load_topology
 from luna_nodes.docs import NODE_MODULES
 from luna_nodes.docs import main as docs_main
-from luna_nodes.params import validate
+from luna_core.types import VehicleParameters
+from luna_nodes.params import VEHICLE_PARAMS, validate, vehicle_parameters
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -48,11 +49,16 @@ def test_shared_parameters_are_set_once_and_valid_for_every_node_reading_them():
     before its nodes' files (both launchers), and no node file sets them again."""
     path = config_dir() / COMMON_PARAMS
     shared = yaml.safe_load(path.read_text())["/**"]["ros__parameters"]
-    assert set(shared) == {"decision_period", "decision_timeout", "gamma_p"}, shared
+    assert set(shared) == {"decision_period", "decision_timeout", "gamma_p", *(s.name for s in VEHICLE_PARAMS)}, shared
     readers = {name: [n for n in NODE_MODULES if name in _specs(n)] for name in shared}
     assert sorted(readers["decision_period"]) == ["decision_inference", "planner", "progress_monitor"], readers
     assert readers["decision_timeout"] == ["planner"], readers
     assert sorted(readers["gamma_p"]) == ["decision_inference", "explainer", "planner"], readers
+    # The ego's geometry: every node that needs the ego's box reads the same values, nuPlan's defaults.
+    for spec in VEHICLE_PARAMS:
+        assert sorted(readers[spec.name]) == ["planner", "progress_monitor", "reflection_client",
+                                              "scene_descriptor"], readers
+    assert vehicle_parameters(shared) == VehicleParameters()
     for name, nodes in readers.items():
         for node in nodes:
             validate(_specs(node)[name], shared[name])

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 from rcl_interfaces.msg import ParameterDescriptor
 
+from luna_core.types import VehicleParameters
+
 _TYPE_NAMES = {bool: "bool", int: "int", float: "double", str: "string"}
 
 
@@ -44,6 +46,30 @@ class ParamSpec:
         if self.type is list:
             return f"{_TYPE_NAMES[self.item_type]}[]"
         return _TYPE_NAMES[self.type]
+
+
+_VEHICLE = VehicleParameters()
+#: The ego's geometry (``luna_core.types.VehicleParameters``, relative to the rear axle; Autoware's
+#: vehicle_info in spirit), declared by every node that needs the ego's box and set once for all of them
+#: in config/common.param.yaml. Defaults: nuPlan's Chrysler Pacifica, which the simulator runs.
+VEHICLE_PARAMS = (
+    ParamSpec("vehicle_width", float, _VEHICLE.width, "Ego width.", "m", min=0.5, max=5.0),
+    ParamSpec("vehicle_front_length", float, _VEHICLE.front_length, "Rear axle to front bumper.", "m",
+              min=0.1, max=20.0),
+    ParamSpec("vehicle_rear_length", float, _VEHICLE.rear_length, "Rear axle to rear bumper.", "m",
+              min=0.0, max=10.0),
+    ParamSpec("vehicle_wheelbase", float, _VEHICLE.wheelbase, "Wheelbase (the tracker's bicycle model).", "m",
+              min=0.5, max=10.0),
+    ParamSpec("vehicle_cog_from_rear_axle", float, _VEHICLE.cog_position_from_rear_axle,
+              "Rear axle to centre of gravity (the tracker's bicycle model).", "m", min=0.0, max=10.0),
+)
+
+
+def vehicle_parameters(params: dict) -> VehicleParameters:
+    """The ego geometry of a node's ``VEHICLE_PARAMS`` values."""
+    return VehicleParameters(width=params["vehicle_width"], front_length=params["vehicle_front_length"],
+                             rear_length=params["vehicle_rear_length"], wheelbase=params["vehicle_wheelbase"],
+                             cog_position_from_rear_axle=params["vehicle_cog_from_rear_axle"])
 
 
 def params_files(argv: Sequence[str] | None = None) -> list[str]:

@@ -44,7 +44,7 @@ from luna_core.types import DecisionDistribution, LaneGraph, Route, TrackedObjec
 from luna_msgs_py import convert, qos
 from luna_nodes import markers
 from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
-from luna_nodes.params import NodeInterface, ParamSpec
+from luna_nodes.params import VEHICLE_PARAMS, NodeInterface, ParamSpec, vehicle_parameters
 
 INTERFACE = NodeInterface(
     name="planner",
@@ -87,6 +87,7 @@ INTERFACE = NodeInterface(
         ParamSpec("gamma_p", float, DEFAULT_GAMMA_P, "Candidate-set threshold of Eq. 19 (common.param.yaml); "
                   "used only for a decision published without its candidate set.", min=0.0, max=1.0),
         ParamSpec("diffusion_model", str, "", "Folder of the diffusion prior; empty = the bundled default."),
+        *VEHICLE_PARAMS,
     ],
 )
 
@@ -213,7 +214,8 @@ class PlannerNode(LunaLifecycleNode):
 
     def policy(self) -> CyclePolicy:
         p = self.params
-        return CyclePolicy(p["max_input_age"], decision_timing(p), follows_decisions=p["planner"] == "luna")
+        return CyclePolicy(p["max_input_age"], decision_timing(p), follows_decisions=p["planner"] == "luna",
+                           vehicle=vehicle_parameters(p))
 
     def cycle(self) -> None:
         if self.planner is None or self.trajectory_pub is None:

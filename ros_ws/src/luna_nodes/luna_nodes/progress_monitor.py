@@ -12,7 +12,7 @@ from luna_core.monitor import MonitorParameters
 from luna_core.stack import MonitorConfig, build_progress_monitor
 from luna_msgs_py import convert, qos
 from luna_nodes.base import MAX_TRACKED_OBJECTS, WARN, LunaNode, run
-from luna_nodes.params import NodeInterface, ParamSpec
+from luna_nodes.params import VEHICLE_PARAMS, NodeInterface, ParamSpec, vehicle_parameters
 
 HOLD_PARAMS = ("hold_gap", "hold_headway", "hold_deceleration", "stopped_speed", "vru_distance", "vru_half_width",
                "vru_crossing_time")
@@ -58,6 +58,7 @@ INTERFACE = NodeInterface(
         ParamSpec("vru_crossing_time", float, 3.0, "A VRU reaching the ego path within this long holds the ego.",
                   "s", min=0.0, runtime=True),
         MAX_TRACKED_OBJECTS,
+        *VEHICLE_PARAMS,
     ],
 )
 
@@ -122,7 +123,8 @@ def monitor_parameters(params: dict) -> MonitorParameters:
                              stall_speed_threshold=params["stall_speed_threshold"],
                              max_sample_gap=params["max_sample_gap"],
                              collision_tolerance=params["collision_tolerance"],
-                             holds=HoldParameters(**{k: params[k] for k in HOLD_PARAMS}))
+                             holds=HoldParameters(**{k: params[k] for k in HOLD_PARAMS}),
+                             vehicle=vehicle_parameters(params))
 
 
 def main(args=None) -> int:

@@ -28,7 +28,7 @@ from luna_core.stack import LLMClientConfig, build_llm_client
 from luna_core.types import DecisionDistribution, DecisionExplanation, FailureEvent
 from luna_msgs_py import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaNode, run
-from luna_nodes.params import NodeInterface, ParamSpec
+from luna_nodes.params import VEHICLE_PARAMS, NodeInterface, ParamSpec, vehicle_parameters
 
 INTERFACE = NodeInterface(
     name="reflection_client",
@@ -66,6 +66,7 @@ INTERFACE = NodeInterface(
                   "s", min=1.0, runtime=True),
         ParamSpec("hindsight_keep", float, 60.0, "How long perceived inputs are buffered for the hindsight "
                   "check (must cover the explanation's latency plus the 6 s horizon).", "s", min=10.0),
+        *VEHICLE_PARAMS,
     ],
 )
 
@@ -105,7 +106,7 @@ class ReflectionClient(LunaNode):
             return
         self.llm = None
         self.prompts = PromptManager()
-        self.recorder = HindsightRecorder(keep=p["hindsight_keep"])
+        self.recorder = HindsightRecorder(vehicle=vehicle_parameters(p), keep=p["hindsight_keep"])
         self.recorder_lock = threading.Lock()  # callbacks and the timer run on the executor's threads
         self.failures: collections.OrderedDict[float, FailureEvent] = collections.OrderedDict()
         self.explanations: collections.OrderedDict[float, DecisionExplanation] = collections.OrderedDict()

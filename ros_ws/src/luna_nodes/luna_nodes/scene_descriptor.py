@@ -35,7 +35,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 
 from luna_msgs_py import convert, qos
 from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaNode, run
-from luna_nodes.params import NodeInterface, ParamSpec
+from luna_nodes.params import VEHICLE_PARAMS, NodeInterface, ParamSpec, vehicle_parameters
 
 RECENT_KEPT = 20  # inputs of each kind kept to build the scene of an instant (2 s at 10 Hz)
 RECENT_EGO = 2.0  # s of odometry kept, for the same reason
@@ -68,6 +68,7 @@ INTERFACE = NodeInterface(
         ParamSpec("input_sync_timeout", float, 0.2, "Under sim time, how long (wall) a scene waits for the "
                   "odometry, objects and lights of its own instant.", "s", min=0.0, runtime=True),
         MAX_TRACKED_OBJECTS,
+        *VEHICLE_PARAMS,
     ],
 )
 
@@ -76,6 +77,7 @@ class SceneDescriptorNode(LunaNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
         self.describer = SceneDescriber(scene_config(self.params))
+        self.vehicle = vehicle_parameters(self.params)
         self.ego = EgoHistory(RECENT_EGO)  # odometry paired with its acceleration (the planner's rule)
         self.objects: TrackedObjects | None = None
         self.lights: TrafficLights | None = None
@@ -177,7 +179,7 @@ class SceneDescriptorNode(LunaNode):
         self.diagnostics.clear("inputs")
         start = time.perf_counter()
         try:
-            scene = self.describer.describe(ego, objects, lights, self.route, self.graph)
+            scene = self.describer.describe(ego, objects, lights, self.route, self.graph, self.vehicle)
         except SceneInputError as exc:
             self.diagnostics.set_condition("scene", ERROR, str(exc))
             return

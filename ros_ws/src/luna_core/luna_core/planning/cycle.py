@@ -28,7 +28,7 @@ from luna_core.decision import DecisionTiming
 from luna_core.ego_history import EgoHistory, heard_at
 from luna_core.planning.fallback import comfortable_stop
 from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
-                             Trajectory, TrafficLights)
+                             Trajectory, TrafficLights, VehicleParameters)
 
 WARN = "warn"
 ERROR = "error"
@@ -45,6 +45,7 @@ class CyclePolicy:
     max_input_age: float  # s: older odometry -> comfortable stop
     timing: DecisionTiming  # T_d and the decision timeout (the planner ages decisions with the same)
     follows_decisions: bool  # the planner uses decisions: their absence or staleness is reported
+    vehicle: VehicleParameters = field(default_factory=VehicleParameters)  # the ego's geometry
 
 
 @dataclass
@@ -93,7 +94,7 @@ def planner_input(inputs: CycleInputs, policy: CyclePolicy,
     if missing:
         # Without a map or route there is nothing to follow: a comfortable stop straight ahead.
         conditions["inputs"] = Condition(WARN, f"waiting for {', '.join(missing)}: comfortable stop")
-        return PlannerInput(now, history, objects, lights, LaneGraph(), Route(now, []), None)
+        return PlannerInput(now, history, objects, lights, LaneGraph(), Route(now, []), None, policy.vehicle)
     age = now - history[-1].stamp
     conditions["inputs"] = Condition(WARN, f"odometry is stale ({age:.2f} s old)") \
         if age > policy.max_input_age else None
@@ -101,7 +102,7 @@ def planner_input(inputs: CycleInputs, policy: CyclePolicy,
     why = "no valid decision received" if decision is None else policy.timing.stale(decision.stamp, now)
     conditions["decision"] = Condition(WARN, f"{why}: fallback objective without the decision term") \
         if why and policy.follows_decisions else None
-    return PlannerInput(now, history, objects, lights, inputs.graph, inputs.route, decision)
+    return PlannerInput(now, history, objects, lights, inputs.graph, inputs.route, decision, policy.vehicle)
 
 
 def plan_cycle(planner: Any, inputs: CycleInputs, policy: CyclePolicy) -> CycleOutcome:
