@@ -18,7 +18,7 @@ from luna_core.planning.decision_guided import (MODE_DECISION, MODE_EMERGENCY, M
 from luna_core.planning.context import build_planning_context
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior
 from luna_core.idm import pdm_policy
-from luna_core.planning.proposals import idm_rollout
+from luna_core.planning.proposals import following_speed_cap, idm_rollout
 from luna_core.planning.diffusion_es import DiffusionESConfig
 from luna_core.control import StateIndex
 from luna_core.geometry import proposals_vs_objects
@@ -218,6 +218,21 @@ def test_a_stopped_car_of_unknown_size_ahead_is_braked_for_like_a_known_one(prio
         traj = res.trajectory
         assert traj.velocity[-1] < 1.0 and free.velocity[-1] > 9.0, "stops for the car; drives on without it"
         assert np.max(traj.x) + 3.9 < rear_of_car, "the ego's front (3.9 m ahead of the rear axle) stays clear"
+
+
+def test_the_following_speed_cap_binds_behind_a_leader_only() -> None:
+    car = TrackedObject("car", ObjectClass.VEHICLE, 80.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
+    for objects, bound in (([car], True), ([], False)):
+        pi = make_input(objects, decision({"CK": 1.0}), hist=history(x=50.0, speed=10.0))
+        ctx = build_planning_context(pi)
+        path = ctx.paths["K"]
+        cap = following_speed_cap(ctx.ego, path.centerline, ctx.forecast.window(0, 41), path.speed_limit, 40, 0.1,
+                                  pi.vehicle)
+        assert cap.shape == (40,)
+        if bound:  # a stopped car 30 m ahead at 10 m/s: IDM brakes towards a standstill behind it
+            assert np.all(np.isfinite(cap[5:])) and cap[-1] < 3.0 and np.all(np.diff(cap[np.isfinite(cap)]) <= 1e-9)
+        else:
+            assert np.all(np.isinf(cap))
 
 
 def test_the_unscored_tail_stops_at_a_stopped_car_where_idm_braking_comes_too_late(prior) -> None:

@@ -63,7 +63,7 @@ from luna_core.planning.context import PlannerInputError  # noqa: F401 (raised b
 from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following, select,
                                            speed_interval)
 from luna_core.planning.pdm_closed import emergency_brake_trajectory
-from luna_core.planning.proposals import idm_proposals, idm_rollout
+from luna_core.planning.proposals import following_speed_cap, idm_proposals, idm_rollout
 from luna_core.planning.reference_paths import ReferencePath
 from luna_core.planning.scorer import (CLS_WEIGHTS, PROGRESS_EPSILON, ObjectBoxes, ProposalScores, ScorerWeights,
                                        ScoringContext, score_proposals)
@@ -241,6 +241,7 @@ class PlannerObjective:
         self.progress_reference: float | None = None  # m, set by the first batch (the warm starts)
         self.min_progress = -math.inf  # m a member must make to be feasible (only when no proposal is)
         self.batches: list[ScoredBatch] = []
+        self._speed_caps: dict[int, np.ndarray] = {}
 
     def map_poses(self, poses: np.ndarray, steps: int) -> np.ndarray:
         dense = densify(poses, self.seed, self.waypoint_dt, self.config.dt, steps)
@@ -304,8 +305,18 @@ class PlannerObjective:
         path = self.paths[group]
         states = evaluation.states[rows, 1:]
         j_dec = decision_following(action, path.lateral_offset(states[..., :2]), states[..., StateIndex.VELOCITY],
-                                   self.reference_speed, self.config, path.speed_limit, self.elapsed)
+                                   self.reference_speed, self.config, path.speed_limit, self.elapsed,
+                                   self.speed_cap(group))
         return {"score": action_objective(j_dec, j_gen, self.config), "j_dec": j_dec, "j_gen": j_gen}
+
+    def speed_cap(self, group: int) -> np.ndarray:
+        """The group's J_dec speed cap (``proposals.following_speed_cap``), computed once per cycle."""
+        if group not in self._speed_caps:
+            path = self.paths[group]
+            self._speed_caps[group] = following_speed_cap(self.ego, path.centerline, self.ctx.objects,
+                                                          path.speed_limit, self.config.horizon_steps,
+                                                          self.config.dt, self.ctx.vehicle)
+        return self._speed_caps[group]
 
     def least_bad(self) -> tuple[np.ndarray, float, float] | None:
         """PDM-Closed's pick when nothing is feasible, among the searched members: the one with the best

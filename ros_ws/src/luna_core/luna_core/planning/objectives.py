@@ -22,7 +22,10 @@ repeated C or A decisions compound speed):
       decision, and one that is still moving at the end of the ramp is penalised by how much faster
       it goes. Stop follows the current lane (lateral K).
 With a known speed limit v_lim of the action's lane every bound is capped at v_lim: no decision asks for
-more than the limit (A at the limit means holding it).
+more than the limit (A at the limit means holding it). Likewise, with a leader ahead on the action's
+path, every bound is capped per step at the speed IDM (PDM-Closed's policy) drives behind it
+(``speed_cap``): no decision asks for more than a safe following speed, so braking for a stopping lead
+keeps J_dec (a C interval latched at the decision's speed otherwise penalised it, by omega_dec = 5).
 
 J_a = J_dec^omega_dec * J_gen^omega_gen (LUNA-AD Eq. 20); J_gen is the shared PDM-style scorer
 (``luna_core.planning.scorer``), evaluated elsewhere and passed in. Without a decision (fallback, and
@@ -84,11 +87,21 @@ def _check_code(action: str) -> None:
 
 
 def speed_interval(action: str, v0: float, config: ObjectiveConfig = ObjectiveConfig(), speed_limit: float = 0.0,
-                   elapsed: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                   elapsed: float = 0.0, speed_cap: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """V^k (Eq. 5, plus our Stop) as per-step bounds (lo, hi), each (T,) for tau = 1..T.
 
     ``v0``: the ego speed (m/s) at the decision's stamp; ``speed_limit`` (m/s, 0 = unknown) caps every
-    bound; ``elapsed``: s from the decision's stamp to this plan (where Stop's ramp has got to)."""
+    bound; ``elapsed``: s from the decision's stamp to this plan (where Stop's ramp has got to);
+    ``speed_cap`` (T,) m/s (inf where nothing leads) caps every bound per step."""
+    lo, hi = _interval(action, v0, config, speed_limit, elapsed)
+    if speed_cap is not None:
+        cap = np.asarray(speed_cap, dtype=np.float64)
+        lo, hi = np.minimum(lo, cap), np.minimum(hi, cap)
+    return lo, hi
+
+
+def _interval(action: str, v0: float, config: ObjectiveConfig, speed_limit: float,
+              elapsed: float) -> tuple[np.ndarray, np.ndarray]:
     _check_code(action)
     v0 = max(float(v0), 0.0)  # reversing counts as standing still for the interval
     steps = config.horizon_steps
@@ -127,13 +140,13 @@ def speed_following(speed: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
 def decision_following(action: str, lateral_offset: np.ndarray, speed: np.ndarray, v0: float,
                        config: ObjectiveConfig = ObjectiveConfig(), speed_limit: float = 0.0,
-                       elapsed: float = 0.0) -> np.ndarray:
+                       elapsed: float = 0.0, speed_cap: np.ndarray | None = None) -> np.ndarray:
     """J_dec (B,) of CALMM-Drive Eq. 4 for states (B, T) against ``action``'s lane and speed targets.
 
     ``lateral_offset`` is measured from the action's own reference path (K for Stop); ``v0``,
     ``speed_limit`` and ``elapsed`` define the speed interval (``speed_interval``).
     """
-    lo, hi = speed_interval(action, v0, config, speed_limit, elapsed)
+    lo, hi = speed_interval(action, v0, config, speed_limit, elapsed, speed_cap)
     lateral_offset = np.asarray(lateral_offset, dtype=np.float64)
     speed = np.asarray(speed, dtype=np.float64)
     if lateral_offset.shape[-1] != config.horizon_steps or speed.shape[-1] != config.horizon_steps:

@@ -110,6 +110,23 @@ def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray
     return s, v, a
 
 
+FREE_SPEED = 15.0  # m/s: IDM's target where the limit is unknown (PDM-Closed's 15 m/s default)
+
+
+def following_speed_cap(ego: EgoState, path: Polyline, objects: ObjectBoxes, speed_limit: float, steps: int,
+                        dt: float, vehicle: VehicleParameters) -> np.ndarray:
+    """(steps,) m/s at tau = 1..steps: the speed IDM (PDM-Closed's policy, target the limit) drives along
+    ``path`` behind the forecast ``objects`` where a leader holds it below its free-road speed, inf
+    elsewhere (the J_dec speed cap of ``objectives``)."""
+    target = speed_limit if speed_limit > 0.0 else max(ego.velocity, FREE_SPEED)
+    start = np.array([float(path.project(np.array([ego.x, ego.y])).s)])
+    rollout = [idm_rollout(ego.velocity, start, np.zeros(1, dtype=int), [path], boxes, pdm_policy(target),
+                           np.array([target]), steps, dt, vehicle)[1][0, 1:]
+               for boxes in (objects, ObjectBoxes.empty(objects.pose.shape[1]))]
+    led, free = rollout
+    return np.where(led < free - 1e-6, led, np.inf)
+
+
 def idm_proposals(ego: EgoState, path: Polyline, objects: ObjectBoxes, *,
                   offsets: tuple[float, ...] = (0.0, -1.0, 1.0),
                   target_speeds: tuple[float, ...] = (3.0, 6.0, 9.0, 12.0, 15.0),
