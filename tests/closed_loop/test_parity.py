@@ -149,6 +149,11 @@ def _over_ros(tmp_path: Path, ros_context) -> Run:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "KNOWN PARITY GAP (issue 15, open): the session-7 student decides CL at t = 0 here (K = 1), and the two "
+    "paths then drive apart: the scene at t = 2 s has the ego at 6.44 m/s in process and 6.89 m/s over ROS. "
+    "The same at c343553, before the following-speed cap; the session-6 student decided CK here, which "
+    "hid it. Strict: the test fails once the paths agree again, so this mark must go then."))
 def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_context):
     ours, theirs = _in_process(), _over_ros(tmp_path, ros_context)
     assert ours.log.planner_failures == 0, ours.log.failure_messages
