@@ -1,0 +1,47 @@
+"""Held-out scores of saved students' decision heads on cached h_{i*} (``distill --stage head`` caches).
+
+    .venv/bin/python benchmarks/score_cached_heads.py --student models/student \
+        --features out/s1_k13/features out/s1_k0/features
+
+For each feature folder: the held-out rows' K, top-action accuracy and KL(pi || pi_hat) (Eq. 17) of the
+student's head, as the head stage computes them after every epoch. No language-model pass: the hidden
+states are the cached ones, so scoring a head at K = 0 and K = 3 takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from luna_core.student.head import DecisionHead
+from luna_offline.distill_head import kl_and_accuracy, load_features
+
+
+def load_head(student: Path) -> DecisionHead:
+    state = load_file(str(student / "head.safetensors"))
+    first = state["net.0.weight"]  # (hidden, d_model)
+    head = DecisionHead(first.shape[1], first.shape[0], state["net.2.weight"].shape[0])
+    head.load_state_dict(state)
+    return head.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--student", type=Path, required=True, help="saved student folder (head.safetensors)")
+    p.add_argument("--features", type=Path, nargs="+", required=True, help="feature cache folders")
+    args = p.parse_args(argv)
+    head = load_head(args.student)
+    print("| features | held-out rows | K | top-action accuracy (%) | KL |\n|---|---:|---|---:|---:|")
+    for folder in args.features:
+        hidden, target, rows = load_features(folder, "heldout")
+        kl, acc = kl_and_accuracy(head, hidden, target)
+        ks = json.dumps(sorted({k for _, k in rows}))
+        print(f"| {folder} | {len(rows)} | {ks} | {100 * acc:.1f} | {kl:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
