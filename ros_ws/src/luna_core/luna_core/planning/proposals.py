@@ -102,8 +102,9 @@ def idm_rollout(ego_velocity: float, start_s: np.ndarray, path_index: np.ndarray
         step = v[:, k] * dt
         v[:, k + 1] = np.maximum(v[:, k] + acc * dt, 0.0)
         if stop_short:
-            short = step > np.maximum(gap, 0.0)
-            step = np.where(short, np.maximum(gap, 0.0), step)
+            room = np.maximum(gap, 0.0)
+            short = step > room
+            step = np.where(short, room, step)
             v[:, k + 1] = np.where(short, 0.0, v[:, k + 1])
         s[:, k + 1] = s[:, k] + step
     a[:, steps] = a[:, steps - 1] if steps else 0.0
