@@ -55,11 +55,7 @@ SETTINGS = StackSettings(student=str(REPO / "models/student"), memory_bank=str(R
 
 PROB_ATOL = 1e-12
 STAMP_ATOL = 1e-9
-# m. The trajectories were bit-identical until the J_dec following-speed cap (0c93dbf); since then they
-# differ by up to 5.5e-5 m from the 3.5 s cycle on, with identical decisions, prompts and cap inputs.
-# The cause is not isolated (suspected: float rounding of the ROS clock's 100 s offset reaching a near
-# tie of the search's argmax); 1 mm still fails any real difference in what the two paths drive.
-TRAJ_ATOL = 1e-3
+TRAJ_ATOL = 1e-9
 
 
 @dataclass
@@ -149,11 +145,6 @@ def _over_ros(tmp_path: Path, ros_context) -> Run:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "KNOWN PARITY GAP (issue 15, open): the session-7 student decides CL at t = 0 here (K = 1), and the two "
-    "paths then drive apart: the scene at t = 2 s has the ego at 6.44 m/s in process and 6.89 m/s over ROS. "
-    "The same at c343553, before the following-speed cap; the session-6 student decided CK here, which "
-    "hid it. Strict: the test fails once the paths agree again, so this mark must go then."))
 def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_context):
     ours, theirs = _in_process(), _over_ros(tmp_path, ros_context)
     assert ours.log.planner_failures == 0, ours.log.failure_messages

@@ -7,6 +7,8 @@ the lane sequences and the forecast, both called from the context module only.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -124,7 +126,7 @@ def test_input_problems_and_off_map() -> None:
     bad = PlannerInput(pi.time, pi.ego_history[:-1] + [EgoState(0.0, float("nan"), 0.0, 0.0, 10.0)], pi.objects,
                        pi.traffic_lights, pi.lane_graph, pi.route, pi.decision)
     ctx = build_planning_context(bad)
-    assert ctx.ego is pi.ego_history[-2] and "latest ego state is not finite" in ctx.input_problems[0]
+    assert ctx.ego == pi.ego_history[-2] and "latest ego state is not finite" in ctx.input_problems[0]
     with pytest.raises(PlannerInputError, match="no finite state"):
         build_planning_context(PlannerInput(0.0, [EgoState(0.0, float("nan"), 0.0, 0.0, 1.0)], pi.objects,
                                             pi.traffic_lights, pi.lane_graph, pi.route))
@@ -142,3 +144,18 @@ def test_off_the_map_the_decision_guided_planner_stops_and_the_baselines_raise(p
     for name in ("pdm", "idm"):
         with pytest.raises(OffMapError, match=f"{name}: no lane within reach"):
             planners[name].plan(pi, context=ctx)
+
+
+def test_planning_starts_from_the_steering_angle_the_yaw_rate_implies() -> None:
+    # Odometry carries no steering angle: a reported one is replaced by the kinematic bicycle's, the same
+    # angle while moving (what the simulator's bicycle drives), 0 at a standstill where nothing tells it.
+    pi = make_input()
+    wheelbase = pi.vehicle.wheelbase
+    for velocity, steering in ((6.0, 0.05), (6.0, -0.2), (0.0, 0.3), (0.1, 0.3)):
+        yaw_rate = velocity * np.tan(steering) / wheelbase
+        ego = dataclasses.replace(pi.ego, velocity=velocity, yaw_rate=yaw_rate, steering_angle=steering + 0.5)
+        ctx = build_planning_context(dataclasses.replace(pi, ego_history=[ego]))
+        expected = steering if velocity >= context_module.STEERING_MIN_SPEED else 0.0
+        assert ctx.ego.steering_angle == pytest.approx(expected, abs=1e-12), (velocity, steering)
+    assert context_module.kinematic_steering_angle(-3.0, -3.0 * np.tan(0.1) / wheelbase, wheelbase) == \
+        pytest.approx(0.1), "reversing: the same wheel angle"

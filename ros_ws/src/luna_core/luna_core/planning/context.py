@@ -27,6 +27,7 @@ scoring context (the decision-guided planner stops comfortably, the baselines ra
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -125,14 +126,35 @@ class PlanningContext:
                                    spacing=PATH_SPACING)
 
 
+#: m/s: below this speed the yaw rate says nothing about the steering angle, taken as 0 then.
+STEERING_MIN_SPEED = 0.2
+
+
+def kinematic_steering_angle(velocity: float, yaw_rate: float, wheelbase: float) -> float:
+    """rad: the front-wheel angle of the kinematic bicycle (rear axle) turning at ``yaw_rate`` (rad/s) at
+    ``velocity`` (m/s): atan(L yaw_rate / v); 0 below ``STEERING_MIN_SPEED``."""
+    if abs(velocity) < STEERING_MIN_SPEED:
+        return 0.0
+    return math.atan(wheelbase * yaw_rate / velocity)
+
+
 def sanitised_ego(planner_input: PlannerInput) -> tuple[EgoState, list[str]]:
-    """The latest finite ego state of the history, and a note if it is not the latest one."""
+    """The state planning starts from: the latest finite ego state of the history (with a note if it is
+    not the latest one), its steering angle the one its yaw rate implies (``kinematic_steering_angle``).
+
+    Why not a reported steering angle: nav_msgs/Odometry carries none, so the stack over ROS never has
+    one, and planning in process from the simulator's would plan from what the vehicle stack cannot
+    know (the two drove apart in a lane change, issue 15). For the simulator's bicycle (yaw rate =
+    v tan(delta) / L) it is the same angle while moving."""
     finite = [s for s in planner_input.ego_history if s.is_finite()]
     if not finite:
         raise PlannerInputError("the ego history has no finite state: no trajectory can start anywhere")
+    ego = finite[-1]
+    ego = replace(ego, steering_angle=kinematic_steering_angle(ego.velocity, ego.yaw_rate,
+                                                                planner_input.vehicle.wheelbase))
     if not planner_input.ego_history[-1].is_finite():
-        return finite[-1], [f"latest ego state is not finite; planning from the one at t={finite[-1].stamp:.2f}"]
-    return finite[-1], []
+        return ego, [f"latest ego state is not finite; planning from the one at t={ego.stamp:.2f}"]
+    return ego, []
 
 
 # Local lane maps by (graph, nearby lane ids): built again only when the set of nearby lanes changes,
