@@ -8,8 +8,9 @@ EXECUTABLES = {
     "scene_descriptor": "luna_nodes.scene_descriptor:main",
     "progress_monitor": "luna_nodes.progress_monitor:main",
     "planner": "luna_nodes.planner:main",
-    "decision_stack": "luna_nodes.decision_stack:main",
-    "explainer": "luna_nodes.decision_stack:main_explainer",
+    "decision_stack": "luna_nodes.decision_stack:main",  # decision_inference + explainer, one model
+    "decision_inference": "luna_nodes.decision_inference:main",
+    "explainer": "luna_nodes.explainer:main",
     "reflection_client": "luna_nodes.reflection_client:main",
 }
 

@@ -22,8 +22,8 @@ NODE_MODULES = {
     "scene_descriptor": "luna_nodes.scene_descriptor",
     "progress_monitor": "luna_nodes.progress_monitor",
     "planner": "luna_nodes.planner",
-    "decision_inference": "luna_nodes.decision_stack:DECISION_INTERFACE",
-    "explainer": "luna_nodes.decision_stack:EXPLAINER_INTERFACE",
+    "decision_inference": "luna_nodes.decision_inference:DECISION_INTERFACE",
+    "explainer": "luna_nodes.explainer:EXPLAINER_INTERFACE",
     "reflection_client": "luna_nodes.reflection_client",
 }
 
