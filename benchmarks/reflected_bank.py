@@ -3,7 +3,7 @@
 The ``luna-no-reflection`` ablation (docs/benchmarks.md, "Full stack in closed loop") only differs from
 ``luna`` when the bank holds reflection items. The items used there came from one reflection round
 (docs/reflection.md, "Measured: one reflection round": 4 reflections on hard_stationary_in_traffic_05
-appended to ``models/memory_bank``); they are kept as journal records in
+appended to the then default bank, kept as ``benchmarks/data/bank_minilm672``); they are kept as journal records in
 ``benchmarks/data/reflection_items_round_hard.jsonl`` so that the bank can be rebuilt exactly without
 re-running the round (20 min of CPU)::
 
@@ -21,14 +21,19 @@ import shutil
 import sys
 from pathlib import Path
 
+from luna_core.assets import unpacked
 from luna_core.memory.bank import JOURNAL, MANIFEST, VERSION_FILE, MemoryBank, stored_version
 from luna_core.memory.journal import Journal, scan
 
 REPO = Path(__file__).resolve().parents[1]
+#: The bank the kept reflection items extend (the default bank until session 8, MiniLM-embedded).
+BASE_BANK = REPO / "benchmarks" / "data" / "bank_minilm672"
 
 
 def build(base: Path, items: Path, out: Path) -> MemoryBank:
-    """Copy ``base`` to ``out`` and append the reflection records of ``items``; returns the bank."""
+    """Copy ``base`` (unpacked where compressed) to ``out`` and append the reflection records of ``items``;
+    returns the bank."""
+    base = unpacked(base)
     found = scan(items)
     if found.skipped or found.corrupt_tail or found.torn_tail:
         bad = ", ".join(b.describe() for b in found.skipped + found.corrupt_tail) or "none"
@@ -54,7 +59,7 @@ def build(base: Path, items: Path, out: Path) -> MemoryBank:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", type=Path, default=REPO / "models" / "memory_bank")
+    parser.add_argument("--base", type=Path, default=BASE_BANK)
     parser.add_argument("--items", type=Path, default=REPO / "benchmarks" / "data" / "reflection_items_round_hard.jsonl")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -40,6 +40,7 @@ from luna_bridge.ros_bridge import LockstepConfig, RosStackPlanner, in_process_c
 from luna_bridge.scenario import SIM_DT, SimulationLog
 from luna_bridge.sim.simulator import simulate
 from luna_bridge.stack_planner import StackSettings, make_stack_planner
+from luna_core.assets import default_path
 from luna_core.types import DecisionDistribution, PlannerInput, Trajectory
 from tests.ros.helpers import ros_env, stop_process
 from tests.scenario_samples import lead_vehicle_scenario
@@ -49,7 +50,7 @@ COMMON_PARAMS = REPO / "ros_ws/src/luna_bringup/config/common.param.yaml"
 
 DURATION = 4.5  # s of sim time: decisions at 0, 2 and 4 s (the last step is recorded, not planned)
 REPLAN = 0.5  # s between planning cycles on both paths
-SETTINGS = StackSettings(student=str(REPO / "models/student"), memory_bank=str(REPO / "models/memory_bank"),
+SETTINGS = StackSettings(student=str(REPO / "models/student"), memory_bank=str(default_path("memory_bank")),
                          k=1, gamma_p=0.1, decision_every=20, population=8, iterations=2, time_budget=0.0,
                          device="cpu")
 

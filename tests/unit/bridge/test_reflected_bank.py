@@ -14,7 +14,7 @@ def _script():
 
 
 def test_the_kept_reflection_records_extend_the_default_bank(tmp_path: Path) -> None:
-    bank = _script().build(REPO / "models" / "memory_bank", REPO / "benchmarks" / "data" /
+    bank = _script().build(_script().BASE_BANK, REPO / "benchmarks" / "data" /
                            "reflection_items_round_hard.jsonl", tmp_path / "bank")
     sources = [item.source for item in bank.items]
     assert sources.count("reflection") == 4 and len(sources) == 676 and bank.version == 676
@@ -29,4 +29,4 @@ def test_records_that_do_not_continue_the_bank_are_refused(tmp_path: Path) -> No
     lines = items.read_bytes().splitlines(keepends=True)
     shuffled.write_bytes(lines[1] + lines[0])
     with pytest.raises(SystemExit, match="record #0 is not reflection item seq 673"):
-        _script().build(REPO / "models" / "memory_bank", shuffled, tmp_path / "bank")
+        _script().build(_script().BASE_BANK, shuffled, tmp_path / "bank")
