@@ -105,15 +105,16 @@ def test_bad_settings_and_an_empty_bank_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_kl_to_the_teacher_falls_on_a_small_synthetic_set(tmp_path):
-    """12 items whose teacher distribution depends on the scene: the KL loss of Eq. 17 must fall."""
-    bank_path = make_bank(tmp_path / "bank", 12)
-    settings = DistillSettings(bank=bank_path, out=str(tmp_path / "run"), epochs=4, batch_size=4,
-                               grad_accum=1, k_min=0, k_max=1, heldout_fraction=0.0, lr=3e-4,
+    """8 items whose teacher distribution depends on the scene: the KL loss of Eq. 17 must fall (6 steps at
+    K = 0, the shortest prompts: the slowest test of the suite at 12 steps with K <= 1, ~170 s)."""
+    bank_path = make_bank(tmp_path / "bank", 8)
+    settings = DistillSettings(bank=bank_path, out=str(tmp_path / "run"), epochs=3, batch_size=4,
+                               grad_accum=1, k_min=0, k_max=0, heldout_fraction=0.0, lr=1e-3,
                                warmup_steps=1, checkpoint_every=100, max_context_tokens=1024, device="cpu")
     distill(settings, prompts=PROMPTS, progress=False)
     kl = [h["kl"] for h in json.loads((tmp_path / "run" / "history.json").read_text())]
-    assert len(kl) == 12
-    assert np.mean(kl[-3:]) < np.mean(kl[:3]), kl
+    assert len(kl) == 6
+    assert np.mean(kl[-2:]) < np.mean(kl[:2]), kl
 
 
 @pytest.mark.slow  # one base-model load and two short steps: ~15 s on two cores
