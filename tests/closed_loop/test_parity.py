@@ -4,7 +4,7 @@ process (``luna-bridge eval``: ``stack_planner.make_stack_planner``) and as real
 (``luna-bridge ros``: ``ros_bridge.RosStackPlanner``) decide and plan the same.
 
 One short synthetic scenario, the same settings on both paths: models/student, the bundled memory bank
-as built (K = 1: the K the default student was trained with, models/student/README.md, and a prompt
+(and, for a lane change, the previous 672-item bank) as built (K = 1: the K the default student was trained with, models/student/README.md, and a prompt
 inside its 2048-token window; read-only, no reload), T_d = 2 s, gamma_p 0.1, replanning every 0.5 s, the
 deterministic search with a small population. Asserted: the same decision instants, the same scene
 queries (prompt text) and retrieved items, the same distributions and candidate sets, the same planned
@@ -40,7 +40,7 @@ from luna_bridge.ros_bridge import LockstepConfig, RosStackPlanner, in_process_c
 from luna_bridge.scenario import SIM_DT, SimulationLog
 from luna_bridge.sim.simulator import simulate
 from luna_bridge.stack_planner import StackSettings, make_stack_planner
-from luna_core.assets import default_path
+from luna_core.assets import default_path, unpacked
 from luna_core.types import DecisionDistribution, PlannerInput, Trajectory
 from tests.ros.helpers import ros_env, stop_process
 from tests.scenario_samples import lead_vehicle_scenario
@@ -50,6 +50,10 @@ COMMON_PARAMS = REPO / "ros_ws/src/luna_bringup/config/common.param.yaml"
 
 DURATION = 4.5  # s of sim time: decisions at 0, 2 and 4 s (the last step is recorded, not planned)
 REPLAN = 0.5  # s between planning cycles on both paths
+# The previous default bank (672 MiniLM items): with it the default student decides CL at t = 0 here, so
+# the two paths must agree through a lane change too (they did not until the planner stopped reading a
+# steering angle that Odometry does not carry; the default bank's decisions are CK / DK).
+LANE_CHANGE_BANK = REPO / "benchmarks" / "data" / "bank_minilm672"
 SETTINGS = StackSettings(student=str(REPO / "models/student"), memory_bank=str(default_path("memory_bank")),
                          k=1, gamma_p=0.1, decision_every=20, population=8, iterations=2, time_budget=0.0,
                          device="cpu")
@@ -88,27 +92,27 @@ class RecordingPlanner:
         return traj
 
 
-def _in_process() -> Run:
-    planner = make_stack_planner("luna", settings=SETTINGS)
+def _in_process(settings: StackSettings) -> Run:
+    planner = make_stack_planner("luna", settings=settings)
     plans: list[tuple[float, Trajectory]] = []
-    config = dataclasses.replace(in_process_config(REPLAN), decision_every=SETTINGS.decision_every)
+    config = dataclasses.replace(in_process_config(REPLAN), decision_every=settings.decision_every)
     log = simulate(lead_vehicle_scenario(DURATION), RecordingPlanner(planner, plans), reactive=False, config=config,
                    decision_source=planner.decision_source)
     return Run(log, list(planner.decision_source.decisions), plans)
 
 
-def _start_stack(tmp_path: Path) -> list[subprocess.Popen]:
+def _start_stack(tmp_path: Path, settings: StackSettings) -> list[subprocess.Popen]:
     """The three nodes of the decision path as the stack runs them: each process reads the shared
-    parameters first, then its nodes' own (the settings of ``SETTINGS``), on sim time."""
-    model = {"student_model": SETTINGS.student, "memory_bank": SETTINGS.memory_bank, "device": SETTINGS.device,
-             "k": SETTINGS.k}
+    parameters first, then its nodes' own (``settings``), on sim time."""
+    model = {"student_model": settings.student, "memory_bank": settings.memory_bank, "device": settings.device,
+             "k": settings.k}
     nodes = {
         "scene_descriptor": {"scene_descriptor": {"input_sync_timeout": 60.0}},
         # memory_reload false: the bank as loaded (a reload could not change a read-only bundled bank
         # anyway, but the run must not depend on when one would land).
         "decision_stack": {"decision_inference": {**model, "memory_reload": False, "input_sync_timeout": 60.0},
                            "explainer": model},
-        "planner": {"planner": {"planner": "luna", "replan_period": REPLAN, "population": SETTINGS.population,
+        "planner": {"planner": {"planner": "luna", "replan_period": REPLAN, "population": settings.population,
                                 "input_sync_timeout": 60.0}},
     }
     procs = []
@@ -122,8 +126,8 @@ def _start_stack(tmp_path: Path) -> list[subprocess.Popen]:
     return procs
 
 
-def _over_ros(tmp_path: Path, ros_context) -> Run:
-    procs = _start_stack(tmp_path)
+def _over_ros(tmp_path: Path, ros_context, settings: StackSettings) -> Run:
+    procs = _start_stack(tmp_path, settings)
     # Wall-time bounds only (lock step waits for every answer): the student loads in the decision
     # process before the first instant can be decided, on a loaded 2-core machine.
     bridge = RosStackPlanner(lead_vehicle_scenario(DURATION), LockstepConfig(replan_period=REPLAN, timeout=180.0,
@@ -135,7 +139,7 @@ def _over_ros(tmp_path: Path, ros_context) -> Run:
         log = simulate(bridge.scenario, RecordingPlanner(bridge, plans), reactive=False,
                        config=lockstep_simulation_config(REPLAN))
         last_instant = (bridge.scenario.num_steps - 2) * SIM_DT  # the last planned step
-        bridge.await_decisions(SETTINGS.decision_period, last_instant, timeout=30.0)
+        bridge.await_decisions(settings.decision_period, last_instant, timeout=30.0)
         decisions = sorted(bridge.decisions, key=lambda d: d.stamp)
     finally:
         bridge.close()
@@ -146,8 +150,10 @@ def _over_ros(tmp_path: Path, ros_context) -> Run:
 
 
 @pytest.mark.slow
-def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_context):
-    ours, theirs = _in_process(), _over_ros(tmp_path, ros_context)
+@pytest.mark.parametrize("bank", ["default", "lane-change"])
+def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_context, bank):
+    settings = SETTINGS if bank == "default" else dataclasses.replace(SETTINGS, memory_bank=str(unpacked(LANE_CHANGE_BANK)))
+    ours, theirs = _in_process(settings), _over_ros(tmp_path, ros_context, settings)
     assert ours.log.planner_failures == 0, ours.log.failure_messages
     assert theirs.log.planner_failures == 0, theirs.log.failure_messages
 
@@ -185,3 +191,7 @@ def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_con
     assert a.shape == b.shape and np.allclose(a, b, rtol=0.0, atol=TRAJ_ATOL), \
         f"driven ego track differs by up to {np.abs(a - b).max():.3g}"
     assert a[-1, 0] - a[0, 0] > 10.0, "the ego should have driven along the road"
+    if bank == "lane-change":  # the case must keep covering lateral motion, or it tests nothing more
+        assert ours.decisions[0].top_action[1] != "K" and np.ptp(a[:, 1]) > 1.0, \
+            f"no lane change to compare: decided {[d.top_action for d in ours.decisions]}, lateral range " \
+            f"{np.ptp(a[:, 1]):.2f} m; pick a bank or scenario where the student changes lanes"
