@@ -71,6 +71,7 @@ class DistillSettings:
     limit: int = 0  # use at most this many training items, a seeded random subset (0 = all); small CPU runs
     seed: int = 0
     max_context_tokens: int = 2048
+    example_objects: int = 0  # nearest objects kept per retrieved example (StudentConfig.example_objects)
     quantization: str = "auto"  # auto = nf4 on CUDA, none on CPU
     gradient_checkpointing: str = "auto"  # auto = on with CUDA
     optimizer: str = "auto"  # auto = adamw8bit on CUDA, adamw on CPU
@@ -285,7 +286,8 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
     state = TrainerState()
     ckpt = out / "checkpoint"
     config = StudentConfig(base_model=settings.base_model, max_context_tokens=settings.max_context_tokens,
-                           device=str(accelerator.device.type), quantization=quant)
+                           example_objects=settings.example_objects, device=str(accelerator.device.type),
+                           quantization=quant)
     torch.manual_seed(settings.seed)
     if (ckpt / STATE_FILE).exists():
         saved = json.loads((ckpt / STATE_FILE).read_text())
@@ -301,6 +303,9 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
         if student.config.base_model != settings.base_model:
             raise DistillError(f"--init {settings.init} was trained on {student.config.base_model!r}, not "
                                f"--base-model {settings.base_model!r}")
+        if student.config.example_objects != settings.example_objects:
+            raise DistillError(f"--init {settings.init} reads {student.config.example_objects or 'every'} object(s) "
+                               f"per example, not --example-objects {settings.example_objects}")
     else:
         student = DualHeadStudent.from_base(config, prompts)
     if quant == "nf4":
@@ -396,7 +401,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for name, typ in (("epochs", int), ("max_steps", int), ("batch_size", int), ("grad_accum", int),
                       ("lr", float), ("warmup_steps", int), ("alpha", float), ("k_min", int), ("k_max", int),
                       ("heldout_fraction", float), ("limit", int), ("seed", int),
-                      ("max_context_tokens", int), ("checkpoint_every", int), ("max_time", float)):
+                      ("max_context_tokens", int), ("example_objects", int), ("checkpoint_every", int),
+                      ("max_time", float)):
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(d, name))
     p.add_argument("--quantization", choices=("auto", "none", "nf4"), default=d.quantization)
     p.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default=d.gradient_checkpointing)

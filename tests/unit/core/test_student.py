@@ -12,6 +12,7 @@ import torch
 from luna_core.student import (BaseModelMismatchError, ContextOverflowError, DualHeadStudent,
                                StudentConfig, StudentConfigError, StudentModelFileError)
 from luna_core.student import files
+from luna_core.student.context import PromptEncoder, with_example_objects
 from luna_core.types import ACTION_CODES
 from tests.unit.core.test_student_support import PROMPTS, memory_item, query
 
@@ -122,6 +123,24 @@ def test_context_policy_drops_examples_then_far_objects_then_fails(student):
     finally:
         enc.max_tokens = old
     assert full.examples_used == 3 and not full.truncated
+
+
+def test_example_objects_keeps_the_nearest_objects_of_each_example_only(student):
+    q = query(6)
+    examples = [memory_item(i, n_objects=4) for i in range(3)]
+    full = student.encoder.fit(q, examples)
+    short = PromptEncoder(student.tokenizer, with_example_objects(PROMPTS.md_messages, 1),
+                          student.config.max_context_tokens)
+    fitted = short.fit(q, examples)
+    assert fitted.examples_used == 3 and not fitted.truncated
+    assert len(fitted.input_ids) < len(full.input_ids) - 3 * 2 * 10, "three object lines less per example"
+    example_queries = [m["content"] for m in fitted.messages[1:-1] if m["role"] == "user"]
+    assert len(example_queries) == 3 and all("veh0" in t and "veh1" not in t for t in example_queries), \
+        "each example keeps its nearest object"
+    assert fitted.messages[-1] == full.messages[-1], "the current query keeps every object"
+    assert with_example_objects(PROMPTS.md_messages, 0) == PROMPTS.md_messages
+    with pytest.raises(StudentConfigError, match="example_objects"):
+        StudentConfig(example_objects=-1)
 
 
 def test_explain_starts_with_the_ranked_codes_and_can_be_stopped(student):

@@ -40,6 +40,7 @@ class StudentConfig:
     dtype: str = "auto"  # "auto" = bfloat16 on CUDA, float32 on CPU
     quantization: str = "none"  # "nf4" = bitsandbytes 4-bit base (CUDA)
     reuse_prefix_cache: bool = True  # keep the KV cache of the prefix shared with the previous prompt
+    example_objects: int = 0  # nearest objects kept in each retrieved example (0 = all; student.context)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -55,6 +56,9 @@ class StudentConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise bad(name, f"must be a positive integer, got {value!r}")
+        if not isinstance(self.example_objects, int) or isinstance(self.example_objects, bool) \
+                or self.example_objects < 0:
+            raise bad("example_objects", f"must be an integer >= 0 (0 = every object), got {self.example_objects!r}")
         if not isinstance(self.explanation_max_yield, (int, float)) or not self.explanation_max_yield > 0.0:
             raise bad("explanation_max_yield", f"must be a positive number of seconds, got "
                                                f"{self.explanation_max_yield!r}")

@@ -11,11 +11,16 @@ Context-length policy ``drop_examples_then_objects`` (when the prompt exceeds ``
    scene descriptor lists objects nearest first, so the farthest object goes first);
 3. if the prompt still does not fit, raise ``ContextOverflowError`` naming the sizes.
 Every shortening is reported (``examples_used``, ``objects_dropped``) so callers can log it.
+
+Independently of the budget, ``StudentConfig.example_objects`` > 0 keeps only that many nearest objects
+in each retrieved example (``with_example_objects``): an example teaches by its decisive objects, which
+are the nearest, and each further object line costs ~32 tokens per example (issue 13: a K = 3 prompt
+of ~1,330 tokens against a goal of ~1,000). The current query always keeps every object that fits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from luna_core.student.errors import ContextOverflowError, PromptTemplateError
@@ -56,6 +61,30 @@ def drop_farthest_object(query: str) -> str | None:
         if lines[i].startswith(OBJECT_LINE_PREFIX):
             return "\n".join(lines[:i] + lines[i + 1:])
     return None
+
+
+def keep_nearest_objects(query: str, count: int) -> str:
+    """The query with only its first ``count`` object lines (the nearest: the scene descriptor lists them
+    nearest first); the other lines unchanged."""
+    kept, out = 0, []
+    for line in query.split("\n"):
+        if line.startswith(OBJECT_LINE_PREFIX):
+            kept += 1
+            if kept > count:
+                continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def with_example_objects(messages_fn: MessagesFn, example_objects: int) -> MessagesFn:
+    """``messages_fn`` whose retrieved examples keep their ``example_objects`` nearest objects (0 = all)."""
+    if example_objects <= 0:
+        return messages_fn
+
+    def messages(query: str, examples: Sequence[MemoryItem]) -> list[Message]:
+        return messages_fn(query, [replace(item, query=keep_nearest_objects(item.query, example_objects))
+                                   for item in examples])
+    return messages
 
 
 class PromptEncoder:
