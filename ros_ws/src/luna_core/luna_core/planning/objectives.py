@@ -23,11 +23,15 @@ repeated C or A decisions compound speed):
       it goes. Stop follows the current lane (lateral K).
 With a known speed limit v_lim of the action's lane every bound is capped at v_lim: no decision asks for
 more than the limit (A at the limit means holding it). Likewise, with a leader ahead on the action's
-path, the LOWER bound is capped per step at the speed IDM (PDM-Closed's policy) drives behind it
+path, the bounds are capped per step at the speed IDM (PDM-Closed's policy) drives behind it
 (``speed_cap``): no decision demands more than a safe following speed, so braking for a stopping lead
 keeps J_dec (a C interval latched at the decision's speed otherwise penalised it, by omega_dec = 5).
-The upper bound stays: the cap rests on the constant-velocity forecast, and capping it too penalised
-an A decided where the leader is about to move off (the oracle lost 5.5 CLS on synthetic-hard R).
+Cruise and Decelerate (and Stop, already slower) also get the capped upper bound: they mean "follow",
+and a trajectory that keeps its speed towards a slower leader leaves them (the constant-velocity
+forecast alone sees no collision with a lead that is only beginning to stop). Accelerate keeps its
+open upper bound: it says the ego may close on the leader, which the decider may foresee moving off
+(capping it too held the oracle behind leaders that pulled away: -5.5 CLS on synthetic-hard R); only
+its lower bound is capped.
 
 J_a = J_dec^omega_dec * J_gen^omega_gen (LUNA-AD Eq. 20); J_gen is the shared PDM-style scorer
 (``luna_core.planning.scorer``), evaluated elsewhere and passed in. Without a decision (fallback, and
@@ -94,10 +98,14 @@ def speed_interval(action: str, v0: float, config: ObjectiveConfig = ObjectiveCo
 
     ``v0``: the ego speed (m/s) at the decision's stamp; ``speed_limit`` (m/s, 0 = unknown) caps every
     bound; ``elapsed``: s from the decision's stamp to this plan (where Stop's ramp has got to);
-    ``speed_cap`` (T,) m/s (inf where nothing leads) caps the lower bound per step (it only relaxes)."""
+    ``speed_cap`` (T,) m/s (inf where nothing leads) caps both bounds per step, the upper one except for
+    Accelerate (see the module docstring)."""
     lo, hi = _interval(action, v0, config, speed_limit, elapsed)
     if speed_cap is not None:
-        lo = np.minimum(lo, np.asarray(speed_cap, dtype=np.float64))
+        cap = np.asarray(speed_cap, dtype=np.float64)
+        lo = np.minimum(lo, cap)
+        if action[0] != "A":
+            hi = np.minimum(hi, cap)
     return lo, hi
 
 
