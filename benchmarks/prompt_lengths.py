@@ -20,7 +20,7 @@ from luna_core.assets import default_path
 from luna_core.memory import MemoryBank
 from luna_core.prompts import PromptManager
 from luna_core.student import StudentConfig
-from luna_core.student.context import PromptEncoder, with_example_objects
+from luna_core.student.context import student_encoder
 from luna_offline.distill import retrieve_examples, split_items, subset
 
 
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| objects per example | prompt tokens p50 | p90 | max | prompts over 1,000 tokens |")
     print("|---|---:|---:|---:|---:|")
     for n in args.example_objects:
-        encoder = PromptEncoder(tokenizer, with_example_objects(prompts.md_messages, n), 1 << 20)
+        # No budget: the full length of every prompt is what is measured.
+        encoder = student_encoder(tokenizer, prompts, StudentConfig(example_objects=n, max_context_tokens=1 << 20))
         lengths = np.array([len(encoder.fit(q, ex).input_ids)
                             for q, ex in tqdm(cases, desc=f"example_objects={n}", leave=False)])
         print(f"| {n or 'every'} | {np.median(lengths):.0f} | {np.percentile(lengths, 90):.0f} | {lengths.max()} "

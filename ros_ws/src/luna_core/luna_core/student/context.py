@@ -87,6 +87,14 @@ def with_example_objects(messages_fn: MessagesFn, example_objects: int) -> Messa
     return messages
 
 
+def student_encoder(tokenizer, prompts, config) -> "PromptEncoder":
+    """The encoder of a student with ``config`` (a ``StudentConfig``): ``prompts.md_messages`` with its
+    ``example_objects`` and its ``max_context_tokens``; the one way the student, its ONNX form and the
+    prompt-length benchmark build prompts."""
+    return PromptEncoder(tokenizer, with_example_objects(prompts.md_messages, config.example_objects),
+                         config.max_context_tokens)
+
+
 class PromptEncoder:
     """Messages -> token ids with the chat template, under the context-length policy."""
 

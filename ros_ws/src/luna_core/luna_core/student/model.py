@@ -34,7 +34,7 @@ from torch import nn
 from luna_core import model_cache
 from luna_core.student import files
 from luna_core.student.config import StudentConfig
-from luna_core.student.context import FittedPrompt, Message, PromptEncoder, with_example_objects
+from luna_core.student.context import FittedPrompt, Message, student_encoder
 from luna_core.student.errors import BaseModelMismatchError, StudentConfigError, StudentModelFileError
 from luna_core.student.head import DecisionHead
 from luna_core.student.lora import MergedAdapter, merge_lora, unmerged
@@ -173,8 +173,7 @@ class DualHeadStudent(nn.Module):
         self.base_hash = base_hash
         self.prompts = prompts
         self.device = device
-        self.encoder = PromptEncoder(tokenizer, with_example_objects(prompts.md_messages, config.example_objects),
-                                     config.max_context_tokens)
+        self.encoder = student_encoder(tokenizer, prompts, config)
         # One model, two callers (periodic predict, event-triggered explain): a lock serialises
         # forward passes and explain waits between tokens while a predict call is pending.
         self._lock = threading.Lock()

@@ -19,7 +19,7 @@ from torch import nn
 from luna_core import model_cache
 from luna_core.student import files
 from luna_core.student.config import StudentConfig
-from luna_core.student.context import PromptEncoder, with_example_objects
+from luna_core.student.context import student_encoder
 from luna_core.student.errors import StudentModelFileError
 from luna_core.student.model import (DualHeadStudent, PredictLatency, StudentPrompts, checked_mask,
                                      default_prompts)
@@ -93,8 +93,7 @@ class OnnxDecisionPredictor:
                                                 providers=list(providers or default_providers()))
         except Exception as exc:  # onnxruntime raises its own exception types for bad files
             raise StudentModelFileError(f"{onnx_path}: not a loadable ONNX graph ({exc})") from exc
-        self.encoder = PromptEncoder(tokenizer, with_example_objects(prompts.md_messages, config.example_objects),
-                                     config.max_context_tokens)
+        self.encoder = student_encoder(tokenizer, prompts, config)
 
     @classmethod
     def from_student_dir(cls, directory: str | Path, onnx_path: str | Path | None = None,
