@@ -76,7 +76,7 @@ class RosStackPlanner:
         n.create_subscription(lm.Trajectory, "planning/trajectory", self._on_trajectory, qos.RELIABLE)
         n.create_subscription(lm.DecisionDistribution, "luna/decision", self._on_decision, qos.RELIABLE)
         self.current: Trajectory | None = None
-        self.history_sent = False
+        self.ego_sent_until: float | None = None  # stamp of the newest ego state on the wire
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -142,7 +142,7 @@ class RosStackPlanner:
 
     def reset(self) -> None:
         self.latest = self.current = None
-        self.history_sent = False
+        self.ego_sent_until = None
         self.decisions.clear()
         graph = self.scenario.lane_graph
         graph.stamp = self.config.time_offset
@@ -168,11 +168,13 @@ class RosStackPlanner:
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         t = planner_input.time
-        if not self.history_sent:  # first call: the history the stack has not seen yet
-            for past in planner_input.ego_history[:-1]:
+        # Every state the stack has not seen, not only the one of this call: a vehicle's odometry comes at
+        # 20-50 Hz, and the planner reads its history (the steering angle of the latest moving state).
+        for past in planner_input.ego_history[:-1]:
+            if self.ego_sent_until is None or past.stamp > self.ego_sent_until:
                 self._publish_ego(past, past.stamp)
-            self.history_sent = True
         self._publish_ego(planner_input.ego, t)
+        self.ego_sent_until = t
         objects = planner_input.objects
         objects_msg = convert.objects_to_msg(objects)
         objects_msg.header.stamp = convert.to_time(t + self.config.time_offset)

@@ -163,7 +163,6 @@ class RealtimeStackPlanner(RosStackPlanner):
         # From now on simulation time t is wall time: re-anchor the wire offset and the pacing.
         self.config = dataclasses.replace(self.config, time_offset=time.time() - t / self.realtime.rate)
         self.wall_zero = time.monotonic() - t / self.realtime.rate
-        self.history_sent = True
         self.latest.stamp = t  # planned from this (only) state, whatever wire time it was sent at
         self.current = self.latest
         self.record.steps += 1
