@@ -372,7 +372,7 @@ def _sources(args: argparse.Namespace) -> list[Source]:
         from luna_bridge.scenarios.registry import load_entry, suite_refs
 
         for suite in args.suite:
-            for _name, source, loader in suite_refs(suite):
+            for _name, source, loader in suite_refs(suite)[::args.every]:
                 sources.append((source, partial(_scenario_source, partial(load_entry, source, loader),
                                                 {"suite": suite, "file": source}, args.rate, args.on_policy,
                                                 args.replan_every)))
@@ -387,27 +387,94 @@ def _sources(args: argparse.Namespace) -> list[Source]:
     return sources
 
 
+class FrameJournal:
+    """The frames of a long run written source by source, so that an interrupted run resumes.
+
+    Frames go to ``<out>.partial``, each finished source adds a line to ``<out>.progress`` (its label,
+    name and the partial file's size after it, fsync'ed after the frames); ``finish`` renames the
+    partial file to ``<out>`` and removes the progress file. On a rerun with the progress file present,
+    the partial file is cut back to the last finished source (a source interrupted halfway is done
+    again) and the finished sources are skipped. On-policy frames cost a closed-loop run per scenario:
+    hours for a training suite.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self.partial = self.out.with_name(self.out.name + ".partial")
+        self.progress = self.out.with_name(self.out.name + ".progress")
+        self.done: dict[str, str] = {}  # source label -> scenario / bag name
+        self.frames = 0
+        size = 0
+        if self.progress.exists() and self.partial.exists():
+            for line in self.progress.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a torn last line: that source was not finished
+                    break
+                self.done[record["source"]] = record["name"]
+                size, self.frames = record["bytes"], record["frames"]
+        else:
+            self.progress.write_text("", encoding="utf-8")
+        with self.partial.open("a+b") as f:
+            f.truncate(size)
+
+    def add(self, label: str, name: str, frames: Iterable[Frame]) -> int:
+        """Append one source's frames, durably, then record the source as finished; returns the count."""
+        n = 0
+        with self.partial.open("a", encoding="utf-8") as f:
+            for frame in frames:
+                f.write(json.dumps(frame.to_json(), separators=(",", ":")) + "\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        self.frames += n
+        self.done[label] = name
+        with self.progress.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"source": label, "name": name, "frames": self.frames, "bytes": size}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return n
+
+    def finish(self) -> int:
+        """Put the frames at ``out`` (atomically) and drop the progress file; returns the frame count."""
+        os.replace(self.partial, self.out)
+        self.progress.unlink(missing_ok=True)
+        return self.frames
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     if not (args.suite or args.scenario or args.bag):
         raise SystemExit("luna-offline frames: give --suite NAME, --scenario FILE and/or --bag DIR")
+    if args.on_policy and (args.student or args.k is not None):
+        from luna_bridge.stack_planner import StackSettings, use_settings
+
+        defaults = StackSettings()
+        use_settings(StackSettings(student=args.student or defaults.student,
+                                   k=defaults.k if args.k is None else args.k))
+    journal = FrameJournal(args.out)
+    sources = _sources(args)
+    if journal.done:
+        print(f"[frames] resuming {args.out}: {len(journal.done)} of {len(sources)} sources already written "
+              f"({journal.frames} frames)", file=sys.stderr)
     failures: list[str] = []
-
-    def generate() -> Iterator[Frame]:
-        taken: dict[str, str] = {}  # scenario / bag name -> where it came from (frame ids must be unique)
-        for label, load in tqdm(_sources(args), desc="sources", unit="src"):
-            try:
-                name, frames = load()
-                if name in taken:
-                    raise FrameError(f"name {name!r} already taken by {taken[name]}")
-            except Exception as exc:  # noqa: BLE001 - a bad source is reported and skipped, never silently
-                failures.append(f"{label}: {type(exc).__name__}: {exc}")
-                continue
-            taken[name] = label
-            yield from frames
-
-    n = write_frames(generate(), args.out)
+    taken = {name: label for label, name in journal.done.items()}  # frame ids must be unique
+    resumed = set(journal.done)
+    for label, load in tqdm(sources, desc="sources", unit="src"):
+        if label in resumed:
+            continue
+        try:
+            name, frames = load()
+            if name in taken:
+                raise FrameError(f"name {name!r} already taken by {taken[name]}")
+        except Exception as exc:  # noqa: BLE001 - a bad source is reported and skipped, never silently
+            failures.append(f"{label}: {type(exc).__name__}: {exc}")
+            continue
+        taken[name] = label
+        journal.add(label, name, frames)
+    n = journal.finish()
     for failure in failures:
         print(f"[frames] skipped {failure}", file=sys.stderr)
     print(f"[frames] wrote {n} frames to {args.out}" + (f"; {len(failures)} source(s) skipped" if failures else ""))
@@ -428,5 +495,12 @@ def register(subparsers: Any) -> None:
                    help="DAgger: frames of the states PLANNER (a luna-bridge planner, e.g. luna) visits in closed "
                         "loop (non-reactive) instead of the expert's; the teacher labels them from those states")
     p.add_argument("--replan-every", type=int, default=5, help="--on-policy: simulator steps between plans")
-    p.add_argument("--out", type=Path, required=True, help="output JSON-lines file")
+    p.add_argument("--student", default="", help="--on-policy with a stack planner: the student folder (default: "
+                   "models/student)")
+    p.add_argument("--k", type=int, default=None, help="--on-policy with a stack planner: retrieved items per decision")
+    p.add_argument("--every", type=int, default=1, help="every N-th scenario of each --suite (sorted; an even subset "
+                   "over scenario types)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output JSON-lines file; written source by source to <out>.partial with <out>.progress, "
+                        "so a rerun of an interrupted command resumes")
     p.set_defaults(func=run)

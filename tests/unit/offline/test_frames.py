@@ -119,3 +119,32 @@ def test_frames_command_from_scenario_files_and_suites(tmp_path, capsys):
     assert len(read_frames(out)) == 2 * 7  # s-one once: a second copy would repeat frame ids
     err = capsys.readouterr().err
     assert "skipped " + str(suite / "s-zero.json") in err and "'s-one' already taken" in err
+
+
+def test_frames_command_resumes_an_interrupted_run_and_takes_every_nth_scenario(tmp_path, capsys):
+    fmt = pytest.importorskip("luna_bridge.scenarios.format")
+    from luna_bridge.scenarios.registry import suite_refs
+    from luna_offline.cli import main
+    from luna_offline.frames import FrameJournal
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name in ("s-one", "s-three", "s-two"):
+        fmt.save_scenario(junction_scenario(name), suite / f"{name}.json")
+    out = tmp_path / "frames.jsonl"
+    # An interrupted run: s-one finished, s-three torn halfway through its first line.
+    journal = FrameJournal(out)
+    first = suite_refs(str(suite))[0][1]
+    assert journal.add(first, "s-one", scenario_frames(junction_scenario("s-one"), rate=1.0)) == 4
+    with journal.partial.open("a", encoding="utf-8") as f:
+        f.write('{"id": "s-three@0000.00", "scen')
+    (suite / "s-one.json").write_text("not a scenario")  # finished: the rerun must not read it again
+    assert main(["frames", "--suite", str(suite), "--rate", "1", "--out", str(out)]) == 0
+    frames = read_frames(out)
+    assert [f.scenario for f in frames] == ["s-one"] * 4 + ["s-three"] * 4 + ["s-two"] * 4
+    assert "resuming" in capsys.readouterr().err
+    assert not (tmp_path / "frames.jsonl.partial").exists() and not (tmp_path / "frames.jsonl.progress").exists()
+
+    fmt.save_scenario(junction_scenario("s-one"), suite / "s-one.json")
+    assert main(["frames", "--suite", str(suite), "--rate", "1", "--every", "2", "--out", str(out)]) == 0
+    assert sorted({f.scenario for f in read_frames(out)}) == ["s-one", "s-two"]  # 1st and 3rd by name
