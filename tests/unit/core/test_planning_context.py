@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from luna_core.lanes import lane_map
-from luna_core.types import EgoState
 from luna_core.planning import context as context_module
 from luna_core.planning.context import PlannerInputError, build_planning_context
 from luna_core.planning.decision_guided import MODE_DECISION, MODE_STOP
@@ -149,8 +148,7 @@ def test_off_the_map_the_decision_guided_planner_stops_and_the_baselines_raise(p
 
 def test_planning_starts_from_the_steering_angle_the_yaw_rate_implies() -> None:
     # Odometry carries no steering angle: a reported one is replaced by the kinematic bicycle's, the same
-    # angle while moving (what the simulator's bicycle drives), 0 at a standstill with no moving state
-    # before it.
+    # angle while moving (what the simulator's bicycle drives), 0 at a standstill where nothing tells it.
     pi = make_input()
     wheelbase = pi.vehicle.wheelbase
     for velocity, steering in ((6.0, 0.05), (6.0, -0.2), (0.0, 0.3), (0.1, 0.3)):
@@ -161,20 +159,3 @@ def test_planning_starts_from_the_steering_angle_the_yaw_rate_implies() -> None:
         assert ctx.ego.steering_angle == pytest.approx(expected, abs=1e-12), (velocity, steering)
     assert context_module.kinematic_steering_angle(-3.0, -3.0 * np.tan(0.1) / wheelbase, wheelbase) == \
         pytest.approx(0.1), "reversing: the same wheel angle"
-
-
-def test_at_a_standstill_planning_keeps_the_wheel_angle_of_the_latest_moving_state() -> None:
-    # A car that stopped in a turn still has its wheels turned (the simulator's bicycle too); only a
-    # history that never moved gives 0.
-    pi = make_input()
-    wheelbase = pi.vehicle.wheelbase
-
-    def state(stamp: float, velocity: float, steering: float) -> EgoState:
-        return dataclasses.replace(pi.ego, stamp=stamp, velocity=velocity,
-                                   yaw_rate=velocity * np.tan(steering) / wheelbase, steering_angle=0.0)
-    history = [state(0.0, 3.0, 0.05), state(0.5, 1.0, 0.2), state(1.0, 0.1, 0.25), state(1.5, 0.0, 0.0)]
-    ctx = build_planning_context(dataclasses.replace(pi, ego_history=history))
-    assert ctx.ego.steering_angle == pytest.approx(0.2, abs=1e-12)
-    assert ctx.ego.stamp == 1.5 and ctx.ego.velocity == 0.0, "still planned from the latest state"
-    parked = [state(t, 0.0, 0.0) for t in (0.0, 0.5, 1.0)]
-    assert build_planning_context(dataclasses.replace(pi, ego_history=parked)).ego.steering_angle == 0.0

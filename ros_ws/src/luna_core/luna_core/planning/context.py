@@ -138,22 +138,9 @@ def kinematic_steering_angle(velocity: float, yaw_rate: float, wheelbase: float)
     return math.atan(wheelbase * yaw_rate / velocity)
 
 
-def history_steering_angle(history: list[EgoState], wheelbase: float) -> float:
-    """rad: the steering angle of the latest state of ``history`` (oldest first) that moved at
-    ``STEERING_MIN_SPEED`` or faster, as its yaw rate implies; 0 if none did. A stopped car keeps its
-    wheels where they were (so does the simulator's bicycle), and at a standstill the yaw rate says
-    nothing about them: planning from 0 there started every turn out of a queue with straight wheels
-    (hard_stationary_in_traffic_05 lost 0.3 CLS)."""
-    for state in reversed(history):
-        if abs(state.velocity) >= STEERING_MIN_SPEED:
-            return kinematic_steering_angle(state.velocity, state.yaw_rate, wheelbase)
-    return 0.0
-
-
 def sanitised_ego(planner_input: PlannerInput) -> tuple[EgoState, list[str]]:
     """The state planning starts from: the latest finite ego state of the history (with a note if it is
-    not the latest one), its steering angle the one its yaw rate implies, at a standstill the one of the
-    latest moving state (``history_steering_angle``).
+    not the latest one), its steering angle the one its yaw rate implies (``kinematic_steering_angle``).
 
     Why not a reported steering angle: nav_msgs/Odometry carries none, so the stack over ROS never has
     one, and planning in process from the simulator's would plan from what the vehicle stack cannot
@@ -162,7 +149,9 @@ def sanitised_ego(planner_input: PlannerInput) -> tuple[EgoState, list[str]]:
     finite = [s for s in planner_input.ego_history if s.is_finite()]
     if not finite:
         raise PlannerInputError("the ego history has no finite state: no trajectory can start anywhere")
-    ego = replace(finite[-1], steering_angle=history_steering_angle(finite, planner_input.vehicle.wheelbase))
+    ego = finite[-1]
+    ego = replace(ego, steering_angle=kinematic_steering_angle(ego.velocity, ego.yaw_rate,
+                                                                planner_input.vehicle.wheelbase))
     if not planner_input.ego_history[-1].is_finite():
         return ego, [f"latest ego state is not finite; planning from the one at t={ego.stamp:.2f}"]
     return ego, []
