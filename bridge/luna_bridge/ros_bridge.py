@@ -67,6 +67,7 @@ class RosStackPlanner:
         self.clock_pub = n.create_publisher(Clock, "/clock", qos.RELIABLE)
         self.odom_pub = n.create_publisher(Odometry, "localization/kinematic_state", qos.STATE)
         self.accel_pub = n.create_publisher(AccelWithCovarianceStamped, "localization/acceleration", qos.STATE)
+        self.steering_pub = n.create_publisher(lm.SteeringReport, "vehicle/status/steering_status", qos.STATE)
         self.objects_pub = n.create_publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
         self.lights_pub = n.create_publisher(lm.TrafficLightStateArray, "perception/traffic_lights", qos.SENSOR)
         self.graph_pub = n.create_publisher(lm.LaneGraph, "map/lane_graph", qos.LATCHED)
@@ -128,9 +129,11 @@ class RosStackPlanner:
     stack_command = "luna up --sim-time"  # how to start a stack this bridge drives (for the error above)
 
     def _inputs_to_connect(self) -> tuple:
-        return self.clock_pub, self.odom_pub, self.accel_pub, self.objects_pub, self.lights_pub
+        return self.clock_pub, self.odom_pub, self.accel_pub, self.steering_pub, self.objects_pub, self.lights_pub
 
     def _publish_ego(self, ego, t: float) -> None:
+        if ego.steering_angle is not None:  # measured (the simulator's): the vehicle interface reports it
+            self.steering_pub.publish(convert.steering_to_msg(t + self.config.time_offset, ego.steering_angle))
         ego_msg = convert.ego_to_odometry(dataclasses.replace(ego, stamp=t + self.config.time_offset))
         self.odom_pub.publish(ego_msg)
         accel = AccelWithCovarianceStamped()
@@ -168,8 +171,13 @@ class RosStackPlanner:
 
     def plan(self, planner_input: PlannerInput) -> Trajectory:
         t = planner_input.time
+        if self.ego_sent_until is None and planner_input.ego.steering_angle is not None:
+            # Heard before the first cycle, so that in lock step the planner waits for each instant's angle
+            # (as for the acceleration, which the history below makes heard).
+            self.steering_pub.publish(convert.steering_to_msg(t + self.config.time_offset,
+                                                              planner_input.ego.steering_angle))
         # Every state the stack has not seen, not only the one of this call: a vehicle's odometry comes at
-        # 20-50 Hz, and the planner reads its history (the steering angle of the latest moving state).
+        # 20-50 Hz.
         for past in planner_input.ego_history[:-1]:
             if self.ego_sent_until is None or past.stamp > self.ego_sent_until:
                 self._publish_ego(past, past.stamp)

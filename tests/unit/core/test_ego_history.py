@@ -70,3 +70,20 @@ def test_the_state_of_an_instant_and_whether_its_inputs_are_in():
     h.add_acceleration(1.2, 0.0)
     assert h.complete_at(1.2)
     assert heard_at(None, 5.0) and heard_at(5.0 - 1e-9, 5.0) and not heard_at(4.9, 5.0)
+
+
+def test_steering_angle_is_paired_by_stamp_and_unknown_without_reports():
+    h = EgoHistory()
+    assert h.add_state(state(1.0)).steering_angle is None, "never reported: not measured (planning estimates it)"
+    assert h.complete_at(1.0), "no steering source heard: nothing to wait for"
+    h.add_steering_angle(1.1, 0.25)  # its own arrived first
+    assert h.add_state(state(1.1)).steering_angle == 0.25
+    provisional = h.add_state(state(1.2))
+    assert provisional.steering_angle == 0.25, "its own not in yet: the latest reported, until it comes"
+    assert not h.complete_at(1.2), "the source is heard: wait for the instant's angle"
+    h.add_steering_angle(1.2, -0.3)
+    assert provisional.steering_angle == -0.3 and h.complete_at(1.2)
+    assert [s.steering_angle for s in h.states] == [None, 0.25, -0.3]
+    assert [s.acceleration for s in h.states] == [0.0, 0.0, 0.0], "the acceleration is not touched"
+    with pytest.raises(EgoHistoryError, match="steering angle nan at stamp 1.3 is not finite"):
+        h.add_steering_angle(1.3, math.nan)

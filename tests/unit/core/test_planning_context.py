@@ -126,7 +126,9 @@ def test_input_problems_and_off_map() -> None:
     bad = PlannerInput(pi.time, pi.ego_history[:-1] + [EgoState(0.0, float("nan"), 0.0, 0.0, 10.0)], pi.objects,
                        pi.traffic_lights, pi.lane_graph, pi.route, pi.decision)
     ctx = build_planning_context(bad)
-    assert ctx.ego == pi.ego_history[-2] and "latest ego state is not finite" in ctx.input_problems[0]
+    # (the unmeasured steering angle estimated from its yaw rate, 0)
+    assert ctx.ego == dataclasses.replace(pi.ego_history[-2], steering_angle=0.0)
+    assert "latest ego state is not finite" in ctx.input_problems[0]
     with pytest.raises(PlannerInputError, match="no finite state"):
         build_planning_context(PlannerInput(0.0, [EgoState(0.0, float("nan"), 0.0, 0.0, 1.0)], pi.objects,
                                             pi.traffic_lights, pi.lane_graph, pi.route))
@@ -146,16 +148,20 @@ def test_off_the_map_the_decision_guided_planner_stops_and_the_baselines_raise(p
             planners[name].plan(pi, context=ctx)
 
 
-def test_planning_starts_from_the_steering_angle_the_yaw_rate_implies() -> None:
-    # Odometry carries no steering angle: a reported one is replaced by the kinematic bicycle's, the same
-    # angle while moving (what the simulator's bicycle drives), 0 at a standstill where nothing tells it.
+def test_planning_starts_from_the_measured_steering_angle_else_the_one_the_yaw_rate_implies() -> None:
+    # A measured angle (the simulator's; over ROS the vehicle's steering report) is used as it is, also at
+    # a standstill, where a car that stopped in a turn keeps its wheels turned. Without one (odometry
+    # alone) the kinematic bicycle's angle: the same while moving, 0 at a standstill.
     pi = make_input()
     wheelbase = pi.vehicle.wheelbase
     for velocity, steering in ((6.0, 0.05), (6.0, -0.2), (0.0, 0.3), (0.1, 0.3)):
         yaw_rate = velocity * np.tan(steering) / wheelbase
-        ego = dataclasses.replace(pi.ego, velocity=velocity, yaw_rate=yaw_rate, steering_angle=steering + 0.5)
+        ego = dataclasses.replace(pi.ego, velocity=velocity, yaw_rate=yaw_rate, steering_angle=None)
         ctx = build_planning_context(dataclasses.replace(pi, ego_history=[ego]))
         expected = steering if velocity >= context_module.STEERING_MIN_SPEED else 0.0
         assert ctx.ego.steering_angle == pytest.approx(expected, abs=1e-12), (velocity, steering)
+        measured = dataclasses.replace(ego, steering_angle=steering + 0.1)
+        ctx = build_planning_context(dataclasses.replace(pi, ego_history=[measured]))
+        assert ctx.ego.steering_angle == steering + 0.1, (velocity, steering)
     assert context_module.kinematic_steering_angle(-3.0, -3.0 * np.tan(0.1) / wheelbase, wheelbase) == \
         pytest.approx(0.1), "reversing: the same wheel angle"

@@ -23,6 +23,8 @@ CASES = [
     ("explanation", samples.explanation, C.explanation_to_msg, C.msg_to_explanation),
     ("reflection", samples.reflection, C.reflection_to_msg, C.msg_to_reflection),
     ("trajectory", samples.trajectory, C.trajectory_to_msg, C.msg_to_trajectory),
+    # float64 on the wire: the simulator's angle arrives bit-equal (the parity of issue 15)
+    ("steering", lambda: (12.345, -0.1234567890123457), lambda v: C.steering_to_msg(*v), C.msg_to_steering),
 ]
 
 

@@ -79,11 +79,13 @@ class BicycleParameters:
 
 
 def state_from_ego(ego: EgoState) -> np.ndarray:
-    """(8,) controller state of an ``EgoState``."""
+    """(8,) controller state of an ``EgoState``; an unmeasured steering angle (None) counts as 0 (planning
+    replaces it with the kinematic estimate first: ``planning.context.sanitised_ego``)."""
     s = np.zeros(STATE_SIZE)
+    steering = 0.0 if ego.steering_angle is None else ego.steering_angle
     s[[StateIndex.X, StateIndex.Y, StateIndex.HEADING, StateIndex.VELOCITY, StateIndex.ACCELERATION,
        StateIndex.STEERING_ANGLE, StateIndex.YAW_RATE]] = (
-        ego.x, ego.y, ego.heading, ego.velocity, ego.acceleration, ego.steering_angle, ego.yaw_rate)
+        ego.x, ego.y, ego.heading, ego.velocity, ego.acceleration, steering, ego.yaw_rate)
     return s
 
 

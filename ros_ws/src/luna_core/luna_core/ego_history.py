@@ -1,4 +1,5 @@
-"""The ego history a node keeps: odometry states, oldest first, each paired with its acceleration.
+"""The ego history a node keeps: odometry states, oldest first, each paired with its acceleration (and its
+steering angle where the vehicle reports one).
 
 Odometry (``nav_msgs/Odometry``) carries no acceleration; localization publishes it on a topic of its
 own (``localization/acceleration``), and the two arrive in either order. Which value the stack uses
@@ -17,6 +18,10 @@ Pairing: an acceleration stamped like an odometry state is that state's; a state
 acceleration has not arrived yet takes the latest reported one and is corrected when its own arrives
 (states are updated in place, so a scene or plan built afterwards sees the paired value). Under sim
 time a node waits for the instant's acceleration (``complete_at``) once the topic has been heard.
+
+**The steering angle** (``vehicle/status/steering_status``, luna_msgs/SteeringReport) is paired the same
+way, for the planner, whose tracker starts from it; a state without a report keeps None (not measured)
+and planning estimates the angle from the yaw rate (``planning.context.sanitised_ego``).
 
 The planner node and the scene descriptor both keep one ``EgoHistory``: neither has its own rule.
 Readers iterate over a snapshot (``tuple(deque)`` is atomic under the GIL), so a node may read while
@@ -37,7 +42,7 @@ SAME_INSTANT = 1e-6
 # derivative, for sources without an acceleration topic).
 DIFFERENCE_WEIGHT = 0.3
 MIN_DIFFERENCE_DT = 1e-3  # s: closer odometry stamps keep the previous estimate (no division by ~0)
-REPORTS_KEPT = 50  # reported accelerations remembered for pairing (2.5 s at 20 Hz)
+REPORTS_KEPT = 50  # reported values per topic remembered for pairing (2.5 s at 20 Hz)
 
 
 class EgoHistoryError(ValueError):
@@ -51,12 +56,43 @@ def heard_at(stamp: float | None, now: float) -> bool:
 
 
 @dataclass
+class ReportedValues:
+    """Values reported on a topic of their own (acceleration, steering angle), kept for pairing with
+    odometry by stamp."""
+
+    what: str  # for messages: "acceleration", "steering angle"
+    kept: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=REPORTS_KEPT))
+
+    @property
+    def stamp(self) -> float | None:
+        """Stamp of the latest report; None until the topic has been heard."""
+        kept = tuple(self.kept)
+        return kept[-1][0] if kept else None
+
+    def for_stamp(self, stamp: float) -> float | None:
+        """The value reported for ``stamp``, else the latest one (provisional until its own arrives);
+        None if nothing was reported yet."""
+        kept = tuple(self.kept)
+        for reported, value in reversed(kept):
+            if abs(reported - stamp) < SAME_INSTANT:
+                return value
+        return kept[-1][1] if kept else None
+
+    def add(self, stamp: float, value: float) -> None:
+        if not (math.isfinite(stamp) and math.isfinite(value)):
+            raise EgoHistoryError(f"{self.what} {value} at stamp {stamp} is not finite")
+        self.kept.append((stamp, float(value)))
+
+
+@dataclass
 class EgoHistory:
-    """Odometry states over the last ``duration`` s, each with its acceleration (see the module)."""
+    """Odometry states over the last ``duration`` s, each with its acceleration and, where reported, its
+    steering angle (see the module)."""
 
     duration: float = 2.0  # s kept behind the newest state
     states: deque[EgoState] = field(default_factory=deque)
-    reports: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=REPORTS_KEPT))
+    accelerations: ReportedValues = field(default_factory=lambda: ReportedValues("acceleration"))
+    steering_angles: ReportedValues = field(default_factory=lambda: ReportedValues("steering angle"))
 
     @property
     def latest(self) -> EgoState | None:
@@ -68,18 +104,18 @@ class EgoHistory:
     @property
     def acceleration_stamp(self) -> float | None:
         """Stamp of the latest reported acceleration; None until the topic has been heard."""
-        reports = tuple(self.reports)
-        return reports[-1][0] if reports else None
+        return self.accelerations.stamp
 
     def add_state(self, ego: EgoState) -> EgoState:
-        """Append an odometry state (its acceleration set here); raises ``EgoHistoryError`` for a
-        non-finite state or one older than the newest."""
+        """Append an odometry state (its acceleration and steering angle set here); raises
+        ``EgoHistoryError`` for a non-finite state or one older than the newest."""
         if not ego.is_finite():
             raise EgoHistoryError("odometry contains NaN or inf")
         last = self.latest
         if last is not None and ego.stamp < last.stamp:
             raise EgoHistoryError(f"odometry stamp {ego.stamp:.3f} s is older than the last one ({last.stamp:.3f} s)")
         ego.acceleration = self._acceleration_for(ego, last)
+        ego.steering_angle = self.steering_angles.for_stamp(ego.stamp)  # None: never reported
         self.states.append(ego)
         while self.states and ego.stamp - self.states[0].stamp > self.duration + 1e-9:
             self.states.popleft()
@@ -88,12 +124,18 @@ class EgoHistory:
     def add_acceleration(self, stamp: float, value: float) -> None:
         """A reported longitudinal acceleration (m/s^2) stamped ``stamp``: pairs it with the state of
         that stamp if it is already in (correcting its provisional value)."""
-        if not (math.isfinite(stamp) and math.isfinite(value)):
-            raise EgoHistoryError(f"acceleration {value} at stamp {stamp} is not finite")
-        self.reports.append((stamp, float(value)))
+        self.accelerations.add(stamp, value)
+        self._pair(stamp, "acceleration", float(value))
+
+    def add_steering_angle(self, stamp: float, value: float) -> None:
+        """A reported front-wheel steering angle (rad) stamped ``stamp``, paired like an acceleration."""
+        self.steering_angles.add(stamp, value)
+        self._pair(stamp, "steering_angle", float(value))
+
+    def _pair(self, stamp: float, attribute: str, value: float) -> None:
         for ego in reversed(tuple(self.states)):
             if abs(ego.stamp - stamp) < SAME_INSTANT:
-                ego.acceleration = float(value)
+                setattr(ego, attribute, value)
                 break
             if ego.stamp < stamp:
                 break
@@ -107,16 +149,16 @@ class EgoHistory:
         return states[0] if states else None
 
     def complete_at(self, now: float) -> bool:
-        """Whether the odometry of instant ``now`` is in, with its acceleration if the topic is heard."""
+        """Whether the odometry of instant ``now`` is in, with its acceleration and steering angle where
+        those topics are heard."""
         last = self.latest
-        return last is not None and last.stamp >= now - SAME_INSTANT and heard_at(self.acceleration_stamp, now)
+        return (last is not None and last.stamp >= now - SAME_INSTANT and heard_at(self.accelerations.stamp, now)
+                and heard_at(self.steering_angles.stamp, now))
 
     def _acceleration_for(self, ego: EgoState, last: EgoState | None) -> float:
-        for stamp, value in reversed(tuple(self.reports)):
-            if abs(stamp - ego.stamp) < SAME_INSTANT:
-                return value
-        if self.reports:  # its own is still on the way: the latest until it comes (add_acceleration)
-            return self.reports[-1][1]
+        reported = self.accelerations.for_stamp(ego.stamp)
+        if reported is not None:  # its own, or the latest until its own comes (add_acceleration)
+            return reported
         if last is None:
             return 0.0
         dt = ego.stamp - last.stamp

@@ -205,13 +205,13 @@ class EgoState:
     velocity: float  # longitudinal speed (m/s), negative when reversing
     acceleration: float = 0.0  # longitudinal (m/s^2)
     yaw_rate: float = 0.0  # rad/s
-    steering_angle: float = 0.0  # rad
+    steering_angle: float | None = None  # rad, front wheels; None: not measured (odometry carries none)
     lateral_velocity: float = 0.0  # m/s
 
     def is_finite(self) -> bool:
         return all(math.isfinite(v) for v in (self.stamp, self.x, self.y, self.heading, self.velocity,
-                                               self.acceleration, self.yaw_rate, self.steering_angle,
-                                               self.lateral_velocity))
+                                               self.acceleration, self.yaw_rate, self.lateral_velocity,
+                                               0.0 if self.steering_angle is None else self.steering_angle))
 
 
 @dataclass

@@ -123,6 +123,16 @@ def odometry_to_ego(msg: Odometry, acceleration: float = 0.0) -> T.EgoState:
                       acceleration=acceleration, yaw_rate=tw.angular.z, lateral_velocity=tw.linear.y)
 
 
+def steering_to_msg(stamp: float, angle: float) -> lm.SteeringReport:
+    """A measured front-wheel steering angle (rad) -> luna_msgs/SteeringReport."""
+    return lm.SteeringReport(stamp=to_time(stamp), steering_tire_angle=float(angle))
+
+
+def msg_to_steering(msg: lm.SteeringReport) -> tuple[float, float]:
+    """luna_msgs/SteeringReport -> (stamp s, angle rad)."""
+    return from_time(msg.stamp), float(msg.steering_tire_angle)
+
+
 # -- perception -------------------------------------------------------------------------------------
 
 

@@ -53,6 +53,8 @@ INTERFACE = NodeInterface(
     inputs=[("localization/kinematic_state", "nav_msgs/Odometry", "reliable, keep last 50 (2 s history kept)"),
             ("localization/acceleration", "geometry_msgs/AccelWithCovarianceStamped", "reliable, keep last 50; "
              "optional"),
+            ("vehicle/status/steering_status", "luna_msgs/SteeringReport", "reliable, keep last 50; optional "
+             "(without it the steering angle is estimated from the yaw rate)"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
             ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
@@ -96,8 +98,9 @@ class PlannerNode(LunaLifecycleNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
         self.lock = threading.Lock()
-        # Odometry paired with the reported acceleration by stamp (luna_core.ego_history, as the scene
-        # descriptor does): the planner and the student see the same ego_acceleration.
+        # Odometry paired with the reported acceleration and steering angle by stamp (luna_core.ego_history,
+        # as the scene descriptor does): the planner and the student see the same ego_acceleration, and
+        # the tracker starts from the wheels' measured angle.
         self.ego = EgoHistory(self.params["history_duration"])
         self.objects: TrackedObjects | None = None
         self.lights: TrafficLights | None = None
@@ -114,6 +117,7 @@ class PlannerNode(LunaLifecycleNode):
         self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.STATE,
                                callback_group=MutuallyExclusiveCallbackGroup())
         sub(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration, qos.STATE)
+        sub(lm.SteeringReport, "vehicle/status/steering_status", self.on_steering, qos.STATE)
         sub(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
         sub(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
         sub(lm.LaneGraph, "map/lane_graph", self.on_lane_graph, qos.LATCHED)
@@ -187,6 +191,10 @@ class PlannerNode(LunaLifecycleNode):
     def on_acceleration(self, msg: AccelWithCovarianceStamped) -> None:
         with self.lock:
             self.ego.add_acceleration(convert.from_time(msg.header.stamp), float(msg.accel.accel.linear.x))
+
+    def on_steering(self, msg: lm.SteeringReport) -> None:
+        with self.lock:
+            self.ego.add_steering_angle(*convert.msg_to_steering(msg))
 
     def on_objects(self, msg: lm.TrackedObjects) -> None:
         with self.lock:

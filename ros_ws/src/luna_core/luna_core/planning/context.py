@@ -126,7 +126,7 @@ class PlanningContext:
                                    spacing=PATH_SPACING)
 
 
-#: m/s: below this speed the yaw rate says nothing about the steering angle, taken as 0 then.
+#: m/s: below this speed the yaw rate says nothing about the steering angle, estimated as 0 then.
 STEERING_MIN_SPEED = 0.2
 
 
@@ -140,18 +140,23 @@ def kinematic_steering_angle(velocity: float, yaw_rate: float, wheelbase: float)
 
 def sanitised_ego(planner_input: PlannerInput) -> tuple[EgoState, list[str]]:
     """The state planning starts from: the latest finite ego state of the history (with a note if it is
-    not the latest one), its steering angle the one its yaw rate implies (``kinematic_steering_angle``).
+    not the latest one), with its measured steering angle (the simulator's, the vehicle's steering
+    report over ROS, nuPlan's tire angle), or, where none was measured, the one its yaw rate implies
+    (``kinematic_steering_angle``).
 
-    Why not a reported steering angle: nav_msgs/Odometry carries none, so the stack over ROS never has
-    one, and planning in process from the simulator's would plan from what the vehicle stack cannot
-    know (the two drove apart in a lane change, issue 15). For the simulator's bicycle (yaw rate =
-    v tan(delta) / L) it is the same angle while moving."""
+    Why the measured one: at a standstill the yaw rate says nothing about the wheels, and a car that
+    stopped in a turn still has them turned (planning from 0 there cost hard_stationary_in_traffic_05
+    0.3 CLS). Over ROS the angle comes on its own topic, as the acceleration does, and is paired with
+    the odometry by stamp (``luna_core.ego_history``), so a run in process and the same run over ROS plan
+    from the same angle (issue 15's parity). A source without it (odometry alone, a bag without the
+    topic) gets the kinematic estimate, the same angle as the simulator's bicycle while moving."""
     finite = [s for s in planner_input.ego_history if s.is_finite()]
     if not finite:
         raise PlannerInputError("the ego history has no finite state: no trajectory can start anywhere")
     ego = finite[-1]
-    ego = replace(ego, steering_angle=kinematic_steering_angle(ego.velocity, ego.yaw_rate,
-                                                                planner_input.vehicle.wheelbase))
+    if ego.steering_angle is None:
+        ego = replace(ego, steering_angle=kinematic_steering_angle(ego.velocity, ego.yaw_rate,
+                                                                    planner_input.vehicle.wheelbase))
     if not planner_input.ego_history[-1].is_finite():
         return ego, [f"latest ego state is not finite; planning from the one at t={ego.stamp:.2f}"]
     return ego, []
