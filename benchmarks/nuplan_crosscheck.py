@@ -170,7 +170,7 @@ def compare_tracking(kind: str, start_offset: tuple[float, float, float] = (0.0,
     ref = _reference(kind)
     dy, dh, dv = start_offset
     ego = EgoState(0.0, float(ref.x[0]), float(ref.y[0]) + dy, float(ref.heading[0]) + dh,
-                   float(ref.velocity[0]) + dv)
+                   float(ref.velocity[0]) + dv, steering_angle=0.0)  # both trackers start with straight wheels
     tracker = LQRTracker(q_longitudinal=[10.0], r_longitudinal=[1.0], q_lateral=[1.0, 10.0, 0.0], r_lateral=[1.0],
                          discretization_time=0.1, tracking_horizon=10, jerk_penalty=1e-4,
                          curvature_rate_penalty=1e-2, stopping_proportional_gain=0.5, stopping_velocity=0.2)
