@@ -8,7 +8,7 @@ objects at the box centre, map frame).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,12 @@ class Scenario:
     source: str = "synthetic"  # "synthetic" | "commonroad" | "nuplan"
     vehicle: VehicleParameters = field(default_factory=VehicleParameters)
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The simulated vehicle's wheels are at some angle: straight where the source gives none
+        # (EgoState.steering_angle None means "not measured", which the simulator's own state never is).
+        if self.ego_initial.steering_angle is None:
+            self.ego_initial = replace(self.ego_initial, steering_angle=0.0)
 
     @property
     def num_steps(self) -> int:

@@ -255,7 +255,7 @@ def load_commonroad(path: str | Path) -> Scenario:
     limit = graph.lanes[start.lane_id].speed_limit
     expert = _expert_track(drive, s0, v0, limit, agents, duration)
     ego = EgoState(0.0, rx, ry, heading, v0, float(getattr(init, "acceleration", 0.0) or 0.0),
-                   float(getattr(init, "yaw_rate", 0.0) or 0.0), steering_angle=0.0)  # the simulator's wheels start straight
+                   float(getattr(init, "yaw_rate", 0.0) or 0.0))
     if goal_xy is not None:
         goal_heading = float(drive.interpolate(float(drive.project(goal_xy).s))[2])
         route = Route(0.0, road_ids, float(goal_xy[0]), float(goal_xy[1]), goal_heading)
