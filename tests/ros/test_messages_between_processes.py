@@ -25,6 +25,7 @@ SOURCES = {
     "DecisionExplanation": (samples.explanation, C.explanation_to_msg, C.msg_to_explanation),
     "ReflectionResult": (samples.reflection, C.reflection_to_msg, C.msg_to_reflection),
     "Trajectory": (samples.trajectory, C.trajectory_to_msg, C.msg_to_trajectory),
+    "SteeringReport": (lambda: (12.345, -0.1234567890123457), lambda v: C.steering_to_msg(*v), C.msg_to_steering),
 }
 
 
