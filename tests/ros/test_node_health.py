@@ -98,7 +98,9 @@ def test_scene_keeps_an_object_of_unknown_size_and_logs_a_stale_odometry_once(tm
                    in diags[-1].message, 10.0, "the cap's count in diagnostics")
 
         # Odometry goes stale: at 20 Hz the WARN's age changes 20 times a second; it is logged once.
-        (applied,) = set_parameters(probe, "scene_descriptor", max_input_age=0.2)
+        # 0.5 s, not less: on a loaded machine a 0.2 s hiccup of the node or of this probe's 20 Hz
+        # odometry made "stale" come back once during the fresh phase (a fresh-clone run beside 2 jobs).
+        (applied,) = set_parameters(probe, "scene_descriptor", max_input_age=0.5)
         assert applied.successful, applied.reason
         probe.wait(lambda: diags and "odometry is stale" in diags[-1].message, 10.0, "the stale-odometry WARN")
         probe.spin_for(3.0)
