@@ -131,9 +131,12 @@ class RosStackPlanner:
     def _inputs_to_connect(self) -> tuple:
         return self.clock_pub, self.odom_pub, self.accel_pub, self.steering_pub, self.objects_pub, self.lights_pub
 
+    def _publish_steering(self, angle: float, t: float) -> None:
+        self.steering_pub.publish(convert.steering_to_msg(t + self.config.time_offset, angle))
+
     def _publish_ego(self, ego, t: float) -> None:
         if ego.steering_angle is not None:  # measured (the simulator's): the vehicle interface reports it
-            self.steering_pub.publish(convert.steering_to_msg(t + self.config.time_offset, ego.steering_angle))
+            self._publish_steering(ego.steering_angle, t)
         ego_msg = convert.ego_to_odometry(dataclasses.replace(ego, stamp=t + self.config.time_offset))
         self.odom_pub.publish(ego_msg)
         accel = AccelWithCovarianceStamped()
@@ -174,8 +177,7 @@ class RosStackPlanner:
         if self.ego_sent_until is None and planner_input.ego.steering_angle is not None:
             # Heard before the first cycle, so that in lock step the planner waits for each instant's angle
             # (as for the acceleration, which the history below makes heard).
-            self.steering_pub.publish(convert.steering_to_msg(t + self.config.time_offset,
-                                                              planner_input.ego.steering_angle))
+            self._publish_steering(planner_input.ego.steering_angle, t)
         # Every state the stack has not seen, not only the one of this call: a vehicle's odometry comes at
         # 20-50 Hz.
         for past in planner_input.ego_history[:-1]:

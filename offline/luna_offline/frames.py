@@ -329,6 +329,10 @@ def read_frames(path: str | Path) -> list[Frame]:
     return frames
 
 
+def _frame_line(frame: Frame) -> str:
+    return json.dumps(frame.to_json(), separators=(",", ":")) + "\n"
+
+
 def write_frames(frames: Iterable[Frame], path: str | Path) -> int:
     """Write frames atomically (a partial file never replaces a good one); returns the count."""
     path = Path(path)
@@ -337,7 +341,7 @@ def write_frames(frames: Iterable[Frame], path: str | Path) -> int:
     try:
         with tmp.open("w", encoding="utf-8") as f:
             for frame in frames:
-                f.write(json.dumps(frame.to_json(), separators=(",", ":")) + "\n")
+                f.write(_frame_line(frame))
                 n += 1
             f.flush()
             os.fsync(f.fileno())
@@ -423,7 +427,7 @@ class FrameJournal:
         n = 0
         with self.partial.open("a", encoding="utf-8") as f:
             for frame in frames:
-                f.write(json.dumps(frame.to_json(), separators=(",", ":")) + "\n")
+                f.write(_frame_line(frame))
                 n += 1
             f.flush()
             os.fsync(f.fileno())

@@ -101,11 +101,6 @@ class EgoHistory:
         except IndexError:  # empty (checked this way: no window between a test and the read)
             return None
 
-    @property
-    def acceleration_stamp(self) -> float | None:
-        """Stamp of the latest reported acceleration; None until the topic has been heard."""
-        return self.accelerations.stamp
-
     def add_state(self, ego: EgoState) -> EgoState:
         """Append an odometry state (its acceleration and steering angle set here); raises
         ``EgoHistoryError`` for a non-finite state or one older than the newest."""
