@@ -108,10 +108,8 @@ def drive(s: Stack, seconds: float, x: float = 20.0, y: float = 0.0, speed: floa
     start = _now(s)
     last_decision = -1.0
 
-    def planned() -> int:
-        return sum(1 for m in s.trajectories if C.msg_to_trajectory(m).stamp >= start + REPLAN)
-
-    while _now(s) - start < seconds or (planned() < MIN_PLANS and _now(s) - start < seconds + PLAN_WAIT):
+    def publish_inputs() -> None:
+        nonlocal last_decision
         now = _now(s)
         ego = T.EgoState(now, x + speed * (now - start), y, 0.0, speed)
         s.odom.publish(C.ego_to_odometry(ego))
@@ -122,8 +120,20 @@ def drive(s: Stack, seconds: float, x: float = 20.0, y: float = 0.0, speed: floa
             s.decisions.publish(decision)
             last_decision = now
         s.probe.spin_for(0.05)
+
+    def planned() -> int:
+        return sum(1 for m in s.trajectories if C.msg_to_trajectory(m).stamp >= start + REPLAN)
+
+    while _now(s) - start < seconds or (planned() < MIN_PLANS and _now(s) - start < seconds + PLAN_WAIT):
+        publish_inputs()
+    # The inputs keep flowing until the node's next report: a CI run once waited 1.67 s for it after the
+    # last odometry, and the report then said "odometry is stale" about the wait, not the case.
     s.diagnostics.clear()
-    s.probe.wait(lambda: s.diagnostics, 5.0, "a /diagnostics message of the planner")
+    wait_until = time.monotonic() + 5.0
+    while not s.diagnostics:
+        if time.monotonic() > wait_until:
+            raise TimeoutError("no /diagnostics message of the planner within 5 s")
+        publish_inputs()
     # A cycle that started in the previous case plans from that case's odometry: skip it.
     plans = [C.msg_to_trajectory(m) for m in s.trajectories]
     s.trajectories.clear()
