@@ -25,12 +25,13 @@ def three_lane_graph() -> LaneGraph:
 ROUTE = Route(0.0, road_ids=["A", "B"])
 
 
-def ego_at(x: float, y: float, heading: float = 0.0) -> EgoState:
-    return EgoState(0.0, x, y, heading, 10.0)
+def ego_at(x: float, y: float, heading: float = 0.0, velocity: float = 10.0) -> EgoState:
+    return EgoState(0.0, x, y, heading, velocity)
 
 
 def test_keep_left_right_follow_their_lanes_along_the_route() -> None:
-    paths = reference_paths(three_lane_graph(), ROUTE, ego_at(20.0, 0.4))
+    # At 5 m/s the right lane's end (80 m ahead) is beyond the 40 m a lane change needs to stay on route.
+    paths = reference_paths(three_lane_graph(), ROUTE, ego_at(20.0, 0.4, velocity=5.0))
     assert set(paths) == {"K", "L", "R"}
     assert paths["K"].lane_ids == ("A1", "B1")
     assert paths["L"].lane_ids == ("A0", "B0")
@@ -44,6 +45,29 @@ def test_keep_left_right_follow_their_lanes_along_the_route() -> None:
     assert paths["K"].ego_s == pytest.approx(10.0)
     assert paths["L"].speed_limit == 20.0
     assert paths["R"].speed_limit == DEFAULT_SPEED_LIMIT  # 0 = unknown in the map
+
+
+@pytest.mark.parametrize("x, velocity, offered", [
+    (10.0, 5.0, True),  # A2 ends 90 m ahead: room to change back (40 m at 5 m/s)
+    (50.0, 5.0, True),  # 50 m ahead
+    (70.0, 5.0, False),  # 30 m ahead
+    (50.0, 10.0, False),  # 50 m ahead, but 8 s at 10 m/s is 80 m
+    (10.0, 10.0, True),  # 90 m ahead
+])
+def test_a_lane_change_onto_a_lane_that_soon_leaves_the_route_is_not_offered(x, velocity, offered) -> None:
+    # A2 (right) ends at x = 100 m while the ego's lane A1 continues on the route as B1; the left lane A0
+    # continues as B0 and is always offered.
+    paths = reference_paths(three_lane_graph(), ROUTE, ego_at(x, 0.0, velocity=velocity))
+    assert ("R" in paths) == offered
+    assert "L" in paths and paths["L"].lane_ids == ("A0", "B0")
+
+
+def test_a_lane_leaving_the_route_is_offered_when_the_ego_lane_leaves_it_too() -> None:
+    # The ego on A2 (which ends at x = 100 m): its own lane is no better, so the left lane stays offered
+    # (the change back onto the route), and A2 is kept as K whatever.
+    paths = reference_paths(three_lane_graph(), ROUTE, ego_at(80.0, -3.5))
+    assert paths["K"].lane_ids == ("A2",)
+    assert paths["L"].lane_ids == ("A1", "B1")
 
 
 def test_no_lane_on_a_side_means_no_path_for_it() -> None:

@@ -6,7 +6,10 @@
   the route from there.
 
 A lateral decision whose lane does not exist has no reference path (the action is impossible here and
-the planner drops it). Each path is cropped to a window around the ego and resampled at a fixed
+the planner drops it). So has a lane change onto a lane that leaves the route soon while the ego's own
+lane does not (a straight-only lane just before the route turns, a lane that ends): within
+``route_stay_distance`` of the ego there is no room to change back, and such a change left the ego
+stranded off its route in a junction (``random_starting_right_turn_05``, docs/benchmarks.md). Each path is cropped to a window around the ego and resampled at a fixed
 spacing, so that projecting a whole Diffusion-ES population onto it stays cheap.
 """
 
@@ -24,6 +27,15 @@ from luna_core.types import EgoState, LaneGraph, Route
 
 #: Speed limit assumed where the map gives none (m/s), as PDM-Closed does.
 DEFAULT_SPEED_LIMIT = 15.0
+#: A lane change is offered onto a lane that stays on the route for the trajectory horizon (8 s at the
+#: ego's speed) and at least ROUTE_STAY_MIN m ahead; sooner than that, there is no room to change back.
+ROUTE_STAY_TIME = 8.0  # s
+ROUTE_STAY_MIN = 40.0  # m
+
+
+def route_stay_distance(velocity: float) -> float:
+    """m ahead of the ego a target lane must stay on the route for a lane change onto it."""
+    return max(ROUTE_STAY_MIN, ROUTE_STAY_TIME * max(velocity, 0.0))
 
 
 class OffMapError(ValueError):
@@ -115,10 +127,28 @@ def lane_sequences(graph: LaneGraph, route: Route, ego: EgoState) -> dict[str, t
     lm = lane_map(graph)
     sequences = {"K": tuple(keep_ids)}
     left, right = lm.neighbours(match.lane_id)
+    keep_rank = _route_rank(graph, route, keep_ids)
     for code, neighbour in (("L", left), ("R", right)):
-        if neighbour is not None:
-            sequences[code] = tuple(lm.route_lanes(neighbour, list(route.road_ids)))
+        if neighbour is None:
+            continue
+        ids = lm.route_lanes(neighbour, list(route.road_ids))
+        if _route_rank(graph, route, ids) < keep_rank and _length_ahead(lm, ids, ego) < route_stay_distance(ego.velocity):
+            continue  # leaves the route before the ego's own lane does, too soon to change back
+        sequences[code] = tuple(ids)
     return sequences
+
+
+def _route_rank(graph: LaneGraph, route: Route, lane_ids: list[str]) -> int:
+    """How far along the route a lane sequence gets: the route index of its last lane's road (-1: off)."""
+    road = graph.lanes[lane_ids[-1]].road_id
+    return list(route.road_ids).index(road) if road in route.road_ids else -1
+
+
+def _length_ahead(lm: LaneMap, lane_ids: list[str], ego: EgoState) -> float:
+    """m of a lane sequence ahead of the ego's foot point on it."""
+    first = lm.centerlines[lane_ids[0]]
+    s_ego = float(first.project(np.array([ego.x, ego.y])).s)
+    return sum(lm.centerlines[i].length for i in lane_ids) - s_ego
 
 
 def crop_reference_path(graph: LaneGraph, lateral: str, lane_ids: tuple[str, ...], ego: EgoState, *,
