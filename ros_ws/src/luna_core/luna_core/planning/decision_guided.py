@@ -480,7 +480,7 @@ class DecisionGuidedPlanner:
             # change, "left" at the decision is the ego's own lane).
             key = decision.target_lane(_lateral(code), lanes)
             if key is None:
-                reasons.append(f"candidate {code} dropped: no lane on that side")
+                reasons.append(f"candidate {code} dropped: no lane on that side (or it leaves the route too soon)")
             else:
                 chosen.append(code)
                 group_paths.append(paths[key])
