@@ -9,8 +9,10 @@ A lateral decision whose lane does not exist has no reference path (the action i
 the planner drops it). So has a lane change onto a lane that leaves the route soon while the ego's own
 lane does not (a straight-only lane just before the route turns, a lane that ends): within
 ``route_stay_distance`` of the ego there is no room to change back, and such a change left the ego
-stranded off its route in a junction (``random_starting_right_turn_05``, docs/benchmarks.md). Each path is cropped to a window around the ego and resampled at a fixed
-spacing, so that projecting a whole Diffusion-ES population onto it stays cheap.
+stranded off its route in a junction (``random_starting_right_turn_05``, docs/benchmarks.md).
+
+Each path is cropped to a window around the ego and resampled at a fixed spacing, so that projecting a
+whole Diffusion-ES population onto it stays cheap.
 """
 
 from __future__ import annotations
@@ -132,8 +134,9 @@ def lane_sequences(graph: LaneGraph, route: Route, ego: EgoState) -> dict[str, t
         if neighbour is None:
             continue
         ids = lm.route_lanes(neighbour, list(route.road_ids))
-        if _route_rank(graph, route, ids) < keep_rank and _length_ahead(lm, ids, ego) < route_stay_distance(ego.velocity):
-            continue  # leaves the route before the ego's own lane does, too soon to change back
+        leaves_sooner = _route_rank(graph, route, ids) < keep_rank
+        if leaves_sooner and _length_ahead(lm, ids, ego) < route_stay_distance(ego.velocity):
+            continue  # too soon to change back
         sequences[code] = tuple(ids)
     return sequences
 
