@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from luna_core.planning.context import kinematic_steering_angle
 from luna_core.types import (EgoState, LaneGraph, ObjectClass, Route, TrackedObject, TrackedObjects,
                              TrafficLightPhase, TrafficLights, TrafficLightState, VehicleParameters)
 
@@ -84,10 +85,15 @@ class Scenario:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # The simulated vehicle's wheels are at some angle: straight where the source gives none
-        # (EgoState.steering_angle None means "not measured", which the simulator's own state never is).
+        # The simulated vehicle's wheels are at some angle (EgoState.steering_angle None means "not
+        # measured", which the simulator's own state never is). Where the source gives none, the angle
+        # of the kinematic bicycle turning at the initial yaw rate (straight without one), as the
+        # synthetic scenarios are made: straight wheels under a turning CommonRoad ego made the tracker
+        # swing the wheels to -0.31 rad within 1 s (USA_Lanker-1_11_T-1).
         if self.ego_initial.steering_angle is None:
-            self.ego_initial = replace(self.ego_initial, steering_angle=0.0)
+            ego = self.ego_initial
+            angle = kinematic_steering_angle(ego.velocity, ego.yaw_rate, self.vehicle.wheelbase)
+            self.ego_initial = replace(ego, steering_angle=angle)
 
     @property
     def num_steps(self) -> int:

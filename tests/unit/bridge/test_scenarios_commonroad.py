@@ -59,6 +59,17 @@ def test_planning_problem_and_recorded_traffic(lanker) -> None:
 
 
 @needs_data
+def test_the_wheels_start_at_the_angle_of_the_initial_yaw_rate() -> None:
+    # CommonRoad gives a yaw rate and no wheel angle; straight wheels under a turning ego made the
+    # tracker swing them (USA_Lanker-1_11_T-1 starts at 5.2 m/s turning at 0.15 rad/s).
+    s = load_commonroad(CR_DIR / "USA_Lanker-1_11_T-1.xml")
+    e = s.ego_initial
+    assert e.yaw_rate == pytest.approx(0.1527, abs=1e-3)
+    assert e.steering_angle == pytest.approx(np.arctan(s.vehicle.wheelbase * e.yaw_rate / e.velocity), abs=1e-9)
+    assert e.steering_angle > 0.05
+
+
+@needs_data
 def test_log_replay_runs_on_a_commonroad_scenario(lanker) -> None:
     log = simulate(lanker, LogReplayPlanner(lanker))
     assert log.planner_failures == 0 and len(log.t) == lanker.num_steps
