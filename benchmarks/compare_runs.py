@@ -1,20 +1,57 @@
-"""Per-scenario CLS differences of one planner between two evaluation folders (the "largest moves" and
-"N of 166 runs scored the same" of docs/benchmarks.md):
+"""Per-scenario CLS differences of one planner between two evaluation folders (the "largest moves",
+"N of 166 runs scored the same" and per-run failing metrics of docs/benchmarks.md):
 
     .venv/bin/python benchmarks/compare_runs.py out/eval/before luna-k0 out/eval/standard luna-k0
+    .venv/bin/python benchmarks/compare_runs.py out/eval/standard pdm out/eval/standard luna --suite commonroad --min-diff 0.05
+
+With ``--min-diff`` every run whose score differs by more is listed with the metrics that fail (score
+below 1) on each side; otherwise the six largest moves each way.
 """
-import json, glob, sys, os
-a, pa, b, pb = sys.argv[1:5]
-rows = []
-for suite in ["synthetic-hard", "synthetic-random", "commonroad"]:
-    for mode in ["non_reactive", "reactive"]:
-        for f in glob.glob(f"{a}/{suite}/scenarios/{pa}/{mode}/*.json"):
-            g = f"{b}/{suite}/scenarios/{pb}/{mode}/{os.path.basename(f)}"
-            if os.path.exists(g):
-                sa, sb = json.load(open(f))["score"], json.load(open(g))["score"]
-                rows.append((sb - sa, suite, mode[:1].upper(), os.path.basename(f)[:-5], sa, sb))
-rows.sort()
-same = sum(1 for r in rows if abs(r[0]) < 1e-9)
-print(f"{len(rows)} runs compared, {same} identical")
-for r in rows[:6] + [None] + rows[-6:]:
-    print("..." if r is None else f"{r[0]:+.3f} {r[1]} {r[2]} {r[3]} {r[4]:.3f} -> {r[5]:.3f}")
+import argparse
+import glob
+import json
+import os
+
+SUITES = ["synthetic-hard", "synthetic-random", "commonroad"]
+
+
+def failing(result: dict) -> list[str]:
+    return sorted(k for k, m in result["metrics"].items() if m["score"] < 1.0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a")
+    p.add_argument("planner_a")
+    p.add_argument("b")
+    p.add_argument("planner_b")
+    p.add_argument("--suite", choices=SUITES, action="append", help="only these suites (repeatable)")
+    p.add_argument("--min-diff", type=float, help="list every run that moved by more, with its failing metrics")
+    args = p.parse_args()
+    rows = []
+    for suite in args.suite or SUITES:
+        same = n = 0
+        for mode in ["non_reactive", "reactive"]:
+            for f in glob.glob(f"{args.a}/{suite}/scenarios/{args.planner_a}/{mode}/*.json"):
+                g = f"{args.b}/{suite}/scenarios/{args.planner_b}/{mode}/{os.path.basename(f)}"
+                if os.path.exists(g):
+                    ra, rb = json.load(open(f)), json.load(open(g))
+                    d = rb["score"] - ra["score"]
+                    n += 1
+                    same += abs(d) < 1e-9
+                    rows.append((d, suite, mode[:1].upper(), os.path.basename(f)[:-5], ra, rb))
+        print(f"{suite}: {n} runs compared, {same} identical")
+    rows.sort(key=lambda r: r[:4])
+    print(f"all: {len(rows)} runs compared, {sum(1 for r in rows if abs(r[0]) < 1e-9)} identical")
+    if args.min_diff is not None:
+        for r in rows:
+            if abs(r[0]) > args.min_diff:
+                print(f"{r[0]:+.3f} {r[1]} {r[2]} {r[3]} {r[4]['score']:.3f} -> {r[5]['score']:.3f}  "
+                      f"fails: {failing(r[4])} -> {failing(r[5])}")
+        return
+    for r in rows[:6] + [None] + rows[-6:]:
+        print("..." if r is None else f"{r[0]:+.3f} {r[1]} {r[2]} {r[3]} {r[4]['score']:.3f} -> {r[5]['score']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
