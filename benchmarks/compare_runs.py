@@ -2,7 +2,8 @@
 "N of 166 runs scored the same" and per-run failing metrics of docs/benchmarks.md):
 
     .venv/bin/python benchmarks/compare_runs.py out/eval/before luna-k0 out/eval/standard luna-k0
-    .venv/bin/python benchmarks/compare_runs.py out/eval/standard pdm out/eval/standard luna --suite commonroad --min-diff 0.05
+    .venv/bin/python benchmarks/compare_runs.py out/eval/standard pdm out/eval/standard luna \
+        --suite commonroad --min-diff 0.05
 
 With ``--min-diff`` every run whose score differs by more is listed with the metrics that fail (score
 below 1) on each side; otherwise the six largest moves each way.
