@@ -114,9 +114,10 @@ def main() -> None:
             rows.append((n_obj, steps, len(expected), t_torch, t_np, t_lit, t_shp))
 
     load = os.getloadavg()[0]
-    lines = [f"Device: `{device}`, torch {torch.__version__}, {args.threads} torch thread(s). Medians of "
-             "repeated calls in one run; shared 2-core machine (1-min load average "
-             f"{load:.1f} at the end of the run), so timings are noisy.",
+    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    lines = [f"Device: `{device}`{gpu}, torch {torch.__version__}, {args.threads} torch thread(s). Medians of "
+             f"repeated calls in one run on {os.cpu_count()} CPU cores (1-min load average "
+             f"{load:.1f} at the end of the run).",
              "",
              "| N_obj | T | colliding | torch checker ms | NumPy checker ms | Algorithm 1 literal (torch) ms | "
              "shapely loop ms | shapely / torch | shapely / NumPy | NumPy / torch | literal / torch |",

@@ -343,3 +343,27 @@ def test_progress_floor_hand_computed() -> None:
     assert progress_floor(14.0, 0.0, 4.0) == pytest.approx(0.5 * (14.0 + 0.5 + 15.0 * 3.0))
     assert progress_floor(-1.0, 15.0, 4.0) == pytest.approx(4.0)  # reversing counts as standing
 
+
+
+def test_device_option_is_checked_and_auto_is_cpu_without_a_gpu(prior) -> None:
+    with pytest.raises(ValueError, match="device must be cpu, cuda, cuda:<n> or auto, got 'gpu'"):
+        DecisionGuidedConfig(device="gpu")
+    planner = DecisionGuidedPlanner(DecisionGuidedConfig(search=SEARCH, device="auto"))
+    assert planner.prior.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_search_noise_is_drawn_on_the_cpu_whatever_the_device(prior) -> None:
+    """A seeded search draws the same noise on every device (a CPU generator cannot fill a CUDA tensor);
+    on the CPU it is exactly ``torch.randn`` of that generator."""
+    expected = torch.randn((4, 3), generator=torch.Generator().manual_seed(7))
+    assert torch.equal(prior.noise((4, 3), torch.Generator().manual_seed(7)), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the CPU/CUDA "
+                    "comparison runs where one is present (benchmarks/bench_gpu.py measures it)")
+def test_cuda_denoiser_publishes_what_the_cpu_one_does() -> None:
+    pi = make_input([slow_car()], decision({"CK": 0.6, "DK": 0.4}))
+    runs = [DecisionGuidedPlanner(DecisionGuidedConfig(search=SEARCH, deterministic=True, device=d)).plan_detailed(pi)
+            for d in ("cpu", "cuda")]
+    assert runs[0].action == runs[1].action
+    assert np.abs(runs[0].trajectory.x - runs[1].trajectory.x).max() < 0.5

@@ -89,6 +89,9 @@ INTERFACE = NodeInterface(
         ParamSpec("gamma_p", float, DEFAULT_GAMMA_P, "Candidate-set threshold of Eq. 19 (common.param.yaml); "
                   "used only for a decision published without its candidate set.", min=0.0, max=1.0),
         ParamSpec("diffusion_model", str, "", "Folder of the diffusion prior; empty = the bundled default."),
+        ParamSpec("device", str, "cpu", "Torch device of the diffusion denoiser (luna, diffusion-es); auto = CUDA "
+                  "when present. The search's noise is drawn on the CPU, so devices differ only by rounding.",
+                  choices=("auto", "cpu", "cuda")),
         *VEHICLE_PARAMS,
     ],
 )
@@ -141,6 +144,7 @@ class PlannerNode(LunaLifecycleNode):
                        "decision_timeout": timing.timeout}
             if p["diffusion_model"]:
                 options["model_path"] = p["diffusion_model"]
+            options["device"] = p["device"]
         try:
             self.planner = make_planner(p["planner"], options)
         except (PlannerConfigError, OSError, ValueError) as exc:

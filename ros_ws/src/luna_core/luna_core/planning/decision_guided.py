@@ -41,6 +41,7 @@ stage sizes: the population, warm starts and iterations of ``search``) for repro
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -52,6 +53,7 @@ from luna_core.assets import resolve
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
 from luna_core.decision import (DEFAULT_DECISION_PERIOD, DecisionInForce, DecisionTiming, DecisionTimingError,
                                  DecisionTracker)
+from luna_core.geometry import default_device
 from luna_core.idm import pdm_policy
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
                                           to_map_frame)
@@ -86,6 +88,9 @@ class DecisionGuidedConfig:
     search: DiffusionESConfig = field(default_factory=DiffusionESConfig)
     scorer_weights: ScorerWeights = CLS_WEIGHTS
     model_path: str = ""  # diffusion prior folder (config.json + model.safetensors); "" = the bundled default
+    # Torch device of the denoiser: "cpu", "cuda", "cuda:<n>" or "auto" (CUDA when present). The search's
+    # noise is drawn on the CPU whatever the device, so devices differ only by float rounding.
+    device: str = "cpu"
     time_budget: float = 0.4  # s per call; the planner node replans every 0.5 s
     # Deterministic mode for batch evaluation: no wall-clock budget, every stage runs at its full
     # configured size, so the result does not depend on the machine's load (same input, same output).
@@ -127,6 +132,8 @@ class DecisionGuidedConfig:
                 and self.comfortable_deceleration > 0.0 and self.tail_blend_time > 0.0):
             raise ValueError("DecisionGuidedConfig: time_budget, output_horizon, "
                              "comfortable_deceleration and tail_blend_time must be positive")
+        if self.device not in ("cpu", "cuda", "auto") and not re.fullmatch(r"cuda:\d+", self.device):
+            raise ValueError(f"DecisionGuidedConfig: device must be cpu, cuda, cuda:<n> or auto, got {self.device!r}")
         if not (self.switch_margin >= 0.0 and self.emergency_time >= 0.0 and self.emergency_max_speed >= 0.0):
             raise ValueError("DecisionGuidedConfig: switch_margin, emergency_time and emergency_max_speed "
                              "must be >= 0")
@@ -385,7 +392,9 @@ class DecisionGuidedPlanner:
                  prior: TrajectoryDiffusionPrior | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self.prior = prior if prior is not None else TrajectoryDiffusionPrior.from_pretrained(resolve(config.model_path, "diffusion_prior"))
+        device = default_device() if config.device == "auto" else config.device
+        self.prior = prior if prior is not None else TrajectoryDiffusionPrior.from_pretrained(
+            resolve(config.model_path, "diffusion_prior"), device)
         self.clock = clock
         self.name = "luna" if config.use_decisions else "diffusion_es"
         self.calls = 0

@@ -323,8 +323,8 @@ class TrajectoryDiffusionPrior:
         """Epsilon-prediction MSE at uniformly drawn timesteps; ``mask`` (B, N) leaves out waypoints
         a recording does not cover (their actions are filled in but not learned from)."""
         b = actions.shape[0]
-        t = torch.randint(0, self.config.train_timesteps, (b,), generator=generator, device=self.device)
-        noise = torch.randn(actions.shape, generator=generator, device=self.device)
+        t = torch.randint(0, self.config.train_timesteps, (b,), generator=generator).to(self.device)
+        noise = self.noise(actions.shape, generator)
         ab = self.alphas_cumprod[t][:, None, None]
         noisy = ab.sqrt() * actions + (1 - ab).sqrt() * noise
         err = (self.model(noisy, t, history) - noise) ** 2
@@ -335,6 +335,11 @@ class TrajectoryDiffusionPrior:
 
     # ---- sampling --------------------------------------------------------------------------------
 
+    def noise(self, shape: tuple[int, ...] | torch.Size, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Standard normal noise on the prior's device, drawn on the CPU: a seeded search draws the same
+        samples whatever the device (a CPU generator cannot fill a CUDA tensor)."""
+        return torch.randn(tuple(shape), generator=generator).to(self.device)
+
     def _check_level(self, steps: int) -> None:
         if not 1 <= steps <= self.config.inference_steps:
             raise ValueError(f"denoising steps must be in 1..{self.config.inference_steps}, got {steps}")
@@ -344,8 +349,7 @@ class TrajectoryDiffusionPrior:
         self._check_level(steps)
         t = self.timesteps[self.config.inference_steps - steps]
         ab = self.alphas_cumprod[t]
-        noise = torch.randn(actions.shape, generator=generator, device=self.device)
-        return ab.sqrt() * actions + (1 - ab).sqrt() * noise
+        return ab.sqrt() * actions + (1 - ab).sqrt() * self.noise(actions.shape, generator)
 
     @torch.inference_mode()
     def denoise(self, noisy: torch.Tensor, history: torch.Tensor, steps: int,
@@ -377,8 +381,7 @@ class TrajectoryDiffusionPrior:
                ) -> torch.Tensor:
         """Full DDIM sampling of ``num_samples`` clean normalised actions (B, N, 3)."""
         c = self.config
-        noise = torch.randn((num_samples, c.num_waypoints, 3), generator=generator, device=self.device)
-        out = self.denoise(noise, history, c.inference_steps)
+        out = self.denoise(self.noise((num_samples, c.num_waypoints, 3), generator), history, c.inference_steps)
         assert out is not None  # no stop condition given
         return out
 

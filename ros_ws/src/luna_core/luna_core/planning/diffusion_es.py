@@ -242,7 +242,7 @@ def diffusion_es(prior: TrajectoryDiffusionPrior, history: np.ndarray, seed: np.
         _cut(result, f"{n_prior} of {wanted} prior samples: not enough time for all")
     # The noise is drawn for all that fit and the surplus dropped, so the random stream (and the
     # members kept) are those of a search that sampled them all.
-    noise = torch.randn((fit, n, 3), generator=gen, device=prior.device)[:n_prior]
+    noise = prior.noise((fit, n, 3), gen)[:n_prior]
     clean = denoise(noise, prior.config.inference_steps, "denoise")
     if clean is None:
         return result
