@@ -156,3 +156,20 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
     second = distill(joint, prompts=PROMPTS, progress=False)
     assert [h["step"] for h in json.loads((tmp_path / "joint" / "history.json").read_text())] == [1]
     assert DualHeadStudent.from_pretrained(second, PROMPTS, device="cpu").config.base_model == "smollm2-135m-instruct"
+
+
+def test_head_learning_rate_decays_linearly_over_head_epochs():
+    from luna_offline.distill_head import head_lr_factor
+
+    assert [round(head_lr_factor(e, 4, 0.1), 6) for e in range(4)] == [1.0, 0.7, 0.4, 0.1]
+    assert head_lr_factor(3, 4, 1.0) == 1.0  # 1.0: the constant rate of the session-7 recipe
+    with pytest.raises(ValueError, match="head_lr_final must be in"):
+        HeadSettings(head_lr_final=0.0)
+    # The schedule is applied: the same run at a constant rate ends with other weights.
+    heads = []
+    for final in (1.0, 0.2):
+        heads.append(head())
+        train_head(heads[-1], rows(40), rows(12, seed=1), HeadSettings(head_epochs=3, head_batch=8, head_lr=0.01,
+                                                                       head_lr_final=final), seed=3, progress=False)
+    first = [torch.equal(a, b) for a, b in zip(heads[0].state_dict().values(), heads[1].state_dict().values())]
+    assert not all(first)
