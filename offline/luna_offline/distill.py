@@ -421,7 +421,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hd = HeadSettings()
     for name, typ in (("variants", int), ("eval_k", int), ("head_epochs", int), ("head_lr", float),
                       ("head_batch", int), ("head_weight_decay", float), ("head_lr_final", float),
-                      ("heldout_limit", int)):
+                      ("val_fraction", float), ("heldout_limit", int)):
         h.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(hd, name))
     h.add_argument("--extra-features", nargs="+", default=[], metavar="DIR",
                    help="also train the head on these caches' training rows (same bank and split, e.g. "

@@ -22,6 +22,7 @@ Output (under ``--out``)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -52,6 +53,10 @@ class HeadSettings:
     # The learning rate falls linearly from head_lr to this fraction of it at the last epoch (1.0 = constant,
     # the session-7 recipe, whose held-out KL swung by +-0.05 between consecutive epochs at the end).
     head_lr_final: float = 0.1
+    # Early stopping: the training rows of this fraction of the training scenarios (chosen by a hash of the
+    # scenario, independent of the held-out split) are not trained on but validate every epoch; the head of
+    # the epoch with the lowest validation KL is the result. 0 = no validation, the last epoch's head.
+    val_fraction: float = 0.1
     heldout_limit: int = 0  # held-out items to cache (0 = all)
     # Training rows from other caches of the same bank and split (e.g. a K = 0 cache beside a K = 1..3
     # one): the head sees every K without recomputing rows that exist.
@@ -60,6 +65,8 @@ class HeadSettings:
     def __post_init__(self) -> None:
         if not 0.0 < self.head_lr_final <= 1.0:
             raise ValueError(f"HeadSettings.head_lr_final must be in (0, 1], got {self.head_lr_final}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"HeadSettings.val_fraction must be in [0, 1), got {self.val_fraction}")
 
 
 # ---- feature cache ------------------------------------------------------------------------------------
@@ -180,17 +187,18 @@ def _meta(path: Path) -> dict[str, str]:
         return f.metadata()
 
 
-def _with_extra_rows(x: torch.Tensor, y: torch.Tensor, folders: Sequence[str], train_ids: set[str]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x, y`` plus the training rows of the caches in ``folders``. Every extra row must be a training item
+def _with_extra_rows(x: torch.Tensor, y: torch.Tensor, rows: list[tuple[str, int]], folders: Sequence[str],
+                     train_ids: set[str]) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
+    """``x, y, rows`` plus the training rows of the caches in ``folders``. Every extra row must be a training item
     of this run's split: a row of a held-out item (another split, seed or bank) would leak into training."""
     from luna_offline.distill import DistillError
 
+    rows = list(rows)
     for folder in folders:
-        ex, ey, rows = load_features(Path(folder), "train")
-        if not rows:
+        ex, ey, extra = load_features(Path(folder), "train")
+        if not extra:
             raise DistillError(f"--extra-features {folder}: no cached training rows (train-*.safetensors)")
-        foreign = sorted({i for i, _ in rows} - train_ids)
+        foreign = sorted({i for i, _ in extra} - train_ids)
         if foreign:
             raise DistillError(f"--extra-features {folder}: {len(foreign)} rows are not training items of this "
                                f"run (e.g. {foreign[0]}): another bank, seed or held-out split")
@@ -198,7 +206,24 @@ def _with_extra_rows(x: torch.Tensor, y: torch.Tensor, folders: Sequence[str], t
             raise DistillError(f"--extra-features {folder}: hidden size {ex.shape[1]}, this cache {x.shape[1]} "
                                "(another base model)")
         x, y = torch.cat([x, ex.to(x.device)]), torch.cat([y, ey.to(y.device)])
-    return x, y
+        rows += extra
+    return x, y, rows
+
+
+def is_validation(item_id: str, fraction: float) -> bool:
+    """Whether a training item's scenario validates the head (``HeadSettings.val_fraction``): a hash of the
+    scenario below ``fraction``, salted so that it does not repeat the held-out split's choice."""
+    from luna_offline.distill import split_group
+
+    h = int.from_bytes(hashlib.sha256(("validation:" + split_group(item_id)).encode()).digest()[:8], "big")
+    return h / 2 ** 64 < fraction
+
+
+def split_validation(x: torch.Tensor, y: torch.Tensor, rows: Sequence[tuple[str, int]], fraction: float
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """(training rows, validation rows) by scenario (``is_validation``)."""
+    mask = torch.tensor([is_validation(i, fraction) for i, _ in rows], dtype=torch.bool, device=x.device)
+    return (x[~mask], y[~mask]), (x[mask], y[mask])
 
 
 # ---- head training ------------------------------------------------------------------------------------
@@ -213,13 +238,17 @@ def kl_and_accuracy(head, hidden: torch.Tensor, target: torch.Tensor) -> tuple[f
     return float(kl), float(acc)
 
 
-def _save_head_state(folder: Path, head, optimizer, epoch: int, history: list[dict], settings: dict) -> None:
-    """Head weights and AdamW moments as safetensors (no pickle), the rest as JSON; atomic by rename."""
+def _save_head_state(folder: Path, head, optimizer, epoch: int, history: list[dict], settings: dict,
+                     best: dict[str, torch.Tensor] | None = None) -> None:
+    """Head weights (and the best epoch's, with validation) and AdamW moments as safetensors (no pickle),
+    the rest as JSON; atomic by rename."""
     from safetensors.torch import save_file
 
     tmp = folder.with_name(folder.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
+    if best is not None:
+        save_file({k: v.contiguous() for k, v in best.items()}, str(tmp / "best_head.safetensors"))
     moments, steps = {}, {}
     for i, p in enumerate(head.parameters()):
         st = optimizer.state.get(p)
@@ -240,17 +269,19 @@ def _save_head_state(folder: Path, head, optimizer, epoch: int, history: list[di
         shutil.rmtree(old)
 
 
-def _load_head_state(folder: Path, head, optimizer) -> tuple[int, list[dict], dict]:
+def _load_head_state(folder: Path, head, optimizer
+                     ) -> tuple[int, list[dict], dict, dict[str, torch.Tensor] | None]:
     from safetensors.torch import load_file
 
     state = json.loads((folder / "head_state.json").read_text())
+    best = load_file(str(folder / "best_head.safetensors")) if (folder / "best_head.safetensors").exists() else None
     head.load_state_dict(load_file(str(folder / "head.safetensors")))
     moments = load_file(str(folder / "optimizer.safetensors"))
     for i, p in enumerate(head.parameters()):
         if str(i) in state["steps"]:
             optimizer.state[p] = {"step": torch.tensor(state["steps"][str(i)]),
                                   "exp_avg": moments[f"{i}.exp_avg"], "exp_avg_sq": moments[f"{i}.exp_avg_sq"]}
-    return state["epoch"], state["history"], state["settings"]
+    return state["epoch"], state["history"], state["settings"], best
 
 
 def head_lr_factor(epoch: int, epochs: int, final: float) -> float:
@@ -261,18 +292,21 @@ def head_lr_factor(epoch: int, epochs: int, final: float) -> float:
 
 def train_head(head, train: tuple[torch.Tensor, torch.Tensor], held: tuple[torch.Tensor, torch.Tensor],
                settings: HeadSettings, seed: int, state_dir: Path | None = None, epochs: int | None = None,
-               progress: bool = True) -> list[dict]:
+               progress: bool = True, val: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[dict]:
     """Train ``head`` on cached (hidden, pi) rows; one history row per epoch (training KL, held-out KL and
-    accuracy). With ``state_dir`` it checkpoints every epoch and resumes from there: the shuffle of epoch
-    e depends only on (seed, e), so a resumed run gives the same head as an uninterrupted one."""
+    accuracy, and with ``val`` the validation KL and accuracy). With ``val`` rows the head ends as it was
+    at the epoch of the lowest validation KL (early stopping; the held-out rows never choose). With
+    ``state_dir`` it checkpoints every epoch and resumes from there: the shuffle of epoch e depends only on
+    (seed, e), so a resumed run gives the same head as an uninterrupted one."""
     from tqdm.auto import tqdm
 
     x, y = train
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.head_lr, weight_decay=settings.head_weight_decay)
-    start, history = 0, []
+    start, history, best = 0, [], None
+    validate = val is not None and len(val[0]) > 0
     keys = {k: v for k, v in asdict(settings).items() if k != "head_epochs"}  # more epochs may follow
     if state_dir is not None and (state_dir / "head_state.json").exists():
-        start, history, saved = _load_head_state(state_dir, head, optimizer)
+        start, history, saved, best = _load_head_state(state_dir, head, optimizer)
         if saved != keys:
             raise ValueError(f"{state_dir} was trained with other head settings ({saved}); use another --out")
     total = settings.head_epochs if epochs is None else epochs
@@ -295,13 +329,27 @@ def train_head(head, train: tuple[torch.Tensor, torch.Tensor], held: tuple[torch
         kl, acc = kl_and_accuracy(head, *held)
         history.append({"epoch": epoch + 1, "train_kl": sum(losses) / len(x), "heldout_kl": kl,
                         "heldout_accuracy": acc})
+        if validate:
+            vkl, vacc = kl_and_accuracy(head, *val)
+            history[-1].update(val_kl=vkl, val_accuracy=vacc)
+            if best is None or vkl < min(h["val_kl"] for h in history[:-1]):
+                best = {k: v.detach().clone() for k, v in head.state_dict().items()}
         if state_dir is not None:
-            _save_head_state(state_dir, head, optimizer, epoch + 1, history, keys)
+            _save_head_state(state_dir, head, optimizer, epoch + 1, history, keys, best)
+    if validate and best is not None:
+        head.load_state_dict(best)
     return history
 
 
+def best_epoch(history: list[dict]) -> dict:
+    """The history row of the head ``train_head`` kept: the lowest validation KL, else the last epoch."""
+    with_val = [h for h in history if "val_kl" in h]
+    return min(with_val, key=lambda h: h["val_kl"]) if with_val else history[-1]
+
+
 def data_curve(make_head, train: tuple[torch.Tensor, torch.Tensor], held: tuple[torch.Tensor, torch.Tensor],
-               settings: HeadSettings, seed: int, fractions: Sequence[float] = (0.125, 0.25, 0.5, 1.0)) -> list[dict]:
+               settings: HeadSettings, seed: int, fractions: Sequence[float] = (0.125, 0.25, 0.5, 1.0),
+               val: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[dict]:
     """Held-out KL / accuracy of heads trained on growing seeded subsets of the cache: a curve still rising
     at 1.0 says more data would help; a flat one says capacity or label noise limits the student."""
     out = []
@@ -310,7 +358,7 @@ def data_curve(make_head, train: tuple[torch.Tensor, torch.Tensor], held: tuple[
     for frac in fractions:
         idx = perm[:max(1, int(round(frac * n)))]
         head = make_head()
-        train_head(head, (train[0][idx], train[1][idx]), held, settings, seed, progress=False)
+        train_head(head, (train[0][idx], train[1][idx]), held, settings, seed, progress=False, val=val)
         kl, acc = kl_and_accuracy(head, *held)
         out.append({"fraction": frac, "rows": len(idx), "heldout_kl": kl, "heldout_accuracy": acc})
     return out
@@ -326,6 +374,9 @@ def plot_head_history(history: list[dict], curve: list[dict], path: Path) -> Non
     ep = [h["epoch"] for h in history]
     axes[0].plot(ep, [h["train_kl"] for h in history], label="train")
     axes[0].plot(ep, [h["heldout_kl"] for h in history], label="held out")
+    if "val_kl" in history[-1]:
+        axes[0].plot(ep, [h.get("val_kl", math.nan) for h in history], label="validation")
+        axes[0].axvline(best_epoch(history)["epoch"], color="grey", ls=":", lw=1, label="kept (lowest validation)")
     axes[0].set_title("KL(pi || pi_hat) (Eq. 17)", fontsize=9)
     axes[1].plot(ep, [100 * h["heldout_accuracy"] for h in history])
     axes[1].set_title("held-out top-action accuracy (%)", fontsize=9)
@@ -409,12 +460,16 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
         raise DistillError(str(exc)) from None
     if not rows:
         raise DistillError(f"{out / FEATURES} holds no cached training rows; run with --features compute or only")
-    x, y = _with_extra_rows(x, y, head_settings.extra_features, {it.id for it in train})
+    x, y, rows = _with_extra_rows(x, y, rows, head_settings.extra_features, {it.id for it in train})
     x, hx = x.to(student.device), hx.to(student.device)
     y, hy = y.to(student.device), hy.to(student.device)
+    (x, y), val = split_validation(x, y, rows, head_settings.val_fraction)
+    if head_settings.val_fraction > 0 and not len(val[0]):
+        print(f"[distill] no training scenario fell in the validation fraction {head_settings.val_fraction}: "
+              "the last epoch's head is kept", flush=True)
     t0 = time.process_time()
     history = train_head(student.head, (x, y), (hx, hy), head_settings, settings.seed, out / HEAD_STATE,
-                         progress=progress)
+                         progress=progress, val=val)
     head_cpu = time.process_time() - t0
 
     def fresh_head():
@@ -422,10 +477,11 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
         return type(student.head)(student.head.net[0].in_features, student.config.head_hidden,
                                   student.config.num_actions).to(student.device)
 
-    curve = data_curve(fresh_head, (x, y), (hx, hy), head_settings, settings.seed) if len(hx) else []
+    curve = data_curve(fresh_head, (x, y), (hx, hy), head_settings, settings.seed, val=val) if len(hx) else []
     (out / "head_history.json").write_text(json.dumps(history))
     (out / "data_curve.json").write_text(json.dumps({"curve": curve, "feature_cpu_s": feature_cpu,
                                                      "head_cpu_s": head_cpu, "train_rows": len(x),
+                                                     "validation_rows": len(val[0]), "kept": best_epoch(history),
                                                      "planned_train_rows": len(plan["train"]),
                                                      "heldout_rows": len(hx)}, indent=2))
     plot_head_history(history, curve, out / "head_curves.png")

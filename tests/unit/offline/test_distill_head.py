@@ -13,7 +13,8 @@ from luna_core.student import DualHeadStudent
 from luna_core.student.head import DecisionHead
 from luna_offline.distill import DistillError, DistillSettings, distill
 from luna_offline.distill_head import (FEATURES, SHARD_ROWS, CachePart, HeadSettings, _write_shard,
-                                       _with_extra_rows, feature_plan, load_features, run_head_stage,
+                                       _with_extra_rows, best_epoch, feature_plan, is_validation,
+                                       kl_and_accuracy, load_features, run_head_stage, split_validation,
                                        train_head)
 from tests.unit.core.test_student_support import PROMPTS, memory_item
 from tests.unit.offline.test_distill import make_bank
@@ -89,15 +90,16 @@ def test_extra_caches_add_training_rows_and_refuse_rows_that_are_not_training_it
     _write_shard(tmp_path / "held", "train", 0, [torch.ones(4)], [np.full(10, 0.1)], [("h@1", 0)])
     _write_shard(tmp_path / "wide", "train", 0, [torch.ones(6)], [np.full(10, 0.1)], [("a@1", 0)])
     x, y = torch.zeros(3, 4), torch.full((3, 10), 0.1)
-    ex, ey = _with_extra_rows(x, y, [str(tmp_path / "k0")], {"a@1", "b@1", "c@1"})
+    ex, ey, erows = _with_extra_rows(x, y, [("c@1", 1)] * 3, [str(tmp_path / "k0")], {"a@1", "b@1", "c@1"})
     assert ex.shape == (5, 4) and ey.shape == (5, 10) and ex[3:].eq(1).all() and ex[:3].eq(0).all()
-    assert _with_extra_rows(x, y, [], {"a@1"})[0] is x
+    assert erows == [("c@1", 1)] * 3 + k0  # the ids follow the rows (the validation split needs them)
+    assert _with_extra_rows(x, y, [], [], {"a@1"})[0] is x
     with pytest.raises(DistillError, match="1 rows are not training items of this run .e.g. h@1"):
-        _with_extra_rows(x, y, [str(tmp_path / "held")], {"a@1", "b@1"})
+        _with_extra_rows(x, y, [], [str(tmp_path / "held")], {"a@1", "b@1"})
     with pytest.raises(DistillError, match="hidden size 6, this cache 4"):
-        _with_extra_rows(x, y, [str(tmp_path / "wide")], {"a@1"})
+        _with_extra_rows(x, y, [], [str(tmp_path / "wide")], {"a@1"})
     with pytest.raises(DistillError, match="no cached training rows"):
-        _with_extra_rows(x, y, [str(tmp_path / "none")], {"a@1"})
+        _with_extra_rows(x, y, [], [str(tmp_path / "none")], {"a@1"})
 
 
 @pytest.mark.slow  # loads the real base model and runs ~12 short forward passes: ~40 s on two cores
@@ -173,3 +175,22 @@ def test_head_learning_rate_decays_linearly_over_head_epochs():
                                                                        head_lr_final=final), seed=3, progress=False)
     first = [torch.equal(a, b) for a, b in zip(heads[0].state_dict().values(), heads[1].state_dict().values())]
     assert not all(first)
+
+
+def test_validation_scenarios_stop_the_head_early_and_never_see_training():
+    """Validation rows come from whole training scenarios other than the held-out split's choice; the head
+    ends as it was at the epoch of the lowest validation KL, and a resumed run keeps the same one."""
+    ids = [(f"s{i // 4}@{i % 4}", 1) for i in range(200)]  # 50 scenarios of 4 frames
+    x, y = rows(200)
+    (tx, _), (vx, _) = split_validation(x, y, ids, 0.2)
+    val_groups = {i.split("@")[0] for i, _ in ids if is_validation(i, 0.2)}
+    assert 0 < len(vx) < 200 and len(tx) + len(vx) == 200 and len(vx) == 4 * len(val_groups)
+    assert not is_validation("s1@0", 0.0)
+    settings = HeadSettings(head_epochs=12, head_batch=8, head_lr=0.05, head_lr_final=1.0)
+    train, val, held = (x[:120], y[:120]), (x[120:160], y[120:160]), rows(12, seed=1)
+    h = head()
+    history = train_head(h, train, held, settings, seed=3, val=val, progress=False)
+    kept = best_epoch(history)
+    assert kept["val_kl"] == min(r["val_kl"] for r in history)
+    assert kl_and_accuracy(h, *val)[0] == pytest.approx(kept["val_kl"], abs=1e-6)
+    assert best_epoch([{"epoch": 1, "heldout_kl": 0.5}])["epoch"] == 1  # without validation: the last epoch
