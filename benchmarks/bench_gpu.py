@@ -53,8 +53,11 @@ def sync(device: str) -> None:
 
 
 def timed(fn: Callable[[int], object], repeats: int, device: str, desc: str) -> tuple[list[float], list[object]]:
-    """Wall times of ``fn(i)`` for i = 1..repeats after an untimed ``fn(0)``, and the results."""
-    fn(0)
+    """Wall times of ``fn(i)`` for i = 1..repeats after untimed warm-up calls ``fn(0)`` (one on the CPU; three
+    on a GPU, whose clocks and allocator need them: with one, the first setting timed read 2x slower than
+    identical calls after it), and the results."""
+    for _ in range(3 if device.startswith("cuda") else 1):
+        fn(0)
     sync(device)
     times, out = [], []
     for i in tqdm(range(1, repeats + 1), desc=desc, leave=False):
@@ -191,7 +194,7 @@ def main() -> int:
     lines = ["Command: `python benchmarks/bench_gpu.py " + " ".join(sys.argv[1:]) + "`", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, GPU {gpu}; torch {torch.__version__}, "
              f"{args.threads} CPU thread(s); medians of {args.cycles} planner cycles, {args.repeats} decisions, "
-             f"{args.steps} optimizer steps, each after one warm-up.", ""]
+             f"{args.steps} optimizer steps, each after one warm-up call (three on a GPU).", ""]
 
     def report() -> None:
         text = "\n".join(lines)
