@@ -119,13 +119,17 @@ def split_group(item_id: str) -> str:
     return item_id.split("@", 1)[0]
 
 
+def scenario_draw(item_id: str, salt: str = "") -> float:
+    """A deterministic number in [0, 1) per scenario (``split_group``): a hash of ``salt`` + its name. Splits
+    by scenario compare it with their fraction; another salt gives a split independent of this one."""
+    h = int.from_bytes(hashlib.sha256((salt + split_group(item_id)).encode()).digest()[:8], "big")
+    return h / 2.0 ** 64
+
+
 def is_heldout(item_id: str, fraction: float) -> bool:
     """Deterministic held-out split by scenario (``split_group``), the same in ``distill`` and
     ``evaluate``: a group is held out when a hash of its name falls below ``fraction``."""
-    if fraction <= 0.0:
-        return False
-    h = int.from_bytes(hashlib.sha256(split_group(item_id).encode()).digest()[:8], "big")
-    return h / 2.0 ** 64 < fraction
+    return fraction > 0.0 and scenario_draw(item_id) < fraction
 
 
 def split_items(items: Sequence[MemoryItem], fraction: float) -> tuple[list[MemoryItem], list[MemoryItem]]:

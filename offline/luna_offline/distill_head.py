@@ -22,7 +22,6 @@ Output (under ``--out``)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -213,10 +212,9 @@ def _with_extra_rows(x: torch.Tensor, y: torch.Tensor, rows: list[tuple[str, int
 def is_validation(item_id: str, fraction: float) -> bool:
     """Whether a training item's scenario validates the head (``HeadSettings.val_fraction``): a hash of the
     scenario below ``fraction``, salted so that it does not repeat the held-out split's choice."""
-    from luna_offline.distill import split_group
+    from luna_offline.distill import scenario_draw
 
-    h = int.from_bytes(hashlib.sha256(("validation:" + split_group(item_id)).encode()).digest()[:8], "big")
-    return h / 2 ** 64 < fraction
+    return scenario_draw(item_id, "validation:") < fraction
 
 
 def split_validation(x: torch.Tensor, y: torch.Tensor, rows: Sequence[tuple[str, int]], fraction: float
