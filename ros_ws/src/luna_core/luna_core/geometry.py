@@ -45,6 +45,7 @@ torch is imported only when a torch path runs (torch inputs, ``backend="torch"``
 from __future__ import annotations
 
 import glob
+import re
 import sys
 from functools import lru_cache
 from types import ModuleType
@@ -104,6 +105,15 @@ def _cuda_available() -> bool:
 def default_device() -> torch.device:
     """CUDA when present (the vehicle computer), CPU otherwise."""
     return _torch().device("cuda" if _cuda_available() else "cpu")
+
+
+#: Device names the stack's options accept (planner, stack settings); also "cuda:<n>".
+DEVICE_NAMES = ("auto", "cpu", "cuda")
+
+
+def is_device_name(name: object) -> bool:
+    """Whether ``name`` is one of ``DEVICE_NAMES`` or ``cuda:<n>`` (checked without importing torch)."""
+    return isinstance(name, str) and (name in DEVICE_NAMES or re.fullmatch(r"cuda:\d+", name) is not None)
 
 
 # --------------------------------------------------------------------------------------------------

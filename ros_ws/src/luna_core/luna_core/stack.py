@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
 from luna_core.failure_gate import FailureGate
+from luna_core.geometry import DEVICE_NAMES, is_device_name
 from luna_core.monitor import MonitorParameters, ProgressMonitor
 from luna_core.scene import SceneConfig, SceneDescriptor, build_scene
 from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, LaneGraph, Route, TrackedObjects,
@@ -40,7 +41,6 @@ if TYPE_CHECKING:  # loading them pulls in torch / the bank's indexes
     from luna_core.student import DualHeadStudent
 
 NO_BANK = "none"  # memory_bank value: decide without retrieval
-DEVICES = ("auto", "cpu", "cuda")  # "auto": the device the student was saved for; also "cuda:<n>"
 DEFAULT_BANKS = ("live", "bundled")
 # A decision executed at a failure is matched by stamp: stamps travel as float seconds through ROS
 # messages (builtin_interfaces/Time), which round them to the nanosecond; 1 ms is far below T_d.
@@ -96,8 +96,8 @@ class HeuristicStackConfig:
                 _fail(self, name, "must be a folder path as a string ('' for the default)", getattr(self, name))
         if self.default_bank not in DEFAULT_BANKS:
             _fail(self, "default_bank", f"must be one of {', '.join(DEFAULT_BANKS)}", self.default_bank)
-        if self.device not in DEVICES and not re.fullmatch(r"cuda:\d+", str(self.device)):
-            _fail(self, "device", f"must be one of {', '.join(DEVICES)} or cuda:<n>", self.device)
+        if not is_device_name(self.device):  # "auto": the device the student was saved for
+            _fail(self, "device", f"must be one of {', '.join(DEVICE_NAMES)} or cuda:<n>", self.device)
         _check_int(self, "max_context_tokens", 0)
         _check_int(self, "k", 0)
         _check_finite(self, "gamma_p", 0.0, 1.0)

@@ -41,7 +41,6 @@ stage sizes: the population, warm starts and iterations of ``search``) for repro
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -53,7 +52,7 @@ from luna_core.assets import resolve
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
 from luna_core.decision import (DEFAULT_DECISION_PERIOD, DecisionInForce, DecisionTiming, DecisionTimingError,
                                  DecisionTracker)
-from luna_core.geometry import default_device
+from luna_core.geometry import default_device, is_device_name
 from luna_core.idm import pdm_policy
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
                                           to_map_frame)
@@ -132,7 +131,7 @@ class DecisionGuidedConfig:
                 and self.comfortable_deceleration > 0.0 and self.tail_blend_time > 0.0):
             raise ValueError("DecisionGuidedConfig: time_budget, output_horizon, "
                              "comfortable_deceleration and tail_blend_time must be positive")
-        if self.device not in ("cpu", "cuda", "auto") and not re.fullmatch(r"cuda:\d+", self.device):
+        if not is_device_name(self.device):
             raise ValueError(f"DecisionGuidedConfig: device must be cpu, cuda, cuda:<n> or auto, got {self.device!r}")
         if not (self.switch_margin >= 0.0 and self.emergency_time >= 0.0 and self.emergency_max_speed >= 0.0):
             raise ValueError("DecisionGuidedConfig: switch_margin, emergency_time and emergency_max_speed "
