@@ -37,35 +37,28 @@ from typing import Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from luna_core.planning.decision_guided import DecisionGuidedConfig, DecisionGuidedPlanner
 from luna_core.prompts import PromptManager
 from luna_core.student import DualHeadStudent, StudentConfig
 
 from bench_planner import DECISIONS, commonroad_scene, scene as road_scene  # noqa: E402 - benchmarks/ on sys.path
-from bench_student import example, scene as student_scene  # noqa: E402
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+from bench_student import example, scene as student_scene, timed as timed_calls  # noqa: E402
 
 
 def timed(fn: Callable[[int], object], repeats: int, device: str, desc: str) -> tuple[list[float], list[object]]:
-    """Wall times of ``fn(i)`` for i = 1..repeats after untimed warm-up calls ``fn(0)`` (one on the CPU; three
-    on a GPU, whose clocks and allocator need them: with one, the first setting timed read 2x slower than
-    identical calls after it), and the results."""
-    for _ in range(3 if device.startswith("cuda") else 1):
-        fn(0)
-    sync(device)
-    times, out = [], []
-    for i in tqdm(range(1, repeats + 1), desc=desc, leave=False):
-        t0 = time.perf_counter()
-        out.append(fn(i))
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return times, out
+    """bench_student's ``timed`` on ``device`` (synchronised; three warm-up calls on a GPU, one on the CPU),
+    with the results of the timed calls."""
+    results: list[object] = []
+
+    def call(i: int) -> None:
+        out = fn(i)
+        if i:
+            results.append(out)
+
+    cuda = device.startswith("cuda")
+    times = timed_calls(call, repeats, desc, warmups=3 if cuda else 1, sync=torch.cuda.synchronize if cuda else None)
+    return times, results
 
 
 def ms(values: list[float]) -> str:

@@ -69,13 +69,19 @@ def example(prompts: PromptManager, i: int) -> MemoryItem:
                       answer=format_ranked_answer(["CK", "DK", "AL"], why), distribution=np.full(10, 0.1))
 
 
-def timed(fn, repeats: int, desc: str) -> list[float]:
-    """Wall time of ``fn(i)`` for i = 1..repeats (call i = 0 before, untimed, as a warm-up)."""
-    fn(0)
+def timed(fn, repeats: int, desc: str, warmups: int = 1, sync=None) -> list[float]:
+    """Wall time of ``fn(i)`` for i = 1..repeats (``fn(0)`` called ``warmups`` times before, untimed); ``sync``
+    (e.g. ``torch.cuda.synchronize``) runs after every call, inside the timing, for asynchronous devices."""
+    for _ in range(warmups):
+        fn(0)
+    if sync:
+        sync()
     out = []
     for i in tqdm(range(1, repeats + 1), desc=desc, leave=False):
         t0 = time.perf_counter()
         fn(i)
+        if sync:
+            sync()
         out.append(time.perf_counter() - t0)
     return out
 
