@@ -330,7 +330,8 @@ def train_head(head, train: tuple[torch.Tensor, torch.Tensor], held: tuple[torch
         if validate:
             vkl, vacc = kl_and_accuracy(head, *val)
             history[-1].update(val_kl=vkl, val_accuracy=vacc)
-            if best is None or vkl < min(h["val_kl"] for h in history[:-1]):
+            earlier = [h["val_kl"] for h in history[:-1] if "val_kl" in h]
+            if best is None or not earlier or vkl < min(earlier):
                 best = {k: v.detach().clone() for k, v in head.state_dict().items()}
         if state_dir is not None:
             _save_head_state(state_dir, head, optimizer, epoch + 1, history, keys, best)
