@@ -50,6 +50,7 @@ from luna_bridge.baselines import EXPERT, eval_planner_names, make_eval_planner
 from luna_bridge.metrics import METRIC_NAMES, ScenarioScore, aggregate, score_log
 from luna_bridge.scenario import SIM_DT, Scenario
 from luna_bridge.stack_planner import SEARCH_PLANNERS, STACK_PLANNERS, StackSettings, use_settings
+from luna_core.types import ACTION_CODES
 
 
 MODES = {"non-reactive": (False,), "reactive": (True,), "both": (False, True)}
@@ -212,14 +213,19 @@ def run_job(job: Job) -> dict[str, Any]:
 
 
 def decision_statistics(source: Any) -> dict[str, Any]:
-    """What the stack decided in one run: count, top actions, scenes that could not be described,
-    decisions that retrieved a reflection item (no timings: result files stay reproducible)."""
+    """What the stack decided in one run: count, top actions, the three most probable actions of every
+    decision by its scene stamp (near-ties show there), scenes that could not be described, decisions
+    that retrieved a reflection item (no timings: result files stay reproducible)."""
     decisions = source.decisions
     bank = getattr(source.heuristic, "bank", None)
     top: dict[str, int] = {}
     for d in decisions:
         top[d.top_action] = top.get(d.top_action, 0) + 1
-    return {"count": len(decisions), "top_actions": dict(sorted(top.items())),
+    timeline = [{"stamp": round(float(d.stamp), 3),
+                 "top3": [[code, round(float(p), 3)] for code, p in
+                          sorted(zip(ACTION_CODES, d.probabilities), key=lambda cp: -cp[1])[:3]]}
+                for d in decisions]
+    return {"count": len(decisions), "top_actions": dict(sorted(top.items())), "timeline": timeline,
             "scene_errors": len(source.scene_errors),
             "using_reflection_items": sum(1 for d in decisions if bank is not None and any(
                 i in bank and bank.get(i).source == "reflection" for i in d.retrieved_ids))}

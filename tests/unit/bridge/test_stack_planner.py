@@ -118,6 +118,10 @@ def test_eval_runs_the_stack_variants_deterministically(artifacts, tmp_path: Pat
     for p in planners[:2]:
         d = results[p]["decisions"]
         assert d["count"] == 1 and d["scene_errors"] == 0, p  # t = 0 of the 2 s scenario (T_d = 2 s)
+        (entry,) = d["timeline"]  # each decision's three most probable actions, most probable first
+        probs = [q for _, q in entry["top3"]]
+        assert entry["stamp"] == 0.0 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.001
+        assert entry["top3"][0][0] in d["top_actions"], p
         assert results[p]["stack"]["population"] == 8 and results[p]["planner_failures"] == 0
     assert results["luna"]["decisions"]["using_reflection_items"] == 1
     assert results["luna-no-reflection"]["decisions"]["using_reflection_items"] == 0
