@@ -10,7 +10,9 @@ odometry, acceleration, objects and lights stamped t (each once it has been hear
 order topics, and a lock-step simulator's ``/clock`` may overtake the inputs it published before it. It
 is built from the latest inputs stamped at or before t (a tick that runs late, after the clock moved
 on, still describes its own instant), so a lock-step run gives the same scenes however loaded the
-machine is. An instant that would otherwise get no scene (its odometry not in, the newest older than
+machine is, as long as each input comes within ``input_sync_timeout``. Past it the instant is described
+from the newest odometry before it (stamped with that odometry's time), counted as an input sync
+timeout and raised as the "lock step" WARN: raise the timeout where the machine is starved. An instant that would otherwise get no scene (its odometry not in, the newest older than
 ``max_input_age``) waits for that odometry for as long as the clock stands at the instant: a lock-step
 driver holds it there until the stack answers, and a starved node's inputs are late, not lost.
 Objects follow ``usable_objects`` (an unknown size gets the class's default footprint; at most
