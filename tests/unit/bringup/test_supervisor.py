@@ -28,9 +28,12 @@ class ScriptSupervisor(Supervisor):
         return [sys.executable, "-c", self.scripts[spec.name]]
 
 
-def supervisor(scripts: dict[str, str], critical: dict[str, bool], policy: RestartPolicy) -> ScriptSupervisor:
-    specs = [ProcessSpec(name, "none", name, [name], critical=critical.get(name, True)) for name in scripts]
-    return ScriptSupervisor(Topology(specs, restart=policy), out=io.StringIO(), poll_period=0.02, scripts=scripts)
+def supervisor(scripts: dict[str, str], critical: dict[str, bool], policy: RestartPolicy,
+               standby: tuple[str, ...] = ()) -> ScriptSupervisor:
+    specs = [ProcessSpec(name, "none", name, [name], critical=critical.get(name, True), standby=name in standby)
+             for name in scripts]
+    return ScriptSupervisor(Topology(specs, restart=policy), out=io.StringIO(), poll_period=0.02, scripts=scripts,
+                            standby=bool(standby))
 
 
 def wait_until(predicate, timeout: float = 30.0) -> None:
@@ -100,7 +103,8 @@ def test_restart_policy_and_criticality_are_read_from_the_topology(tmp_path):
     topology = load_topology()
     assert {p.name: p.critical for p in topology.processes}["reflection_client"] is False
     assert {p.name: p.critical for p in topology.processes}["planner"] is True
-    assert topology.restart == RestartPolicy(delay=0.2, max_delay=8.0, limit=5, window=60.0)
+    assert topology.restart == RestartPolicy(delay=0.2, max_delay=8.0, limit=5, window=60.0, standby_delay=10.0)
+    assert {p.name for p in topology.processes if p.standby} == {"planner", "decision"}
     assert topology.select(["planner"]).restart == topology.restart
     bad = tmp_path / "bad.yaml"
     bad.write_text("processes: [{name: a, executable: a}]\nrestart: {delay: -1}\n")
@@ -108,6 +112,9 @@ def test_restart_policy_and_criticality_are_read_from_the_topology(tmp_path):
         load_topology(bad)
     bad.write_text("processes: [{name: a, executable: a, critical: maybe}]\n")
     with pytest.raises(TopologyError, match="critical must be true or false"):
+        load_topology(bad)
+    bad.write_text("processes: [{name: a, executable: a, standby: 1}]\n")
+    with pytest.raises(TopologyError, match="standby must be true or false"):
         load_topology(bad)
 
 
@@ -120,3 +127,56 @@ def test_a_process_with_invalid_parameters_is_not_restarted_and_an_empty_stack_e
     log = sup.out.getvalue()
     assert "process map_server exited with code 2 (invalid parameters): not restarted" in log
     assert "every process is left down: nothing left to supervise" in log
+
+
+# A process as luna_nodes.base.run behaves: as a standby it "loads", says so and waits for a line on stdin.
+NODE = """
+import os, sys, time
+if os.environ.pop("LUNA_STANDBY", "") == "1":
+    print("loaded, waiting", flush=True)
+    if not sys.stdin.readline():
+        sys.exit(0)
+    print("promoted", flush=True)
+print("serving", os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_dead_process_is_replaced_by_its_warm_standby_and_a_new_standby_follows():
+    sup = supervisor({"planner": NODE, "map_server": SERVE}, {}, RestartPolicy(delay=0.05, standby_delay=0.3),
+                     standby=("planner",))
+    with sup:
+        planner, map_server = sup.processes
+        assert map_server.standby is None and map_server.standby_due is None, "only processes marked standby"
+        wait_until(lambda: planner.standby is not None and "loaded, waiting" in sup.out.getvalue())
+        standby_pid, primary_pid = planner.standby.popen.pid, planner.popen.pid
+        planner.popen.kill()
+        wait_until(lambda: planner.restarts)
+        assert planner.popen.pid == standby_pid, "the restart promoted the standby instead of starting a process"
+        wait_until(lambda: f"[planner] serving {standby_pid}" in sup.out.getvalue())
+        wait_until(lambda: planner.standby is not None)  # the next one, standby_delay later
+        assert planner.standby.popen.pid not in (standby_pid, primary_pid)
+        assert map_server.restarts == []
+        second = planner.standby.popen
+    log = sup.out.getvalue()
+    assert f"process planner: its standby (pid {standby_pid}) takes over" in log
+    assert "[planner standby] loaded, waiting" in log and "[planner] promoted" in log
+    assert second.poll() is not None and all(p.popen.poll() is not None for p in sup.processes), \
+        "stop leaves no standby running"
+
+
+def test_a_standby_that_dies_is_reported_and_the_restart_starts_a_fresh_process():
+    crashing_standby = NODE.replace('print("loaded, waiting", flush=True)', "sys.exit(5)")
+    sup = supervisor({"planner": crashing_standby}, {}, RestartPolicy(delay=0.05, standby_delay=0.1),
+                     standby=("planner",))
+    with sup:
+        planner = sup.processes[0]
+        wait_until(lambda: "the standby of planner exited with code 5" in sup.out.getvalue())
+        time.sleep(0.3)
+        assert planner.standby is None, "a standby that cannot start is not started again in a loop"
+        primary = planner.popen.pid
+        planner.popen.kill()
+        wait_until(lambda: planner.restarts)
+        assert planner.popen.pid != primary
+        wait_until(lambda: "[planner] serving" in sup.out.getvalue().split("restarting it")[-1])
+    assert "its standby" not in sup.out.getvalue().replace("the standby of planner exited", "")

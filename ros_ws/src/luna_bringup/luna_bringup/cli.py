@@ -36,7 +36,8 @@ def _load(args) -> tuple:
 def cmd_up(args) -> int:
     topology, params_dir = _load(args)
     stop = stop_on_signals()
-    supervisor = Supervisor(topology, params_dir, args.sim_time, color=sys.stdout.isatty())
+    supervisor = Supervisor(topology, params_dir, args.sim_time, color=sys.stdout.isatty(),
+                            standby=not args.no_standby)
     return run_until_stopped(supervisor, stop.is_set)
 
 
@@ -47,8 +48,11 @@ def cmd_topology(args) -> int:
     print(f"topology: {topology.source}")
     print(f"restart: after {r.delay:g} s, doubling to at most {r.max_delay:g} s; processes not critical are left "
           f"down after {r.limit} restarts within {r.window:g} s")
+    print(f"standby: the processes marked (standby) get a warm standby {r.standby_delay:g} s after they start "
+          f"(luna up; --no-standby: none)")
     for p in topology.processes:
-        print(f"- {p.name}: nodes {', '.join(p.nodes)}{'' if p.critical else ' (not critical)'}")
+        marks = [m for m, on in (("not critical", not p.critical), ("standby", p.standby)) if on]
+        print(f"- {p.name}: nodes {', '.join(p.nodes)}{''.join(f' ({m})' for m in marks)}")
         try:
             print(f"    {' '.join(supervisor.command(p))}")
         except TopologyError as exc:
@@ -59,6 +63,8 @@ def cmd_topology(args) -> int:
 def _register_core(sub) -> None:
     p = sub.add_parser("up", help="start the stack's processes and supervise them")
     _topology_args(p)
+    p.add_argument("--no-standby", action="store_true",
+                   help="no warm standbys (they hold a second copy of the planner's and the student's models)")
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("topology", help="show the processes, nodes and command lines")
     _topology_args(p)

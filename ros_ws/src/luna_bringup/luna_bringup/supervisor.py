@@ -8,6 +8,13 @@ topology's back-off (``RestartPolicy``) while the others keep running; a non-cri
 after the restart limit, and any one that exits for invalid parameters at once (a restart would fail
 the same way). Only an explicit stop ends the stack (or nothing being left to run). A managed node comes back active: it
 configures and activates itself on start (``autostart``).
+
+Warm standbys (``standby=True``, as ``luna up`` runs; processes marked ``standby`` in the topology): some
+time after a process starts (``RestartPolicy.standby_delay``), a second copy of it starts that loads its
+models (``luna_nodes.base.await_promotion``) and waits, off the ROS graph, on its stdin. When the process
+dies, its restart promotes the standby (a line on that stdin) instead of starting a fresh process, so
+the restart does not pay the interpreter, the imports and the model loads; a new standby follows. A
+standby that exits on its own is reported and not replaced until the process restarts.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from typing import Callable, TextIO
 
 from luna_bringup.topology import ProcessSpec, Topology, config_dir, executable_path, fast_discovery_profile
 
+#: The environment variable that makes a process a standby (luna_nodes.base.STANDBY_ENV; not imported:
+#: luna_bringup does not depend on the nodes' package).
+STANDBY_ENV = "LUNA_STANDBY"
+
 _COLORS = [36, 33, 35, 32, 34, 31, 96, 93]
 
 
@@ -36,15 +47,30 @@ def stack_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 @dataclass
+class Child:
+    """A started process and the thread that streams its output under ``label`` (a standby's label
+    changes when it is promoted)."""
+
+    popen: subprocess.Popen
+    reader: threading.Thread
+    label: list[str]  # one element, read by the reader on every line
+
+
+@dataclass
 class RunningProcess:
     spec: ProcessSpec
     index: int  # position in the topology (log colour)
-    popen: subprocess.Popen
-    reader: threading.Thread
+    child: Child
     expected_exit: bool = False
     restarts: list[float] = field(default_factory=list)  # monotonic times of its restarts
     restart_at: float | None = None  # when the pending restart is due (None: none pending)
     given_up: bool = False  # a non-critical process left down after the restart limit
+    standby: Child | None = None  # its warm standby, once started
+    standby_due: float | None = None  # when the next standby starts (None: none planned)
+
+    @property
+    def popen(self) -> subprocess.Popen:
+        return self.child.popen
 
 
 @dataclass
@@ -57,6 +83,7 @@ class Supervisor:
     color: bool = False
     extra_ros_args: list[str] = field(default_factory=list)
     poll_period: float = 0.1  # s between checks for dead processes
+    standby: bool = False  # warm standbys for the processes marked `standby` (luna up)
     processes: list[RunningProcess] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # deaths, restarts, give-ups, for reports
     _print_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,26 +105,38 @@ class Supervisor:
         args = self.topology.ros_arguments(spec, self.params_dir, self.use_sim_time)
         return [executable_path(spec), *args, *self.extra_ros_args]
 
-    def _spawn(self, spec: ProcessSpec, index: int) -> tuple[subprocess.Popen, threading.Thread]:
+    def _spawn(self, spec: ProcessSpec, index: int, standby: bool = False) -> Child:
         cmd = self.command(spec)
-        popen = subprocess.Popen(cmd, env=stack_environment(self.env), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
-        reader = threading.Thread(target=self._pump, args=(spec.name, popen, index), daemon=True)
+        env = stack_environment(self.env)
+        if standby:
+            env[STANDBY_ENV] = "1"
+        popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                 start_new_session=True, stdin=subprocess.PIPE if standby else None)
+        label = [f"{spec.name} standby" if standby else spec.name]
+        reader = threading.Thread(target=self._pump, args=(label, popen, index), daemon=True)
         reader.start()
-        self.log(f"started {spec.name} (pid {popen.pid}): {' '.join(cmd)}")
-        return popen, reader
+        if standby:
+            self.log(f"started a standby for {spec.name} (pid {popen.pid}): it loads the models and waits to take over")
+        else:
+            self.log(f"started {spec.name} (pid {popen.pid}): {' '.join(cmd)}")
+        return Child(popen, reader, label)
+
+    def _plan_standby(self, p: RunningProcess, now: float) -> None:
+        if self.standby and p.spec.standby:
+            p.standby_due = now + self.topology.restart.standby_delay
 
     def start(self) -> None:
         """Start every process, then watch them (restarts) on a thread until ``stop``."""
+        now = time.monotonic()
         for i, spec in enumerate(self.topology.processes):
-            popen, reader = self._spawn(spec, i)
-            self.processes.append(RunningProcess(spec, i, popen, reader))
+            self.processes.append(RunningProcess(spec, i, self._spawn(spec, i)))
+            self._plan_standby(self.processes[-1], now)
         self._watcher = threading.Thread(target=self._watch, name="supervisor", daemon=True)
         self._watcher.start()
 
-    def _pump(self, name: str, popen: subprocess.Popen, index: int) -> None:
+    def _pump(self, label: list[str], popen: subprocess.Popen, index: int) -> None:
         for line in popen.stdout:
-            self._emit(name, line, index)
+            self._emit(label[0], line, index)
 
     def _event(self, line: str) -> None:
         self.events.append(line)
@@ -116,17 +155,20 @@ class Supervisor:
                 return
             if p.given_up or p.expected_exit:
                 continue
+            self._check_standby(p, now)
             if p.restart_at is None and p.popen.poll() is not None:
                 self._kill_group(p)  # children of the dead process (model workers) go with it
                 recent = [t for t in p.restarts if now - t < policy.window]
                 code = p.popen.returncode
                 if code in policy.permanent_exit_codes:
                     p.given_up = True
+                    self._drop_standby(p)
                     self._event(f"process {p.spec.name} exited with code {code} (invalid parameters): not restarted, "
                                 f"it would fail the same way; the others keep running")
                     continue
                 if not p.spec.critical and len(recent) >= policy.limit:
                     p.given_up = True
+                    self._drop_standby(p)
                     self._event(f"process {p.spec.name} exited with code {code}; {len(recent)} restarts within "
                                 f"{policy.window:g} s: left down (not critical, the stack keeps running without it)")
                     continue
@@ -135,22 +177,52 @@ class Supervisor:
                 self._event(f"process {p.spec.name} exited with code {code}; restarting it in {delay:.1f} s "
                             f"(restart {len(recent) + 1} within {policy.window:g} s), the others keep running")
             if p.restart_at is not None and now >= p.restart_at:
-                p.reader.join(timeout=1.0)  # the old output is flushed before the new process writes
-                p.popen, p.reader = self._spawn(p.spec, p.index)
+                p.child.reader.join(timeout=1.0)  # the old output is flushed before the new process writes
+                p.child = self._promote(p) or self._spawn(p.spec, p.index)
                 p.restart_at = None
                 p.restarts.append(now)
+                self._plan_standby(p, now)
+
+    def _check_standby(self, p: RunningProcess, now: float) -> None:
+        """Notice a standby that exited on its own; start the one that is due."""
+        if p.standby is not None and p.standby.popen.poll() is not None:
+            self._event(f"the standby of {p.spec.name} exited with code {p.standby.popen.returncode}; its next "
+                        f"restart starts a fresh process")
+            p.standby = None  # not replaced before that restart: a standby that cannot start must not loop
+        if p.standby is None and p.standby_due is not None and now >= p.standby_due and p.popen.poll() is None:
+            p.standby, p.standby_due = self._spawn(p.spec, p.index, standby=True), None
+
+    def _promote(self, p: RunningProcess) -> Child | None:
+        """The standby of ``p``, told to take over (None: no live standby to promote)."""
+        standby, p.standby = p.standby, None
+        if standby is None or standby.popen.poll() is not None:
+            return None
+        standby.label[0] = p.spec.name  # before it is told: its first line as the process is labelled so
+        try:
+            standby.popen.stdin.write("take over\n")
+            standby.popen.stdin.flush()
+        except OSError:  # it died just now
+            return None
+        self._event(f"process {p.spec.name}: its standby (pid {standby.popen.pid}) takes over")
+        return standby
+
+    def _drop_standby(self, p: RunningProcess) -> None:
+        p.standby_due = None
+        if p.standby is not None:
+            _kill_group(p.standby.popen)
+            p.standby.popen.wait()
+            p.standby = None
 
     def _kill_group(self, p: RunningProcess) -> None:
-        try:
-            os.killpg(p.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(p.popen)
 
     def stop(self, timeout: float = 10.0) -> dict[str, int]:
         """Stop watching, SIGINT every process group, escalate to SIGTERM / SIGKILL; the exit codes by name."""
         self._stopping.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join()
+        for p in self.processes:  # a waiting standby has nothing to shut down cleanly
+            self._drop_standby(p)
         for sig, grace in ((signal.SIGINT, timeout), (signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
             alive = [p for p in self.processes if p.popen.poll() is None]
             for p in self.processes:
@@ -173,7 +245,7 @@ class Supervisor:
         # Children of a process (e.g. model workers) share its group: make sure none survive.
         for p in self.processes:
             self._kill_group(p)
-            p.reader.join(timeout=2.0)
+            p.child.reader.join(timeout=2.0)
         return {p.spec.name: p.popen.returncode for p in self.processes}
 
     def __enter__(self) -> "Supervisor":
@@ -182,6 +254,14 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _kill_group(popen: subprocess.Popen) -> None:
+    """SIGKILL the process group of ``popen`` (its session: the process and its children)."""
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def run_until_stopped(supervisor: Supervisor, should_stop: Callable[[], bool], poll: float = 0.2) -> int:

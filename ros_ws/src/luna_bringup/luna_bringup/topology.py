@@ -62,6 +62,9 @@ class RestartPolicy:
     max_delay: float = 8.0  # s
     limit: int = 5
     window: float = 60.0  # s
+    #: s after a process (re)started before its standby (``ProcessSpec.standby``) starts: the two would
+    #: otherwise load the same models at once, on the cores the starting process needs.
+    standby_delay: float = 10.0
     #: Exit codes that say restarting cannot help: a node's invalid parameters (luna_nodes.base.run: 2).
     permanent_exit_codes: tuple[int, ...] = (2,)
 
@@ -78,6 +81,9 @@ class ProcessSpec:
     nodes: list[str]
     remappings: list[tuple[str, str]] = field(default_factory=list)
     critical: bool = True  # False: reflection, explanations; given up after the restart limit
+    # A warm standby (luna up): a second process that has loaded the models and waits, off the ROS graph,
+    # to replace this one when it dies, so the restart does not pay the process's start.
+    standby: bool = False
 
     def params_files(self, params_dir: Path) -> list[Path]:
         """The parameter files of this process, in the order they are read: the shared one first
@@ -123,10 +129,10 @@ def _pairs(raw, where: str) -> list[tuple[str, str]]:
 def _restart_policy(raw, where: str) -> RestartPolicy:
     if raw is None:
         return RestartPolicy()
-    if not isinstance(raw, dict) or set(raw) - {"delay", "max_delay", "limit", "window"}:
-        raise TopologyError(f"{where}: restart must be a mapping of delay, max_delay, limit, window")
+    if not isinstance(raw, dict) or set(raw) - {"delay", "max_delay", "limit", "window", "standby_delay"}:
+        raise TopologyError(f"{where}: restart must be a mapping of delay, max_delay, limit, window, standby_delay")
     policy = RestartPolicy(**raw)
-    numbers = (policy.delay, policy.max_delay, policy.window)
+    numbers = (policy.delay, policy.max_delay, policy.window, policy.standby_delay)
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in numbers) \
             or not isinstance(policy.limit, int) or isinstance(policy.limit, bool) or policy.limit < 0:
         raise TopologyError(f"{where}: restart delays and window must be numbers >= 0 s and limit an integer "
@@ -154,11 +160,12 @@ def load_topology(path: str | Path | None = None) -> Topology:
         if dup:
             raise TopologyError(f"{where}: node(s) {sorted(dup)} appear in more than one process")
         seen_nodes |= set(nodes)
-        critical = p.get("critical", True)
-        if not isinstance(critical, bool):
-            raise TopologyError(f"{where}: critical must be true or false, got {critical!r}")
+        flags = {key: p.get(key, default) for key, default in (("critical", True), ("standby", False))}
+        for key, value in flags.items():
+            if not isinstance(value, bool):
+                raise TopologyError(f"{where}: {key} must be true or false, got {value!r}")
         processes.append(ProcessSpec(str(p["name"]), str(p.get("package", "luna_nodes")), str(p["executable"]),
-                                     [str(n) for n in nodes], _pairs(p.get("remappings"), where), critical))
+                                     [str(n) for n in nodes], _pairs(p.get("remappings"), where), **flags))
     if len({p.name for p in processes}) != len(processes):
         raise TopologyError(f"{path}: process names must be unique")
     return Topology(processes, _pairs(data.get("remappings"), str(path)), path,

@@ -10,6 +10,7 @@ applied, or refused with the reason (``SetParametersResult(successful=False, rea
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 import threading
@@ -344,14 +345,44 @@ class LunaLifecycleNode(LunaNodeMixin, LifecycleNode):
         return self._state_machine.current_state[1] == "unconfigured"
 
 
+#: Set (to "1") by the supervisor of ``luna up`` on a standby process (luna_bringup.supervisor).
+STANDBY_ENV = "LUNA_STANDBY"
+
+
+def await_promotion(preload: Callable[[Sequence[str]], None] | None, argv: Sequence[str]) -> bool:
+    """A standby: load what the process's nodes load at configure (``preload(argv)``: its models, off the
+    ROS graph), then wait until the supervisor promotes it (a line on stdin) to take the place of its
+    primary that died. True once promoted; False when told to stop instead (EOF on stdin, SIGINT). A
+    failed preload is reported and left to the nodes' own configure after the promotion."""
+    started = time.perf_counter()
+    try:
+        if preload is not None:
+            try:
+                preload(argv)
+            except Exception as exc:  # noqa: BLE001 - the promoted process loads as a fresh one would
+                print(f"[WARN] standby: preloading failed, a promotion loads at configure: {exc}", flush=True)
+        print(f"[INFO] standby: ready after {time.perf_counter() - started:.1f} s, waiting to take over",
+              flush=True)
+        line = sys.stdin.readline()
+    except KeyboardInterrupt:
+        return False
+    if line:
+        print("[INFO] standby: promoted, joining the ROS graph", flush=True)
+    return bool(line)
+
+
 def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = None, threads: int = 4,
-        optional: Sequence[Callable[[], Node]] = ()) -> int:
+        optional: Sequence[Callable[[], Node]] = (), preload: Callable[[Sequence[str]], None] | None = None) -> int:
     """Create the nodes, spin them on one multi-threaded executor until shutdown; the exit code.
 
     A node whose parameters are invalid stops the process with exit code 2 and a message naming
     the parameter and the parameter file. The ``optional`` nodes (non-critical ones sharing the
     process, e.g. the explainer) never do: one that cannot be created is reported and left out.
+    Started as a standby (``STANDBY_ENV``), the process first runs ``preload`` with its command line and
+    waits for its promotion (``await_promotion``) before it creates anything.
     """
+    if os.environ.pop(STANDBY_ENV, "") == "1" and not await_promotion(preload, sys.argv if args is None else args):
+        return 0
     rclpy.init(args=args)
     nodes: list[Node] = []
     executor = None

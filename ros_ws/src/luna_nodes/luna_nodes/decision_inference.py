@@ -24,7 +24,7 @@ from luna_core.heuristic import HeuristicSystem, check_scene
 from luna_core.types import DecisionDistribution
 from luna_msgs_py import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, run
-from luna_nodes.params import NodeInterface, ParamSpec
+from luna_nodes.params import NodeInterface, ParamSpec, parameters_from_args
 from luna_nodes.shared_model import MODEL_PARAMS, SharedHeuristic
 
 SCENES_KEPT = 20  # recent scenes kept to pick the one of a decision instant (2 s at the default 10 Hz)
@@ -228,9 +228,15 @@ class DecisionInference(LunaLifecycleNode):
         self.memory_worker.shutdown(wait=True, cancel_futures=True)
 
 
+def preload_model(shared: SharedHeuristic, argv) -> None:
+    """A standby's preload: the model of decision_inference's parameters on ``argv``."""
+    shared.preload(parameters_from_args(argv, "decision_inference", DECISION_INTERFACE.params))
+
+
 def main(args=None) -> int:
     """decision_inference alone, with its own model instance."""
-    return run([DecisionInference], args)
+    shared = SharedHeuristic()
+    return run([lambda: DecisionInference(shared)], args, preload=lambda argv: preload_model(shared, argv))
 
 
 if __name__ == "__main__":

@@ -78,6 +78,29 @@ def params_files(argv: Sequence[str] | None = None) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--params-file"]
 
 
+def parameters_from_args(argv: Sequence[str], node_name: str, specs: Sequence[ParamSpec]) -> dict[str, Any]:
+    """The values ``specs`` would take on node ``node_name`` started with ``argv``, read without rclpy:
+    the defaults, then each ``--params-file`` in order (its ``/**`` section, then the node's), then the
+    ``-p name:=value`` overrides, validated as at start-up. A standby process (``luna_nodes.base.run``)
+    preloads its models with them before it joins the ROS graph. ``use_sim_time`` is included."""
+    import yaml
+
+    args = list(argv)
+    raw: dict[str, Any] = {}
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--params-file":
+            with open(args[i + 1], encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+            for section in ("/**", node_name, "/" + node_name):
+                raw.update((data.get(section) or {}).get("ros__parameters") or {})
+        elif arg in ("-p", "--param") and ":=" in args[i + 1]:
+            name, value = args[i + 1].split(":=", 1)
+            raw[name] = yaml.safe_load(value)
+    values = {spec.name: validate(spec, raw.get(spec.name, spec.default)) for spec in specs}
+    values["use_sim_time"] = bool(raw.get("use_sim_time", False))
+    return values
+
+
 def _coerce(spec: ParamSpec, value: Any) -> Any:
     """Return the value converted to the spec's type, or raise TypeError saying what was found."""
     def one(v: Any, t: type) -> Any:

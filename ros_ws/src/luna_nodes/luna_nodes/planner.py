@@ -25,6 +25,7 @@ first cycle that gave up early would leave the node idle until the bridge times 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -44,7 +45,7 @@ from luna_core.types import DecisionDistribution, LaneGraph, Route, TrackedObjec
 from luna_msgs_py import convert, qos
 from luna_nodes import markers
 from luna_nodes.base import ERROR, FIRST_ODOMETRY_WAIT, MAX_TRACKED_OBJECTS, WARN, LunaLifecycleNode, run
-from luna_nodes.params import VEHICLE_PARAMS, NodeInterface, ParamSpec, vehicle_parameters
+from luna_nodes.params import VEHICLE_PARAMS, NodeInterface, ParamSpec, parameters_from_args, vehicle_parameters
 
 INTERFACE = NodeInterface(
     name="planner",
@@ -137,16 +138,10 @@ class PlannerNode(LunaLifecycleNode):
         except DecisionTimingError as exc:
             self.diagnostics.set_condition("planner", ERROR, str(exc))
             return TransitionCallbackReturn.FAILURE
-        options = {}
-        if p["planner"] in ("luna", "diffusion-es"):
-            options = {"population": p["population"], "gamma_p": p["gamma_p"], "time_budget": p["time_budget"],
-                       "deterministic": self.deterministic(), "decision_period": timing.period,
-                       "decision_timeout": timing.timeout}
-            if p["diffusion_model"]:
-                options["model_path"] = p["diffusion_model"]
-            options["device"] = p["device"]
+        options = planner_options(p, timing, self.deterministic())
         try:
-            self.planner = make_planner(p["planner"], options)
+            self.planner = _PRELOADED.pop(_preload_key(p["planner"], options), None) \
+                or make_planner(p["planner"], options)
         except (PlannerConfigError, OSError, ValueError) as exc:
             self.diagnostics.set_condition("planner", ERROR, f"cannot build planner '{p['planner']}': {exc}")
             return TransitionCallbackReturn.FAILURE
@@ -161,8 +156,7 @@ class PlannerNode(LunaLifecycleNode):
     def deterministic(self) -> bool:
         """Whether the search ignores the wall clock: on sim time a lock-step simulator or a replay waits
         for every cycle anyway, and a budget cut would make the result depend on the machine's load."""
-        mode = self.params["deterministic"]
-        return mode == "on" or (mode == "auto" and self.sim_time())
+        return deterministic_search(self.params["deterministic"], self.sim_time())
 
     def apply_parameters(self, params: dict) -> None:
         with self.lock:
@@ -269,8 +263,58 @@ def decision_timing(params: dict) -> DecisionTiming:
     return DecisionTiming(params["decision_period"], params["decision_timeout"])
 
 
+def deterministic_search(mode: str, sim_time: bool) -> bool:
+    return mode == "on" or (mode == "auto" and sim_time)
+
+
+def planner_options(p: dict, timing: DecisionTiming, deterministic: bool) -> dict:
+    """``make_planner``'s options from the node's parameters."""
+    if p["planner"] not in ("luna", "diffusion-es"):
+        return {}
+    options = {"population": p["population"], "gamma_p": p["gamma_p"], "time_budget": p["time_budget"],
+               "deterministic": deterministic, "decision_period": timing.period, "decision_timeout": timing.timeout,
+               "device": p["device"]}
+    if p["diffusion_model"]:
+        options["model_path"] = p["diffusion_model"]
+    return options
+
+
+#: Planners a standby built before its node existed, by ``_preload_key``; configure takes the one that
+#: matches its parameters (a standby promoted after a parameter file changed builds anew).
+_PRELOADED: dict[str, object] = {}
+
+
+def _preload_key(name: str, options: dict) -> str:
+    return json.dumps([name, options], sort_keys=True)
+
+
+def warm_up(planner) -> None:
+    """One small denoising pass of the planner's diffusion prior on a standing ego (torch's first-call
+    set-up), with a generator of its own: the planner's state and random streams stay untouched."""
+    prior = getattr(planner, "prior", None)
+    if prior is None:
+        return
+    import torch
+
+    from luna_core.planning.diffusion import history_from_states
+    from luna_core.types import EgoState
+
+    history, _ = history_from_states([EgoState(0.0, 0.0, 0.0, 0.0, 0.0)], prior.config)
+    prior.sample(prior.history_tensor(history), 8, torch.Generator().manual_seed(0))
+
+
+def preload(argv) -> None:
+    """A standby's preload: the planner of the node's parameters on ``argv`` (the diffusion prior read,
+    one search run so that torch's first-call set-up is paid before the promotion)."""
+    p = parameters_from_args(argv, "planner", INTERFACE.params)
+    options = planner_options(p, decision_timing(p), deterministic_search(p["deterministic"], p["use_sim_time"]))
+    planner = make_planner(p["planner"], options)
+    warm_up(planner)
+    _PRELOADED[_preload_key(p["planner"], options)] = planner
+
+
 def main(args=None) -> int:
-    return run([PlannerNode], args)
+    return run([PlannerNode], args, preload=preload)
 
 
 if __name__ == "__main__":

@@ -27,18 +27,38 @@ MODEL_PARAMS = [
 ]
 
 
+def model_key(params: dict) -> tuple:
+    """The model parameters' values: what a loaded heuristic system depends on."""
+    return tuple(params[spec.name] for spec in MODEL_PARAMS)
+
+
 class SharedHeuristic:
     """One HeuristicSystem per process, loaded on first use by whichever node configures first (in the
     composed process: decision_inference, so its model parameters apply). ``error`` keeps why the last
-    load failed (every node sharing it reports it), None once one succeeded."""
+    load failed (every node sharing it reports it), None once one succeeded.
+
+    A standby process ``preload``s it before its nodes exist; the first ``get`` then takes it if the
+    node's model parameters are those it was preloaded with (else loads anew), and first reads what
+    reflection appended to the bank since, so the node decides on the bank as it is at configure."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.system: HeuristicSystem | None = None
         self.error: str | None = None
+        self._preloaded: tuple | None = None  # model_key of a preloaded system not yet taken by a node
+
+    def preload(self, params: dict) -> None:
+        self.get(params)
+        self._preloaded = model_key(params)
 
     def get(self, params: dict) -> HeuristicSystem:
         with self._lock:
+            if self._preloaded is not None:
+                if self._preloaded != model_key(params):
+                    self.system = None
+                elif self.system is not None:
+                    self.system.refresh_memory()
+                self._preloaded = None
             if self.system is None:
                 try:
                     self.system = load_heuristic(params)
