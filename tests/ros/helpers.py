@@ -75,16 +75,18 @@ def start_python(args: list[str], env: dict[str, str] | None = None, **kwargs) -
 
 
 def start_node(executable: str, node_name: str, params: dict, tmp_path: Path,
-               extra_args: list[str] | None = None) -> subprocess.Popen:
-    """Start a node executable of the venv with its parameters written to a YAML file."""
+               extra_args: list[str] | None = None, standby: bool = False) -> subprocess.Popen:
+    """Start a node executable of the venv with its parameters written to a YAML file; ``standby``: as
+    luna up starts a warm standby (LUNA_STANDBY=1, promoted by a line on its stdin)."""
     import yaml
 
     params_file = tmp_path / f"{node_name}.params.yaml"
     params_file.write_text(yaml.safe_dump({node_name: {"ros__parameters": params}}))
     exe = str(Path(sys.executable).parent / executable)
     return subprocess.Popen([exe, "--ros-args", "--params-file", str(params_file), *(extra_args or [])],
-                            env=ros_env(), start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            env=ros_env({"LUNA_STANDBY": "1"} if standby else None), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.PIPE if standby else None)
 
 
 def stop_process(popen: subprocess.Popen, timeout: float = 15.0) -> str:

@@ -82,6 +82,8 @@ class DecisionInference(LunaLifecycleNode):
             self.diagnostics.set_condition("model", ERROR, self.shared.error)
             return TransitionCallbackReturn.FAILURE
         self.diagnostics.clear("model")
+        if self.shared.from_standby:
+            self.get_logger().info("configured on the model the standby preloaded")
         self.diagnostics.set_value("memory_version", self.heuristic.memory_version)
         self.publisher = self.luna_publisher(lm.DecisionDistribution, "luna/decision", qos.RELIABLE, lifecycle=True)
         return TransitionCallbackReturn.SUCCESS

@@ -139,9 +139,9 @@ class PlannerNode(LunaLifecycleNode):
             self.diagnostics.set_condition("planner", ERROR, str(exc))
             return TransitionCallbackReturn.FAILURE
         options = planner_options(p, timing, self.deterministic())
+        preloaded = _PRELOADED.pop(_preload_key(p["planner"], options), None)
         try:
-            self.planner = _PRELOADED.pop(_preload_key(p["planner"], options), None) \
-                or make_planner(p["planner"], options)
+            self.planner = preloaded or make_planner(p["planner"], options)
         except (PlannerConfigError, OSError, ValueError) as exc:
             self.diagnostics.set_condition("planner", ERROR, f"cannot build planner '{p['planner']}': {exc}")
             return TransitionCallbackReturn.FAILURE
@@ -150,7 +150,8 @@ class PlannerNode(LunaLifecycleNode):
                                                lifecycle=True)
         self.diagnostics.set_value("missed_deadlines", 0)
         self.get_logger().info(f"configured planner '{p['planner']}'"
-                               + (" (deterministic search)" if options.get("deterministic") else ""))
+                               + (" (deterministic search)" if options.get("deterministic") else "")
+                               + (", preloaded by the standby" if preloaded is not None else ""))
         return TransitionCallbackReturn.SUCCESS
 
     def deterministic(self) -> bool:

@@ -46,6 +46,7 @@ class SharedHeuristic:
         self.system: HeuristicSystem | None = None
         self.error: str | None = None
         self._preloaded: tuple | None = None  # model_key of a preloaded system not yet taken by a node
+        self.from_standby = False  # the system in use was preloaded by the standby (for the log)
 
     def preload(self, params: dict) -> None:
         self.get(params)
@@ -58,6 +59,7 @@ class SharedHeuristic:
                     self.system = None
                 elif self.system is not None:
                     self.system.refresh_memory()
+                    self.from_standby = True
                 self._preloaded = None
             if self.system is None:
                 try:
