@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 import luna_msgs.msg as lm
@@ -62,6 +63,34 @@ def test_publishes_scene_with_lane_and_objects(scene_node):
     # polar frame at the ego box centre: 20 m rear axle -> centre 1.461 m ahead
     assert obj.distance == pytest.approx(40.0 - 20.0 - T.VehicleParameters().rear_axle_to_center, abs=0.01)
     assert abs(obj.bearing) < 1e-6
+
+
+def test_a_new_route_starts_a_new_mission_without_the_last_ones_recent_decisions(scene_node):
+    """The prompt's recent decisions are this mission's: a route delivered again keeps them, a new route
+    (a new mission; the bridge's next scenario) empties them, as luna-bridge eval starts each scenario."""
+    _, probe = scene_node
+    scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+    pubs = _inputs(probe)
+    decisions = probe.publisher(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
+    wait_for_subscribers(decisions)
+    now = probe.node.get_clock().now().nanoseconds * 1e-9
+    route = T.Route(now, ["r0", "j"])
+    pubs["graph"].publish(C.lane_graph_to_msg(samples.lane_graph()))
+    pubs["route"].publish(C.route_to_msg(route))
+    p = np.zeros(len(T.ACTION_CODES))
+    p[T.ACTION_CODES.index("DK")] = 1.0
+    decisions.publish(C.decision_to_msg(T.DecisionDistribution(now, p, ["DK"])))
+
+    def latest_recent() -> list[str] | None:
+        pubs["odom"].publish(C.ego_to_odometry(_ego(probe.node.get_clock().now().nanoseconds * 1e-9)))
+        return list(scenes[-1].recent_decisions) if scenes else None
+    probe.wait(lambda: latest_recent() == ["DK"], 20.0, "a scene whose recent decisions hold DK")
+    pubs["route"].publish(C.route_to_msg(route))  # the same route again: the same mission
+    count = len(scenes)
+    probe.wait(lambda: latest_recent() is not None and len(scenes) > count + 5, 20.0, "more scenes")
+    assert scenes[-1].recent_decisions == ["DK"]
+    pubs["route"].publish(C.route_to_msg(T.Route(now + 10.0, ["r0", "j"])))
+    probe.wait(lambda: latest_recent() == [], 20.0, "a scene of the new mission without recent decisions")
 
 
 def test_bad_odometry_is_rejected_and_diagnosed_node_stays_up(scene_node):

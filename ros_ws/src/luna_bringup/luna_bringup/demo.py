@@ -16,7 +16,8 @@ Two runs print the same tables, on an idle or a loaded machine:
   as copied: reflections written during the run go into that copy (audited in the summary) but do not
   change this run's retrieval, which would depend on when they land;
 * consecutive scenarios run on one stack at ROS times T_d apart, so every scenario starts on a
-  decision instant.
+  decision instant, and each scenario's route starts a new mission (``Route.starts_mission``): no recent
+  decisions, retrieved items or warm start carry over from the scenario before, as in ``luna-bridge eval``.
 """
 
 from __future__ import annotations

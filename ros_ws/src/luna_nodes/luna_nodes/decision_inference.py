@@ -21,7 +21,7 @@ from rclpy.lifecycle import TransitionCallbackReturn
 from std_msgs.msg import UInt64
 
 from luna_core.heuristic import HeuristicSystem, check_scene
-from luna_core.types import DecisionDistribution
+from luna_core.types import DecisionDistribution, Route
 from luna_msgs_py import convert, qos
 from luna_nodes.base import ERROR, WARN, LunaLifecycleNode, run
 from luna_nodes.params import NodeInterface, ParamSpec, parameters_from_args
@@ -35,7 +35,9 @@ DECISION_INTERFACE = NodeInterface(
     summary="Every T_d predicts the decision distribution pi_hat (LUNA-AD Eq. 16) for the latest scene "
             "descriptor with one forward pass of the student and K retrieved memory items.",
     inputs=[("luna/scene", "luna_msgs/SceneDescriptor", "reliable, keep last 10"),
-            ("luna/memory/version", "std_msgs/UInt64", "reliable, transient local")],
+            ("luna/memory/version", "std_msgs/UInt64", "reliable, transient local"),
+            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route starts a new mission: "
+             "the next decision retrieves the exact top K (no items kept from the last mission's decision)")],
     outputs=[("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     params=[ParamSpec("autostart", bool, True, "Configure and activate on start."),
             ParamSpec("decision_period", float, 2.0, "T_d.", "s", min=0.05, max=10.0),
@@ -74,6 +76,9 @@ class DecisionInference(LunaLifecycleNode):
         self.cycle_timers = []
         self.luna_subscription(lm.SceneDescriptor, "luna/scene", self.on_scene, qos.RELIABLE)
         self.luna_subscription(UInt64, "luna/memory/version", self.on_memory_version, qos.LATCHED)
+        self.route: Route | None = None
+        self.new_mission = threading.Event()  # consumed by the next decision (one may be running now)
+        self.luna_subscription(lm.Route, "planning/route", self.on_route, qos.LATCHED)
 
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
@@ -113,6 +118,12 @@ class DecisionInference(LunaLifecycleNode):
                 return
             self.pending, self.busy = None, True
         self.worker.submit(self._decide, instant)
+
+    def on_route(self, msg: lm.Route) -> None:
+        route = convert.msg_to_route(msg)
+        if route.starts_mission(self.route):
+            self.new_mission.set()
+        self.route = route
 
     def on_memory_version(self, msg: UInt64) -> None:
         if self.params["memory_reload"] and self.heuristic is not None and msg.data > self.heuristic.memory_version:
@@ -167,6 +178,9 @@ class DecisionInference(LunaLifecycleNode):
                                                                       if awaits_scene else ""))
                 return
             self.diagnostics.clear("inputs")
+            if self.new_mission.is_set():
+                self.new_mission.clear()
+                self.heuristic.reset()
             try:
                 decision = self.heuristic.decide(scene)
             except Exception as exc:  # noqa: BLE001 - a bad scene or a model error: no decision this cycle

@@ -59,7 +59,8 @@ INTERFACE = NodeInterface(
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
             ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
-            ("planning/route", "luna_msgs/Route", "reliable, transient local"),
+            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route starts a new mission: the "
+             "next cycle resets the planner (no warm start or decision in force from the last one)"),
             ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     outputs=[("planning/trajectory", "luna_msgs/Trajectory", "reliable, keep last 10"),
              ("planning/debug/candidates", "visualization_msgs/MarkerArray", "reliable, keep last 10")],
@@ -102,6 +103,7 @@ class PlannerNode(LunaLifecycleNode):
     def __init__(self) -> None:
         super().__init__(INTERFACE)
         self.lock = threading.Lock()
+        self.new_mission = threading.Event()  # a route of a new mission came (Route.starts_mission)
         # Odometry paired with the reported acceleration and steering angle by stamp (luna_core.ego_history,
         # as the scene descriptor does): the planner and the student see the same ego_acceleration, and
         # the tracker starts from the wheels' measured angle.
@@ -207,7 +209,10 @@ class PlannerNode(LunaLifecycleNode):
         self.graph = convert.msg_to_lane_graph(msg)
 
     def on_route(self, msg: lm.Route) -> None:
-        self.route = convert.msg_to_route(msg)
+        route = convert.msg_to_route(msg)
+        if route.starts_mission(self.route):
+            self.new_mission.set()  # the next cycle resets the planner (a cycle may be running now)
+        self.route = route
 
     def on_decision(self, msg: lm.DecisionDistribution) -> None:
         self.decision = convert.msg_to_decision(msg)  # raises (-> rejected, diagnosed) if invalid
@@ -227,6 +232,9 @@ class PlannerNode(LunaLifecycleNode):
     def cycle(self) -> None:
         if self.planner is None or self.trajectory_pub is None:
             return
+        if self.new_mission.is_set():  # no warm start or decision in force from the last mission
+            self.new_mission.clear()
+            self.planner.reset()
         started = time.perf_counter()
         now = self.now_s()
         if self.sim_time():

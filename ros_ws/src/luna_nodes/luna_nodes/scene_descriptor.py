@@ -51,7 +51,8 @@ INTERFACE = NodeInterface(
              "ego_acceleration (optional: without it, the speed's smoothed finite difference)"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
-            ("planning/route", "luna_msgs/Route", "reliable, transient local"),
+            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route starts a new mission: "
+             "recent_decisions start empty"),
             ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
             ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10 (recent decisions)")],
     outputs=[("luna/scene", "luna_msgs/SceneDescriptor", "reliable, keep last 10")],
@@ -122,7 +123,10 @@ class SceneDescriptorNode(LunaNode):
         self.recent["lights"].append(self.lights)
 
     def on_route(self, msg: lm.Route) -> None:
-        self.route = convert.msg_to_route(msg)
+        route = convert.msg_to_route(msg)
+        if route.starts_mission(self.route):  # the last mission's decisions are not this one's "recent" ones
+            self.describer.reset()
+        self.route = route
 
     def on_lane_graph(self, msg: lm.LaneGraph) -> None:
         self.graph = convert.msg_to_lane_graph(msg)
