@@ -8,7 +8,9 @@ One short synthetic scenario, the same settings on both paths: models/student, t
 inside its 2048-token window; read-only, no reload), T_d = 2 s, gamma_p 0.1, replanning every 0.5 s, the
 deterministic search with a small population. Asserted: the same decision instants, the same scene
 queries (prompt text) and retrieved items, the same distributions and candidate sets, the same planned
-trajectory in every cycle, and hence the same driven ego track.
+trajectory in every cycle, and hence the same driven ego track. The default case drives the scenario a
+second time on the same running stack, at a later ROS time with a new route (a new mission, as ``luna
+demo`` drives its scenarios one after another): that run must match the in-process one as well.
 
 Tolerances, and why not bit equality. Every value crossing ROS is a float64 field (probabilities,
 scene fields, trajectory points), so values survive the wire exactly; what does not quite is *time*
@@ -36,7 +38,8 @@ import numpy as np
 import pytest
 import yaml
 
-from luna_bridge.ros_bridge import LockstepConfig, RosStackPlanner, in_process_config, lockstep_simulation_config
+from luna_bridge.ros_bridge import (TIME_OFFSET, LockstepConfig, RosStackPlanner, in_process_config,
+                                   lockstep_simulation_config)
 from luna_bridge.scenario import SIM_DT, SimulationLog
 from luna_bridge.sim.simulator import simulate
 from luna_bridge.stack_planner import StackSettings, make_stack_planner
@@ -50,6 +53,7 @@ COMMON_PARAMS = REPO / "ros_ws/src/luna_bringup/config/common.param.yaml"
 
 DURATION = 4.5  # s of sim time: decisions at 0, 2 and 4 s (the last step is recorded, not planned)
 REPLAN = 0.5  # s between planning cycles on both paths
+MISSION_GAP = 10.0  # s of ROS time between consecutive missions on one stack (a multiple of T_d)
 # The previous default bank (672 MiniLM items): with it the default student decides CL at t = 0 here, so
 # the two paths must agree through a lane change too (they did not until the planner stopped reading a
 # steering angle that Odometry does not carry; the default bank's decisions are CK / DK).
@@ -126,34 +130,48 @@ def _start_stack(tmp_path: Path, settings: StackSettings) -> list[subprocess.Pop
     return procs
 
 
-def _over_ros(tmp_path: Path, ros_context, settings: StackSettings) -> Run:
+def _over_ros(tmp_path: Path, ros_context, settings: StackSettings, missions: int = 1) -> list[Run]:
+    """The scenario driven ``missions`` times in a row on one running stack (as ``luna demo`` drives its
+    scenarios), each at a later ROS time with its own route: a new mission, which must start afresh."""
     procs = _start_stack(tmp_path, settings)
-    # Wall-time bounds only (lock step waits for every answer): the student loads in the decision
-    # process before the first instant can be decided, on a loaded 2-core machine.
-    bridge = RosStackPlanner(lead_vehicle_scenario(DURATION), LockstepConfig(replan_period=REPLAN, timeout=180.0,
-                                                                            connect_timeout=180.0),
-                             context=ros_context)
-    plans: list[tuple[float, Trajectory]] = []
+    runs: list[Run] = []
     outputs: list[str] = []
     try:
-        log = simulate(bridge.scenario, RecordingPlanner(bridge, plans), reactive=False,
-                       config=lockstep_simulation_config(REPLAN))
-        last_instant = (bridge.scenario.num_steps - 2) * SIM_DT  # the last planned step
-        bridge.await_decisions(settings.decision_period, last_instant, timeout=30.0)
-        decisions = sorted(bridge.decisions, key=lambda d: d.stamp)
+        for m in range(missions):
+            # Wall-time bounds only (lock step waits for every answer): the student loads in the decision
+            # process before the first instant can be decided, on a loaded 2-core machine.
+            config = LockstepConfig(replan_period=REPLAN, timeout=180.0, connect_timeout=180.0,
+                                    time_offset=TIME_OFFSET + m * MISSION_GAP)
+            bridge = RosStackPlanner(lead_vehicle_scenario(DURATION), config, context=ros_context,
+                                     node_name=f"luna_bridge_{m}")
+            plans: list[tuple[float, Trajectory]] = []
+            try:
+                log = simulate(bridge.scenario, RecordingPlanner(bridge, plans), reactive=False,
+                               config=lockstep_simulation_config(REPLAN))
+                last_instant = (bridge.scenario.num_steps - 2) * SIM_DT  # the last planned step
+                bridge.await_decisions(settings.decision_period, last_instant, timeout=30.0)
+                runs.append(Run(log, sorted(bridge.decisions, key=lambda d: d.stamp), plans))
+            finally:
+                bridge.close()
     finally:
-        bridge.close()
         outputs = [stop_process(p, timeout=30.0) for p in procs]
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, f"{p.args[0]} exited with {p.returncode}:\n{out}"
-    return Run(log, decisions, plans)
+    return runs
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bank", ["default", "lane-change"])
 def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_context, bank):
     settings = SETTINGS if bank == "default" else dataclasses.replace(SETTINGS, memory_bank=str(unpacked(LANE_CHANGE_BANK)))
-    ours, theirs = _in_process(settings), _over_ros(tmp_path, ros_context, settings)
+    # The default case drives the scenario twice on one stack: the second mission must not inherit the
+    # first one's recent decisions, retrieved items or warm start (the demo's second scenario once did).
+    ours, runs = _in_process(settings), _over_ros(tmp_path, ros_context, settings, 2 if bank == "default" else 1)
+    for mission, theirs in enumerate(runs):
+        _assert_same(ours, theirs, bank, f"mission {mission + 1} over ROS: ")
+
+
+def _assert_same(ours: Run, theirs: Run, bank: str, where: str) -> None:
     assert ours.log.planner_failures == 0, ours.log.failure_messages
     assert theirs.log.planner_failures == 0, theirs.log.failure_messages
 
@@ -161,9 +179,9 @@ def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_con
     expected_instants = [0.0, 2.0, 4.0]
     assert [d.stamp for d in ours.decisions] == pytest.approx(expected_instants, abs=STAMP_ATOL)
     assert [d.stamp for d in theirs.decisions] == pytest.approx(expected_instants, abs=STAMP_ATOL), \
-        f"decision stamps over ROS: {[d.stamp for d in theirs.decisions]}"
+        f"{where}decision stamps: {[d.stamp for d in theirs.decisions]}"
     for a, b in zip(ours.decisions, theirs.decisions):
-        at = f"decision at t={a.stamp:.1f} s"
+        at = f"{where}decision at t={a.stamp:.1f} s"
         assert a.query == b.query, f"{at}: the scene queries differ:\n--- in process\n{a.query}\n--- over ROS\n{b.query}"
         assert a.retrieved_ids == b.retrieved_ids, at
         assert np.allclose(a.probabilities, b.probabilities, rtol=0.0, atol=PROB_ATOL), \
@@ -181,15 +199,15 @@ def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_con
     assert [t for t, _ in ours.plans] == pytest.approx([t for t, _ in theirs.plans], abs=STAMP_ATOL)
     assert len(ours.plans) == int((DURATION - SIM_DT) / REPLAN + 1e-9) + 1  # every cycle up to the last step
     for (t, a), (_, b) in zip(ours.plans, theirs.plans):
-        assert a.stamp == pytest.approx(b.stamp, abs=STAMP_ATOL), f"cycle t={t:.1f} s"
-        assert len(a) == len(b), f"cycle t={t:.1f} s: {len(a)} vs {len(b)} points"
+        assert a.stamp == pytest.approx(b.stamp, abs=STAMP_ATOL), f"{where}cycle t={t:.1f} s"
+        assert len(a) == len(b), f"{where}cycle t={t:.1f} s: {len(a)} vs {len(b)} points"
         for name in ("t", "x", "y", "heading", "velocity", "acceleration"):
             da, db = getattr(a, name), getattr(b, name)
             assert np.allclose(da, db, rtol=0.0, atol=TRAJ_ATOL), \
-                f"cycle t={t:.1f} s: {name} differs by up to {np.abs(da - db).max():.3g}"
+                f"{where}cycle t={t:.1f} s: {name} differs by up to {np.abs(da - db).max():.3g}"
     a, b = ours.log.ego_array(), theirs.log.ego_array()
     assert a.shape == b.shape and np.allclose(a, b, rtol=0.0, atol=TRAJ_ATOL), \
-        f"driven ego track differs by up to {np.abs(a - b).max():.3g}"
+        f"{where}driven ego track differs by up to {np.abs(a - b).max():.3g}"
     assert a[-1, 0] - a[0, 0] > 10.0, "the ego should have driven along the road"
     if bank == "lane-change":  # the case must keep covering lateral motion, or it tests nothing more
         assert ours.decisions[0].top_action[1] != "K" and np.ptp(a[:, 1]) > 1.0, \
