@@ -9,7 +9,9 @@ model (adapters off; pi from its next-token probabilities of each action code af
 
 Held-out frames are the bank items that ``distill`` held out (the same split by scenario); their retrieved
 examples come from the training items only. Writes metrics.json, metrics.md and fig7.png (the layout
-of LUNA-AD Fig. 7; shaded: K unseen during training).
+of LUNA-AD Fig. 7; shaded: K unseen during training). Every evaluated frame is appended to
+``frames.jsonl`` in the output folder as it is done, so a rerun of the same command resumes where an
+interrupted one stopped (the latencies then come from both runs).
 """
 
 from __future__ import annotations
@@ -200,9 +202,46 @@ def zero_shot_distribution(student: DualHeadStudent, query: str) -> np.ndarray:
     return p / p.sum()
 
 
+class FrameJournal:
+    """The frames evaluated so far, one JSON line each after a header line naming the evaluation; a
+    journal of another evaluation is refused, a torn last line (a killed run) is dropped."""
+
+    def __init__(self, path: Path | None, header: dict) -> None:
+        self.path = path
+        self.done: dict[tuple[int, str], dict] = {}
+        if path is None:
+            return
+        if path.exists():
+            lines = path.read_text(encoding="utf-8").splitlines()
+            records = []
+            for n, line in enumerate(lines):
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    if n < len(lines) - 1:
+                        raise ValueError(f"{path}: line {n + 1} is not JSON (only a last line may be torn)") from None
+            if records and records[0] != {"evaluation": header}:
+                raise ValueError(f"{path} belongs to another evaluation ({records[0].get('evaluation')}); remove it "
+                                 f"or choose another --out")
+            self.done = {(r["k"], r["id"]): r for r in records[1:]}
+            path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")  # without a torn tail
+        if not self.done:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"evaluation": header}) + "\n", encoding="utf-8")
+
+    def add(self, record: dict) -> None:
+        self.done[(record["k"], record["id"])] = record
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
 def evaluate(student: DualHeadStudent, bank_path: str, ks: Sequence[int] = range(6), limit: int = 0,
              explain_limit: int = 5, heldout_fraction: float = 0.1, zero_shot: bool = True,
-             max_new_tokens: int = 96, progress: bool = True) -> EvalReport:
+             max_new_tokens: int = 96, progress: bool = True, journal: Path | None = None,
+             student_name: str = "") -> EvalReport:
+    """The report over ``ks``; with ``journal`` (a file) every frame is recorded as it is done, and the
+    frames already recorded there by the same evaluation are not evaluated again."""
     from tqdm.auto import tqdm
 
     from luna_core.memory import MemoryBank
@@ -222,23 +261,35 @@ def evaluate(student: DualHeadStudent, bank_path: str, ks: Sequence[int] = range
     report = EvalReport(student="", bank=str(bank_path), heldout=len(held), train_items=len(train),
                         meteor_note=metrics.meteor_note)
     report.majority = majority_baseline(train, held)
+    frames = FrameJournal(journal, {"student": student_name, "bank": str(bank_path), "limit": limit,
+                                    "explain_limit": explain_limit, "heldout_fraction": heldout_fraction,
+                                    "max_new_tokens": max_new_tokens})
     total = len(ks) * len(held) + (len(held) if zero_shot else 0)
-    bar = tqdm(total=total, desc="evaluate", unit="frame", disable=not progress)
+    bar = tqdm(total=total, desc="evaluate", unit="frame", disable=not progress,
+               initial=sum(1 for k in ks for item in held if (k, item.id) in frames.done))
     for k in ks:
         accs, kls, lats, toks, hyps, refs, exp_lats = [], [], [], [], [], [], []
         for i, item in enumerate(held):
-            examples = neighbours[item.id][:k]
-            probs, lat = student.predict(item.query, examples)
+            record = frames.done.get((k, item.id))
+            if record is None:
+                examples = neighbours[item.id][:k]
+                probs, lat = student.predict(item.query, examples)
+                record = {"k": k, "id": item.id, "probabilities": [float(v) for v in probs],
+                          "latency": lat.total, "prompt_tokens": lat.prompt_tokens}
+                if i < explain_limit:
+                    e = student.explain(item.query, examples, candidate_set(probs), max_new_tokens=max_new_tokens)
+                    record.update(explanation=e.text, explain_latency=e.latency)
+                frames.add(record)
+                bar.update(1)
+            probs = np.asarray(record["probabilities"])
             accs.append(int(np.argmax(probs)) == int(np.argmax(item.distribution)))
             kls.append(kl_divergence(item.distribution, probs))
-            lats.append(lat.total)
-            toks.append(lat.prompt_tokens)
-            if i < explain_limit:
-                e = student.explain(item.query, examples, candidate_set(probs), max_new_tokens=max_new_tokens)
-                hyps.append(e.text)
+            lats.append(record["latency"])
+            toks.append(record["prompt_tokens"])
+            if "explanation" in record:
+                hyps.append(record["explanation"])
                 refs.append(item.answer)
-                exp_lats.append(e.latency)
-            bar.update(1)
+                exp_lats.append(record["explain_latency"])
         r = KResult(k=k, n=len(held), accuracy=float(np.mean(accs)), kl=float(np.mean(kls)),
                     dpp_latency_median=statistics.median(lats), prompt_tokens_median=statistics.median(toks),
                     n_explained=len(hyps))
@@ -354,7 +405,8 @@ def run(args: argparse.Namespace) -> int:
     student = DualHeadStudent.from_pretrained(args.student, device=args.device)
     t0 = time.perf_counter()
     report = evaluate(student, args.bank, args.ks, args.limit, args.explain_limit, args.heldout_fraction,
-                      zero_shot=not args.no_zero_shot, max_new_tokens=args.max_new_tokens)
+                      zero_shot=not args.no_zero_shot, max_new_tokens=args.max_new_tokens,
+                      journal=Path(args.out) / "frames.jsonl", student_name=str(args.student))
     report.student = str(args.student)
     write_report(report, Path(args.out))
     print(markdown_table(report))

@@ -72,3 +72,27 @@ def test_evaluate_end_to_end_writes_metrics_table_and_figure(tmp_path):
     assert (tmp_path / "eval" / "fig7.png").stat().st_size > 5000
     table = markdown_table(report)
     assert "| 0 |" in table and "| 1 |" in table and "zero-shot base model" in table
+
+
+def test_an_interrupted_evaluation_resumes_from_its_frame_journal(tmp_path):
+    """Frames already in ``frames.jsonl`` are not evaluated again and give the same metrics; a torn last
+    line (a killed run) is dropped; another evaluation's journal is refused."""
+    with MemoryBank.create(tmp_path / "bank", SceneVectorEmbedder()) as bank:
+        bank.append_many([memory_item(i, top=("CK", "DK")[i % 2]) for i in range(8)])
+    torch.manual_seed(0)
+    student = DualHeadStudent.from_base(StudentConfig(device="cpu", max_context_tokens=1024), PROMPTS)
+    calls = []
+    predict = student.predict
+    student.predict = lambda query, examples: calls.append(len(examples)) or predict(query, examples)
+    journal = tmp_path / "eval" / "frames.jsonl"
+    run = dict(limit=2, explain_limit=0, heldout_fraction=0.5, zero_shot=False, progress=False, journal=journal)
+    first = evaluate(student, str(tmp_path / "bank"), ks=[0], **run)
+    assert calls == [0, 0]
+    with journal.open("a") as f:
+        f.write('{"k": 1, "id": "torn')  # killed while writing
+    resumed = evaluate(student, str(tmp_path / "bank"), ks=[0, 1], **run)
+    assert calls == [0, 0, 1, 1], "only the K = 1 frames were evaluated again"
+    assert resumed.results[0].accuracy == first.results[0].accuracy and resumed.results[0].kl == first.results[0].kl
+    assert len(journal.read_text().splitlines()) == 1 + 4
+    with pytest.raises(ValueError, match="belongs to another evaluation"):
+        evaluate(student, str(tmp_path / "bank"), ks=[0], **{**run, "limit": 3})
