@@ -107,8 +107,22 @@ def main() -> int:
     ap.add_argument("--compare-banks", nargs=2, metavar=("BEFORE", "AFTER"),
                     help="instead: K = 3 prompt length and decision latency with the real items (queries and "
                          "teacher answers) of two memory banks, alternating calls between them in one run")
+    ap.add_argument("--compare-precisions", nargs="+", metavar="WEIGHTS[/AUTOCAST]",
+                    help="instead: the --student at each precision (e.g. float32 bfloat16 float32/bfloat16: "
+                         "weights dtype, then the autocast dtype of the matrix products), on the real items "
+                         "of --bank: K = 3 decision latency and the decisions' difference to the first one's, "
+                         "alternating calls in one run")
+    ap.add_argument("--bank", default="models/memory_bank", help="the bank of --compare-precisions")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compare_precisions:
+        if not args.student:
+            ap.error("--compare-precisions needs --student")
+        from luna_core.assets import unpacked
+
+        print(compare_precisions(args.student, args.compare_precisions, str(unpacked(Path(args.bank))),
+                                 args.repeats))
+        return 0
     prompts = PromptManager()
     student = (DualHeadStudent.from_pretrained(args.student, prompts, device="cpu") if args.student
                else DualHeadStudent.from_base(StudentConfig(device="cpu"), prompts))
@@ -159,51 +173,91 @@ def main() -> int:
     return 0
 
 
-def compare_banks(student: DualHeadStudent, banks: list[str], repeats: int, k: int = 3) -> str:
-    """Prompt tokens and decision latency at K = ``k`` with the real items of each bank: the steady state
-    (the same K retrieved items for consecutive scenes) and a retrieval change at every call. Calls
-    alternate between the banks, so load on the shared machine affects both alike."""
+def _bank_items(path: str) -> list[MemoryItem]:
     from luna_core.memory import MemoryBank
 
-    pools = []
-    for path in banks:
-        bank = MemoryBank.open(path)
-        items = [it for it in bank if it.distribution is not None]
-        bank.close()
-        # Every n-th item: scenes and answers from across the bank (it is written scenario by scenario).
-        step = max(1, len(items) // ((k + 1) * (repeats + 1)))
-        pools.append(items[::step][:(k + 1) * (repeats + 1)])
-    # Prompt length over many (query, K items) draws: tokenisation only, no forward pass.
-    tokens: list[list[int]] = []
-    for path in banks:
-        bank = MemoryBank.open(path)
-        items = [it for it in bank if it.distribution is not None]
-        bank.close()
-        rng = np.random.default_rng(0)
-        draws = [rng.choice(len(items), size=k + 1, replace=False) for _ in range(200)]
-        tokens.append([len(student.encoder.fit(items[d[0]].query, [items[j] for j in d[1:]]).input_ids)
-                       for d in draws])
-    steady: list[list[float]] = [[] for _ in banks]
-    change: list[list[float]] = [[] for _ in banks]
-    for i in tqdm(range(repeats + 1), desc="compare banks"):
-        for b, pool in enumerate(pools):
+    with MemoryBank.open(path) as bank:
+        return [it for it in bank if it.distribution is not None]
+
+
+def _pool(items: list[MemoryItem], k: int, repeats: int) -> list[MemoryItem]:
+    """Every n-th item: scenes and answers from across the bank (it is written scenario by scenario)."""
+    step = max(1, len(items) // ((k + 1) * (repeats + 1)))
+    return items[::step][:(k + 1) * (repeats + 1)]
+
+
+def _prompt_tokens(student: DualHeadStudent, items: list[MemoryItem], k: int) -> list[int]:
+    """Prompt length over 200 random (query, K items) draws: tokenisation only, no forward pass."""
+    rng = np.random.default_rng(0)
+    draws = [rng.choice(len(items), size=k + 1, replace=False) for _ in range(200)]
+    return [len(student.encoder.fit(items[d[0]].query, [items[j] for j in d[1:]]).input_ids) for d in draws]
+
+
+def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[int]]], repeats: int, k: int,
+             first_column: str, agreement: bool = False) -> str:
+    """The steady state (the same K retrieved items for consecutive scenes) and a retrieval change at
+    every call, per variant (label, student, item pool, prompt tokens); calls alternate between the
+    variants, so load on the shared machine affects all alike. With ``agreement`` (the same pool for
+    every variant) the outputs of each variant are compared with the first one's on the same prompts."""
+    steady: list[list[float]] = [[] for _ in variants]
+    change: list[list[float]] = [[] for _ in variants]
+    outputs: list[list[np.ndarray]] = [[] for _ in variants]
+    for i in tqdm(range(repeats + 1), desc="compare"):
+        for v, (_, student, pool, _) in enumerate(variants):
             query = pool[(k + 1) * i].query
             same = pool[1:k + 1]
             other = pool[(k + 1) * i + 1:(k + 1) * (i + 1)]
             student.predict(pool[0].query, same)  # the cache holds the steady state's prefix
-            _, lat = student.predict(query, same)
+            probs, lat = student.predict(query, same)
             t0 = time.perf_counter()
-            student.predict(query, other)
+            probs_other, _ = student.predict(query, other)
+            outputs[v] += [np.asarray(probs, dtype=float), np.asarray(probs_other, dtype=float)]
             if i:  # the first round warms up
-                steady[b].append(lat.total)
-                change[b].append(time.perf_counter() - t0)
-    lines = [f"| bank | K = {k} prompt tokens (median, max of 200 draws) | steady state (s, p50) | "
-             "retrieval change (s, p50) |",
-             "|---|---|---|---|"]
-    for b, path in enumerate(banks):
-        lines.append(f"| `{path}` | {statistics.median(tokens[b]):.0f}, {max(tokens[b])} | "
-                     f"{statistics.median(steady[b]):.3f} | {statistics.median(change[b]):.3f} |")
+                steady[v].append(lat.total)
+                change[v].append(time.perf_counter() - t0)
+    header = f"| {first_column} | K = {k} prompt tokens (median, max of 200 draws) | steady state (s, p50) | " \
+             "retrieval change (s, p50) |"
+    rule = "|---|---|---|---|"
+    if agreement:
+        header += f" same top action as {variants[0][0]} | max abs. probability difference | mean KL to it |"
+        rule += "---|---|---|"
+    lines = [header, rule]
+    for v, (label, _, _, tokens) in enumerate(variants):
+        row = (f"| {label} | {statistics.median(tokens):.0f}, {max(tokens)} | {statistics.median(steady[v]):.3f} | "
+               f"{statistics.median(change[v]):.3f} |")
+        if agreement:
+            ref, out = outputs[0], outputs[v]
+            same_top = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(ref, out))
+            diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, out))
+            kl = statistics.mean(float(np.sum(a * (np.log(a + 1e-12) - np.log(b + 1e-12)))) for a, b in zip(ref, out))
+            row += f" {same_top} of {len(ref)} | {diff:.4f} | {kl:.5f} |"
+        lines.append(row)
     return "\n".join(lines) + f"\n\n(load average {os.getloadavg()[0]:.1f} at the end of the run)"
+
+
+def compare_banks(student: DualHeadStudent, banks: list[str], repeats: int, k: int = 3) -> str:
+    """Prompt tokens and decision latency at K = ``k`` with the real items of each bank."""
+    variants = []
+    for path in banks:
+        items = _bank_items(path)
+        variants.append((f"`{path}`", student, _pool(items, k, repeats), _prompt_tokens(student, items, k)))
+    return _compare(variants, repeats, k, "bank")
+
+
+def compare_precisions(directory: str, specs: list[str], bank: str, repeats: int, k: int = 3) -> str:
+    """The student of ``directory`` loaded at each precision ``<weights dtype>[/<autocast dtype>]``
+    (e.g. ``float32``, ``bfloat16``, ``float32/bfloat16``), on the same real items of ``bank``: the
+    latency of each and how far its decisions are from the first one's on the same prompts."""
+    items = _bank_items(bank)
+    pool = _pool(items, k, repeats)
+    variants = []
+    for spec in specs:
+        dtype, _, autocast = spec.partition("/")
+        student = DualHeadStudent.from_pretrained(directory, PromptManager(), device="cpu", dtype=dtype,
+                                                  autocast=autocast or "none")
+        label = f"{dtype} weights" + (f", {autocast} autocast" if autocast else "")
+        variants.append((label, student, pool, _prompt_tokens(student, items, k)))
+    return _compare(variants, repeats, k, "precision", agreement=True)
 
 
 def busy_versus_idle(student: DualHeadStudent, queries: list[str], retrieved: list[MemoryItem],

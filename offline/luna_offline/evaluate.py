@@ -396,17 +396,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="must match distill's")
     p.add_argument("--no-zero-shot", action="store_true", help="skip the zero-shot base-model baseline")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--autocast", choices=("none", "bfloat16"), default=None,
+                   help="the base's matrix products in bfloat16 (StudentConfig.autocast); default: the student's own")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    student = DualHeadStudent.from_pretrained(args.student, device=args.device)
+    student = DualHeadStudent.from_pretrained(args.student, device=args.device, autocast=args.autocast)
     t0 = time.perf_counter()
     report = evaluate(student, args.bank, args.ks, args.limit, args.explain_limit, args.heldout_fraction,
                       zero_shot=not args.no_zero_shot, max_new_tokens=args.max_new_tokens,
-                      journal=Path(args.out) / "frames.jsonl", student_name=str(args.student))
+                      journal=Path(args.out) / "frames.jsonl",
+                      student_name=f"{args.student} (autocast {student.config.autocast})")
     report.student = str(args.student)
     write_report(report, Path(args.out))
     print(markdown_table(report))

@@ -193,6 +193,10 @@ def test_save_and_load_round_trip_and_bad_files(student, tmp_path):
     loaded = DualHeadStudent.from_pretrained(out, PROMPTS, device="cpu")
     p2, _ = loaded.predict(q, ex)
     np.testing.assert_allclose(p2, p, atol=1e-6)
+    fast = DualHeadStudent.from_pretrained(out, PROMPTS, device="cpu", autocast="bfloat16")
+    p3, _ = fast.predict(q, ex)
+    assert fast.lm.dtype == torch.float32 and not np.array_equal(p3, p), "the products ran in bfloat16"
+    assert np.abs(p3 - p).max() < 0.05 and abs(p3.sum() - 1.0) < 1e-6
 
     head = (out / files.HEAD_FILE).read_bytes()
     (out / files.HEAD_FILE).write_bytes(head[:-7] + b"garbage")
@@ -224,6 +228,8 @@ def test_config_validation_names_the_field():
         StudentConfig(explanation_max_yield=float("nan"))
     with pytest.raises(StudentConfigError, match="explanation_prefill_chunk"):
         StudentConfig(explanation_prefill_chunk=0)
+    with pytest.raises(StudentConfigError, match="autocast"):
+        StudentConfig(autocast="int8")
     with pytest.raises(StudentConfigError, match="unknown StudentConfig keys"):
         StudentConfig.from_dict({"lora_rank": 8})
     assert StudentConfig.from_dict(StudentConfig(lora_r=8).to_dict()).lora_r == 8

@@ -85,6 +85,9 @@ class HeuristicStackConfig:
     # one; luna_core.assets.live_memory_bank), "bundled" = models/memory_bank as built (evaluation).
     default_bank: str = "live"
     device: str = "auto"  # "auto" = the device the student was saved for; "cpu", "cuda", "cuda:<n>"
+    # The dtype of the base's matrix products (StudentConfig.autocast): "" = the student's own ("none"),
+    # "bfloat16". Checked by StudentConfig when the student loads (importing it here would import torch).
+    autocast: str = ""
     max_context_tokens: int = 0  # student's prompt budget; 0 = the one it was trained with
     k: int = 3  # retrieved memory items per decision (K)
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
@@ -122,7 +125,8 @@ def load_student(config: HeuristicStackConfig) -> DualHeadStudent:
     return DualHeadStudent.from_pretrained(resolve(config.student, "student"),
                                            device=None if config.device == "auto" else config.device,
                                            base_model=config.base_model or None,
-                                           max_context_tokens=config.max_context_tokens or None)
+                                           max_context_tokens=config.max_context_tokens or None,
+                                           autocast=config.autocast or None)
 
 
 def open_memory_bank(config: HeuristicStackConfig) -> MemoryBank | None:

@@ -16,6 +16,10 @@ MODEL_PARAMS = [
     ParamSpec("memory_bank", str, "", "Memory bank directory; empty = the live bank in $LUNA_DATA (seeded from "
               "the bundled one); 'none' = no retrieval."),
     ParamSpec("device", str, "auto", "Torch device.", choices=("auto", "cpu", "cuda")),
+    ParamSpec("autocast", str, "", "The base model's matrix products in this dtype (torch autocast; weights, "
+              "norms and residual stream stay as loaded); empty = the student's own (none). bfloat16 on a CPU "
+              "with AVX512-BF16 or AMX: faster decisions, probabilities within a few hundredths of float32's "
+              "(docs/benchmarks.md).", choices=("", "none", "bfloat16")),
     ParamSpec("max_context_tokens", int, 0, "Prompt budget of the student in tokens; 0 = the one it was "
               "trained with. A longer prompt drops retrieved examples (least similar first), then the "
               "farthest objects; never the instructions, the task or the answer format.", min=0),
@@ -75,6 +79,7 @@ def heuristic_config(params: dict) -> HeuristicStackConfig:
     """The node's model parameters as the stack's config ("" bank = the live one the vehicle learns into)."""
     return HeuristicStackConfig(student=params["student_model"], base_model=params["base_model"],
                                 memory_bank=params["memory_bank"], default_bank="live", device=params["device"],
+                                autocast=params["autocast"],
                                 max_context_tokens=params["max_context_tokens"], k=params["k"],
                                 gamma_p=params["gamma_p"], retrieval_margin=params["retrieval_margin"])
 

@@ -13,6 +13,7 @@ from luna_core.types import NUM_ACTIONS
 TRUNCATION_POLICIES = ("drop_examples_then_objects",)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+AUTOCASTS = ("none", "bfloat16")
 QUANTIZATIONS = ("none", "nf4")
 
 
@@ -38,6 +39,10 @@ class StudentConfig:
     explanation_max_yield: float = 1.0  # s an explanation step waits for pending decisions at most
     device: str = "auto"  # "auto" = CUDA when available, else CPU
     dtype: str = "auto"  # "auto" = bfloat16 on CUDA, float32 on CPU
+    # The base's matrix products in this dtype (torch autocast) while its weights, norms and residual
+    # stream keep ``dtype``: on a CPU with AVX512-BF16 or AMX about half the time of a float32 pass, at
+    # a tenth of the output change of bfloat16 weights (docs/benchmarks.md).
+    autocast: str = "none"
     quantization: str = "none"  # "nf4" = bitsandbytes 4-bit base (CUDA)
     reuse_prefix_cache: bool = True  # keep the KV cache of the prefix shared with the previous prompt
     example_objects: int = 0  # nearest objects kept in each retrieved example (0 = all; student.context)
@@ -69,7 +74,7 @@ class StudentConfig:
         if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
             raise bad("lora_targets", f"must be a non-empty list of module names, got {self.lora_targets!r}")
         for name, allowed in (("truncation_policy", TRUNCATION_POLICIES), ("device", DEVICES),
-                              ("dtype", DTYPES), ("quantization", QUANTIZATIONS)):
+                              ("dtype", DTYPES), ("quantization", QUANTIZATIONS), ("autocast", AUTOCASTS)):
             if getattr(self, name) not in allowed:
                 raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
 

@@ -16,6 +16,7 @@ alone took ~10 s of the decision process's restart; a merged forward pass also s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -211,12 +212,14 @@ class DualHeadStudent(nn.Module):
     def from_pretrained(cls, directory: str | Path, prompts: StudentPrompts | None = None,
                         device: str | None = None, base_model: str | None = None,
                         max_context_tokens: int | None = None,
-                        for_training: bool = False) -> "DualHeadStudent":
+                        for_training: bool = False, dtype: str | None = None,
+                        autocast: str | None = None) -> "DualHeadStudent":
         """Load a saved student; the base model must be the one it was trained on (hash check).
 
         ``device`` overrides the saved device; ``base_model`` overrides where the base is found (e.g. a
         local folder on a vehicle): its hash must still match; ``max_context_tokens`` overrides the
-        prompt budget (a latency budget on a slow computer). By default the adapter is merged into the
+        prompt budget (a latency budget on a slow computer); ``dtype`` the base's weights and
+        ``autocast`` the dtype of its matrix products (``StudentConfig.autocast``). By default the adapter is merged into the
         base weights without peft (inference: the decision node, the bridge, evaluation); with
         ``for_training`` (distillation), or on an nf4-quantised base (4-bit weights cannot take the
         sum), it is loaded into peft's LoRA modules.
@@ -234,6 +237,10 @@ class DualHeadStudent(nn.Module):
             config.base_model = base_model
         if max_context_tokens is not None:
             config.max_context_tokens = max_context_tokens
+        if dtype is not None:
+            config.dtype = dtype
+        if autocast is not None:
+            config.autocast = autocast
         config.validate()
         meta = files.read_meta(directory)
         adapter_path = files.check_file(directory, files.ADAPTER_FILE, meta)
@@ -387,6 +394,12 @@ class DualHeadStudent(nn.Module):
                 self._pending_predicts -= 1
                 self._pending.notify_all()
 
+    def _autocast(self):
+        """The base's forward passes under torch autocast (``StudentConfig.autocast``), or as they are."""
+        if self.config.autocast == "none":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.config.autocast))
+
     def _commitment_hidden(self, fitted: FittedPrompt) -> tuple[torch.Tensor, int]:
         """h_{i*} of the prompt and how many leading tokens came from the KV cache.
 
@@ -399,7 +412,8 @@ class DualHeadStudent(nn.Module):
         ids = fitted.input_ids
         if not self.config.reuse_prefix_cache:
             x = torch.tensor([ids], device=self.device)
-            return self.decoder(input_ids=x, use_cache=False).last_hidden_state[0, -1], 0
+            with self._autocast():
+                return self.decoder(input_ids=x, use_cache=False).last_hidden_state[0, -1], 0
         # At least the last token is computed: its hidden state is h_{i*}.
         shared = common_prefix_length(self._cached_ids, ids, len(ids) - 1)
         cache = self._kv_cache if shared > 0 else None
@@ -407,7 +421,8 @@ class DualHeadStudent(nn.Module):
             cache.crop(shared - cache.get_seq_length())
         self._kv_cache, self._cached_ids = None, ()  # until the pass below completes
         rest = torch.tensor([ids[shared:]], device=self.device)
-        out = self.decoder(input_ids=rest, past_key_values=cache, use_cache=True)
+        with self._autocast():
+            out = self.decoder(input_ids=rest, past_key_values=cache, use_cache=True)
         self._kv_cache, self._cached_ids = out.past_key_values, tuple(ids)
         return out.last_hidden_state[0, -1], shared
 
@@ -464,7 +479,7 @@ class DualHeadStudent(nn.Module):
             with self._pending:
                 self._pending.wait_for(lambda: self._pending_predicts == 0,
                                        timeout=self.config.explanation_max_yield)
-            with self._lock:
+            with self._lock, self._autocast():
                 out = self.lm(input_ids=torch.tensor([feed[:chunk]], device=self.device), past_key_values=past,
                               use_cache=True, logits_to_keep=1)
             past, feed = out.past_key_values, feed[chunk:]
