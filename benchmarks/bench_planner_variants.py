@@ -28,14 +28,16 @@ from luna_core.planning.decision_guided import DecisionGuidedConfig, DecisionGui
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior
 from luna_core.planning.diffusion_es import DiffusionESConfig
 
-# name -> (DDIM steps of the prior samples, DiffusionESConfig overrides)
+# name -> (DDIM steps of the prior samples, DiffusionESConfig overrides, the denoiser's autocast dtype)
 VARIANTS = {
-    "default (10 DDIM steps, rounds of 5 + 1 steps, population 128)": (10, {}),
-    "prior 5 DDIM steps, rounds of 2 + 1": (5, {"renoise_steps": (2, 1)}),
-    "rounds of 3 + 1 steps": (10, {"renoise_steps": (3, 1)}),
-    "1 renoise-denoise round": (10, {"iterations": 1}),
-    "population 64": (10, {"population": 64}),
-    "population 64, prior 5 steps, rounds of 2 + 1": (5, {"population": 64, "renoise_steps": (2, 1)}),
+    "default (10 DDIM steps, rounds of 5 + 1 steps, population 128)": (10, {}, "none"),
+    "prior 5 DDIM steps, rounds of 2 + 1": (5, {"renoise_steps": (2, 1)}, "none"),
+    "rounds of 3 + 1 steps": (10, {"renoise_steps": (3, 1)}, "none"),
+    "1 renoise-denoise round": (10, {"iterations": 1}, "none"),
+    "population 64": (10, {"population": 64}, "none"),
+    "population 64, prior 5 steps, rounds of 2 + 1": (5, {"population": 64, "renoise_steps": (2, 1)}, "none"),
+    "denoiser in bfloat16 autocast": (10, {}, "bfloat16"),
+    "bfloat16 autocast, population 64": (10, {"population": 64}, "bfloat16"),
 }
 
 
@@ -52,9 +54,9 @@ class Timed(TrajectoryDiffusionPrior):
             Timed.cpu += time.process_time() - c0
 
 
-def planner(steps: int, overrides: dict) -> DecisionGuidedPlanner:
+def planner(steps: int, overrides: dict, autocast: str) -> DecisionGuidedPlanner:
     base = TrajectoryDiffusionPrior.from_pretrained(resolve("", "diffusion_prior"))
-    prior = Timed(replace(base.config, inference_steps=steps), base.model)
+    prior = Timed(replace(base.config, inference_steps=steps), base.model, autocast=autocast)
     search = replace(DiffusionESConfig(), **overrides)
     return DecisionGuidedPlanner(DecisionGuidedConfig(search=search, deterministic=True), prior=prior)
 

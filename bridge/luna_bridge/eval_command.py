@@ -73,6 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument("--iterations", type=int, default=2, help="renoise-denoise rounds (default 2)")
     stack.add_argument("--time-budget", type=float, default=0.0,
                        help="wall-clock budget per planning call in s; 0 (default) = deterministic mode")
+    stack.add_argument("--autocast", choices=("none", "bfloat16"), default="none",
+                       help="the matrix products of the denoiser and the student in this dtype (torch autocast; "
+                            "faster on AVX512-BF16 / AMX CPUs, changes results); default none")
     p.set_defaults(func=run)
 
 
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         stack = StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
                               decision_every=args.decision_every, population=args.population,
-                              iterations=args.iterations, time_budget=args.time_budget)
+                              iterations=args.iterations, time_budget=args.time_budget, autocast=args.autocast)
     except StackConfigError as exc:
         print(f"luna-bridge eval: {exc}", file=sys.stderr)
         return 2

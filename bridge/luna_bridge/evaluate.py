@@ -519,14 +519,18 @@ def _job_files(job: Job) -> dict[str, bytes]:
 
 def _finished(job: Job) -> bool:
     """A run is done when its result file parses and was made with the same settings (a torn or
-    corrupt file, or one from another replanning rate or other stack settings, is rerun)."""
+    corrupt file, or one from another replanning rate or other stack settings, is rerun). A setting that
+    a file predates (added to StackSettings later) counts as its default, which is what that run used."""
     try:
         done = json.loads(job.result_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    same_stack = done.get("stack") == (asdict(job.stack) if job.stack is not None else None) \
-        if isinstance(done, dict) else False
-    return isinstance(done, dict) and done.get("replan_every") == job.replan_every and same_stack
+    if not isinstance(done, dict):
+        return False
+    stored = done.get("stack")
+    if isinstance(stored, dict):
+        stored = {**asdict(StackSettings()), **stored}
+    return done.get("replan_every") == job.replan_every and stored == (asdict(job.stack) if job.stack else None)
 
 
 def run_set(name: str, cfg: EvalConfig, command: str = "", progress: bool = True) -> dict[str, EvalSummary]:

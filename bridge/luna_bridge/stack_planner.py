@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from luna_core.geometry import AUTOCASTS
 from luna_core.types import ACTION_CODES, DecisionDistribution, MemoryItem, PlannerInput, Trajectory
 
 from luna_bridge.scenario import SIM_DT, Scenario
@@ -65,12 +66,16 @@ class StackSettings:
     iterations: int = 2  # renoise-denoise rounds
     time_budget: float = 0.0  # s of wall time per planning call; 0 = deterministic mode (no budget)
     device: str = "cpu"
+    # The matrix products of the denoiser and the student under torch autocast (faster on AVX512-BF16 /
+    # AMX CPUs; changes results): "none" or "bfloat16".
+    autocast: str = "none"
 
     def __post_init__(self) -> None:
         if self.k < 0 or self.decision_every < 1 or self.population < 4 or self.iterations < 0 \
-                or self.time_budget < 0 or not 0.0 <= self.gamma_p <= 1.0:
+                or self.time_budget < 0 or not 0.0 <= self.gamma_p <= 1.0 or self.autocast not in AUTOCASTS:
             raise StackConfigError(f"invalid stack settings {self}: need k >= 0, decision_every >= 1, "
-                                   "population >= 4, iterations >= 0, time_budget >= 0, 0 <= gamma_p <= 1")
+                                   "population >= 4, iterations >= 0, time_budget >= 0, 0 <= gamma_p <= 1, "
+                                   f"autocast one of {', '.join(AUTOCASTS)}")
 
     @property
     def decision_period(self) -> float:
@@ -171,7 +176,8 @@ def heuristic_config(settings: StackSettings, k: int | None = None) -> Heuristic
     k = settings.k if k is None else k
     try:
         return HeuristicStackConfig(student=settings.student, memory_bank=settings.memory_bank if k > 0 else NO_BANK,
-                                    default_bank="bundled", device=settings.device, k=k, gamma_p=settings.gamma_p)
+                                    default_bank="bundled", device=settings.device, autocast=settings.autocast, k=k,
+                                    gamma_p=settings.gamma_p)
     except CoreConfigError as exc:
         raise StackConfigError(str(exc)) from None
 
@@ -180,7 +186,7 @@ def _student(settings: StackSettings) -> Any:
     from luna_core.stack import load_student
     from luna_core.student import StudentError
 
-    key = (settings.student, settings.device)
+    key = (settings.student, settings.device, settings.autocast)
     with _cache_lock:
         if key not in _students:
             try:
@@ -220,7 +226,7 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
 
 
 def make_decision_source(variant: str = "luna", student: str = "", memory_bank: str = "", k: int = 3,
-                         gamma_p: float = 0.1, device: str = "cpu") -> SceneDecisionSource:
+                         gamma_p: float = 0.1, device: str = "cpu", autocast: str = "none") -> SceneDecisionSource:
     """The decision source of stack ``variant`` (one of ``STUDENT_PLANNERS``): xi_t from each planner
     input, then the variant's heuristic system. ``student`` / ``memory_bank`` are folders ("" = the
     bundled models/student, models/memory_bank); ``k`` retrieved items (``luna-k0`` uses 0);
@@ -228,7 +234,8 @@ def make_decision_source(variant: str = "luna", student: str = "", memory_bank: 
     Raises ``StackConfigError`` naming the folder that cannot be loaded, or the bad setting."""
     from luna_bridge.reflection_round import SceneDecisionSource
 
-    settings = StackSettings(student=student, memory_bank=memory_bank, k=k, gamma_p=gamma_p, device=device)
+    settings = StackSettings(student=student, memory_bank=memory_bank, k=k, gamma_p=gamma_p, device=device,
+                             autocast=autocast)
     return SceneDecisionSource(heuristic_for(variant, settings))
 
 
@@ -270,7 +277,7 @@ def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
     return make_planner("luna" if use_decisions else "diffusion-es", dict(
         search=search, gamma_p=settings.gamma_p,
         deterministic=settings.time_budget == 0, time_budget=settings.time_budget or 0.4,
-        decision_period=settings.decision_period))  # the timeout derives from T_d (luna_core.decision)
+        decision_period=settings.decision_period, autocast=settings.autocast))  # the timeout derives from T_d (luna_core.decision)
 
 
 def make_stack_planner(variant: str, scenario: Scenario | None = None,
@@ -288,4 +295,4 @@ def make_stack_planner(variant: str, scenario: Scenario | None = None,
         return StackPlanner(variant, search_planner(True, s),
                             OracleDecisionSource(scenario, s.gamma_p, one_hot=variant == "luna-onehot-oracle"))
     return StackPlanner(variant, search_planner(True, s),
-                        make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device))
+                        make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device, s.autocast))

@@ -135,7 +135,16 @@ def test_eval_runs_the_stack_variants_deterministically(artifacts, tmp_path: Pat
     for p in ("luna", "diffusion-es"):
         rel = Path("scenarios") / p / "non_reactive/a_lead_near.json"
         assert (tmp_path / "again" / rel).read_bytes() == (tmp_path / "out" / rel).read_bytes(), p
+    # A file that predates a setting (no "autocast" key) was made with its default: resumed, not redone.
+    path = tmp_path / "again/scenarios/diffusion-es/non_reactive/a_lead_near.json"
+    older = json.loads(path.read_text())
+    del older["stack"]["autocast"]
+    path.write_text(json.dumps(older))
+    assert run_evaluation(cfg2, progress=False).skipped == 3  # the expert row, luna, diffusion-es
     # Other stack settings are another experiment: the run is redone, not resumed.
     cfg3 = EvalConfig(str(suite), ["diffusion-es"], modes=(False,), out_dir=tmp_path / "out", replan_every=5,
                       stack=settings(artifacts, population=12))
     assert run_evaluation(cfg3, progress=False).skipped == 1  # the expert row only
+    cfg4 = EvalConfig(str(suite), ["diffusion-es"], modes=(False,), out_dir=tmp_path / "out", replan_every=5,
+                      stack=settings(artifacts, population=12, autocast="bfloat16"))
+    assert run_evaluation(cfg4, progress=False).skipped == 1, "autocast is another experiment"

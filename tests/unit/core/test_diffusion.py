@@ -155,12 +155,14 @@ def test_tiny_prior_learns_the_history_conditioned_acceleration() -> None:
     assert ends[1.5] - ends[-1.5] > 50.0, ends
 
 
-def test_shipped_prior_samples_plausible_trajectories_for_the_history() -> None:
+@pytest.mark.parametrize("autocast", ["none", "bfloat16"])
+def test_shipped_prior_samples_plausible_trajectories_for_the_history(autocast: str) -> None:
     """The default weights (models/diffusion_prior) load and, for a straight 10 m/s history, sample
-    forward-going, smooth trajectories whose travel grows with the history speed."""
+    forward-going, smooth trajectories whose travel grows with the history speed; with the denoiser's
+    products in bfloat16 too (other samples, the same plausibility)."""
     from luna_core.assets import default_path
 
-    prior = TrajectoryDiffusionPrior.from_pretrained(default_path("diffusion_prior"))
+    prior = TrajectoryDiffusionPrior.from_pretrained(default_path("diffusion_prior"), autocast=autocast)
     assert 0.2e6 < prior.num_parameters() < 3e6
     ends = {}
     for speed in (3.0, 15.0):
@@ -173,3 +175,8 @@ def test_shipped_prior_samples_plausible_trajectories_for_the_history() -> None:
         assert np.percentile(step, 95) < 45.0  # m/s between waypoints: no jumps
         ends[speed] = float(np.median(poses[:, -1, 0]))
     assert 0.0 < ends[3.0] < 60.0 and 60.0 < ends[15.0] < 200.0, ends
+
+
+def test_an_unknown_autocast_dtype_is_refused() -> None:
+    with pytest.raises(ValueError, match="autocast must be one of none, bfloat16"):
+        TrajectoryDiffusionPrior(DiffusionPriorConfig(), autocast="float8")

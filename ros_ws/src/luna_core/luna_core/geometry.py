@@ -109,6 +109,8 @@ def default_device() -> torch.device:
 
 #: Device names the stack's options accept (planner, stack settings); also "cuda:<n>".
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+#: Dtypes of torch autocast for the models' matrix products (the student's and the denoiser's); "none" = off.
+AUTOCASTS = ("none", "bfloat16")
 
 
 def is_device_name(name: object) -> bool:

@@ -52,7 +52,7 @@ from luna_core.assets import resolve
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
 from luna_core.decision import (DEFAULT_DECISION_PERIOD, DecisionInForce, DecisionTiming, DecisionTimingError,
                                  DecisionTracker)
-from luna_core.geometry import default_device, is_device_name
+from luna_core.geometry import AUTOCASTS, default_device, is_device_name
 from luna_core.idm import pdm_policy
 from luna_core.planning.diffusion import (TrajectoryDiffusionPrior, history_from_states, to_ego_frame,
                                           to_map_frame)
@@ -90,6 +90,9 @@ class DecisionGuidedConfig:
     # Torch device of the denoiser: "cpu", "cuda", "cuda:<n>" or "auto" (CUDA when present). The search's
     # noise is drawn on the CPU whatever the device, so devices differ only by float rounding.
     device: str = "cpu"
+    # The denoiser's matrix products under torch autocast ("bfloat16": ~3.5x faster denoising on a CPU with
+    # AVX512-BF16 or AMX); it changes the samples, so it is off unless chosen (docs/benchmarks.md).
+    autocast: str = "none"
     time_budget: float = 0.4  # s per call; the planner node replans every 0.5 s
     # Deterministic mode for batch evaluation: no wall-clock budget, every stage runs at its full
     # configured size, so the result does not depend on the machine's load (same input, same output).
@@ -133,6 +136,8 @@ class DecisionGuidedConfig:
                              "comfortable_deceleration and tail_blend_time must be positive")
         if not is_device_name(self.device):
             raise ValueError(f"DecisionGuidedConfig: device must be cpu, cuda, cuda:<n> or auto, got {self.device!r}")
+        if self.autocast not in AUTOCASTS:
+            raise ValueError(f"DecisionGuidedConfig: autocast must be one of {', '.join(AUTOCASTS)}, got {self.autocast!r}")
         if not (self.switch_margin >= 0.0 and self.emergency_time >= 0.0 and self.emergency_max_speed >= 0.0):
             raise ValueError("DecisionGuidedConfig: switch_margin, emergency_time and emergency_max_speed "
                              "must be >= 0")
@@ -393,7 +398,7 @@ class DecisionGuidedPlanner:
         self.config = config
         device = default_device() if config.device == "auto" else config.device
         self.prior = prior if prior is not None else TrajectoryDiffusionPrior.from_pretrained(
-            resolve(config.model_path, "diffusion_prior"), device)
+            resolve(config.model_path, "diffusion_prior"), device, config.autocast)
         self.clock = clock
         self.name = "luna" if config.use_decisions else "diffusion_es"
         self.calls = 0

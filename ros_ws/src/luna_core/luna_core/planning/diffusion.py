@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from luna_core.geometry import AUTOCASTS
 from luna_core.types import EgoState, wrap_angle
 
 MODEL_TYPE = "luna-trajectory-diffusion"
@@ -267,9 +268,15 @@ class TrajectoryDiffusionPrior:
     """The denoiser with its noise schedule; all sampling methods work on normalised actions."""
 
     def __init__(self, config: DiffusionPriorConfig, model: TrajectoryDenoiser | None = None,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", autocast: str = "none") -> None:
         self.config = config
         self.device = torch.device(device)
+        if autocast not in AUTOCASTS:
+            raise ValueError(f"TrajectoryDiffusionPrior: autocast must be one of {', '.join(AUTOCASTS)}, got {autocast!r}")
+        # The denoiser's matrix products in this dtype (torch autocast); the DDIM update stays float32.
+        # It changes the samples (a sampled trajectory is a chaotic function of the noise), so the
+        # default is none: a planner with it needs its own closed-loop evaluation.
+        self.autocast = autocast
         self.model = (model or TrajectoryDenoiser(config)).to(self.device).eval()
         self.alphas_cumprod = cosine_alphas_cumprod(config.train_timesteps).to(self.device)
         # "Trailing" DDIM timesteps (99, 89, ..., 9 for 100/10): the first step starts at pure noise.
@@ -288,7 +295,8 @@ class TrajectoryDiffusionPrior:
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt", "model_type": MODEL_TYPE})
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> "TrajectoryDiffusionPrior":
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu",
+                        autocast: str = "none") -> "TrajectoryDiffusionPrior":
         folder = Path(path)
         for name in (CONFIG_NAME, WEIGHTS_NAME):
             if not (folder / name).is_file():
@@ -303,7 +311,7 @@ class TrajectoryDiffusionPrior:
             model.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
         except (RuntimeError, OSError, ValueError) as exc:
             raise PriorLoadError(f"{folder / WEIGHTS_NAME} does not match its config: {exc}") from None
-        return cls(config, model, device)
+        return cls(config, model, device, autocast)
 
     # ---- normalisation ---------------------------------------------------------------------------
 
@@ -371,7 +379,9 @@ class TrajectoryDiffusionPrior:
                 return None
             ab = self.alphas_cumprod[t]
             ab_prev = self.alphas_cumprod[ts[i + 1]] if i + 1 < len(ts) else torch.ones((), device=self.device)
-            eps = self.model(x, torch.full((b,), t, device=self.device, dtype=torch.long), history)
+            with torch.autocast(self.device.type, dtype=getattr(torch, self.autocast, torch.float32),
+                                enabled=self.autocast != "none"):
+                eps = self.model(x, torch.full((b,), t, device=self.device, dtype=torch.long), history).float()
             x0 = ((x - (1 - ab).sqrt() * eps) / ab.sqrt()).clamp(-clip, clip)
             eps = (x - ab.sqrt() * x0) / (1 - ab).sqrt()  # consistent with the clipped x0
             x = ab_prev.sqrt() * x0 + (1 - ab_prev).sqrt() * eps

@@ -7,13 +7,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from luna_core.student.errors import StudentConfigError
+from luna_core.geometry import AUTOCASTS
 from luna_core.types import NUM_ACTIONS
 
 #: How a prompt that does not fit ``max_context_tokens`` is shortened (see ``student.context``).
 TRUNCATION_POLICIES = ("drop_examples_then_objects",)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-AUTOCASTS = ("none", "bfloat16")
 QUANTIZATIONS = ("none", "nf4")
 
 
