@@ -22,7 +22,7 @@ setup(
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),
     ],
-    install_requires=["luna_core", "luna_msgs_py"],
+    install_requires=["luna_core", "luna_msgs_py", "pyyaml"],
     zip_safe=False,
     maintainer="LUNA-AD team",
     description="Thin rclpy nodes of the LUNA-AD stack",

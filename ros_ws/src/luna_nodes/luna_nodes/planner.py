@@ -301,18 +301,10 @@ def _preload_key(name: str, options: dict) -> str:
 
 
 def warm_up(planner) -> None:
-    """One small denoising pass of the planner's diffusion prior on a standing ego (torch's first-call
-    set-up), with a generator of its own: the planner's state and random streams stay untouched."""
+    """The planner's diffusion prior warmed up (``TrajectoryDiffusionPrior.warm_up``), if it has one."""
     prior = getattr(planner, "prior", None)
-    if prior is None:
-        return
-    import torch
-
-    from luna_core.planning.diffusion import history_from_states
-    from luna_core.types import EgoState
-
-    history, _ = history_from_states([EgoState(0.0, 0.0, 0.0, 0.0, 0.0)], prior.config)
-    prior.sample(prior.history_tensor(history), 8, torch.Generator().manual_seed(0))
+    if prior is not None:
+        prior.warm_up()
 
 
 def preload(argv) -> None:

@@ -387,6 +387,12 @@ class TrajectoryDiffusionPrior:
             x = ab_prev.sqrt() * x0 + (1 - ab_prev).sqrt() * eps
         return x
 
+    def warm_up(self) -> None:
+        """One small sampling pass on a standing ego, so that torch's first-call set-up is paid now (a
+        standby planner, before it takes over); with a generator of its own: no random stream moves."""
+        history, _ = history_from_states([EgoState(0.0, 0.0, 0.0, 0.0, 0.0)], self.config)
+        self.sample(self.history_tensor(history), 8, torch.Generator().manual_seed(0))
+
     def sample(self, history: torch.Tensor, num_samples: int, generator: torch.Generator | None = None
                ) -> torch.Tensor:
         """Full DDIM sampling of ``num_samples`` clean normalised actions (B, N, 3)."""
