@@ -332,6 +332,11 @@ def plot_fig7(report: EvalReport, path: Path) -> None:
         ("Explanation latency (s, median)", [("explain", [r.explain_latency_median for r in report.results])], []),
     ]
     for ax, (title, series, lines) in zip(axes.flat, panels):
+        if all(y is None for _, ys in series for y in ys):  # e.g. explanations not asked for (--explain-limit 0)
+            ax.text(0.5, 0.5, "not measured in this run", ha="center", va="center", transform=ax.transAxes,
+                    color="0.4")
+            ax.set_yticks([])
+            series = []
         for label, ys in series:
             ys = [np.nan if y is None else y for y in ys]
             ax.plot(ks, ys, marker="o", label=label)
@@ -345,7 +350,8 @@ def plot_fig7(report: EvalReport, path: Path) -> None:
         ax.set_xlabel("retrieved examples K")
         ax.set_xticks(ks)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if series or lines:
+            ax.legend(fontsize=7)
     if report.meteor_note:
         fig.text(0.5, 0.005, report.meteor_note, ha="center", fontsize=7)
     fig.tight_layout()
