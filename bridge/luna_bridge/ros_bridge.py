@@ -74,8 +74,9 @@ class RosStackPlanner:
         self.route_pub = n.create_publisher(lm.Route, "planning/route", qos.LATCHED)
         self.latest: Trajectory | None = None
         self.decisions: list[DecisionDistribution] = []
-        n.create_subscription(lm.Trajectory, "planning/trajectory", self._on_trajectory, qos.RELIABLE)
-        n.create_subscription(lm.DecisionDistribution, "luna/decision", self._on_decision, qos.RELIABLE)
+        self._outputs = (
+            n.create_subscription(lm.Trajectory, "planning/trajectory", self._on_trajectory, qos.RELIABLE),
+            n.create_subscription(lm.DecisionDistribution, "luna/decision", self._on_decision, qos.RELIABLE))
         self.current: Trajectory | None = None
         self.ego_sent_until: float | None = None  # stamp of the newest ego state on the wire
 
@@ -120,7 +121,10 @@ class RosStackPlanner:
         def matched(pub) -> bool:
             return pub.get_subscription_count() >= max(1, self.node.count_subscribers(pub.topic_name))
 
-        ok = self._spin_until(lambda: all(matched(p) for p in pubs) and
+        def heard(sub) -> bool:  # the stack's outputs: a decision published before the match is lost to us
+            return sub.get_publisher_count() >= self.node.count_publishers(sub.topic_name)
+
+        ok = self._spin_until(lambda: all(matched(p) for p in pubs) and all(heard(s) for s in self._outputs) and
                               self.node.count_publishers("planning/trajectory") > 0, self.config.connect_timeout)
         if not ok:
             raise PlannerTimeout("no stack found: nothing subscribes to the simulator's topics or publishes "
