@@ -95,7 +95,7 @@ INTERFACE = NodeInterface(
                   "when present. The search's noise is drawn on the CPU, so devices differ only by rounding.",
                   choices=("auto", "cpu", "cuda")),
         ParamSpec("autocast", str, "none", "The denoiser's matrix products in this dtype (torch autocast; luna, "
-                  "diffusion-es): bfloat16 denoises ~3.5x faster on a CPU with AVX512-BF16 or AMX, but changes the "
+                  "diffusion-es): bfloat16 makes a cycle ~1.6-1.9x faster on a CPU with AVX512-BF16 or AMX, but changes the "
                   "samples (not evaluated in closed loop yet: docs/benchmarks.md).", choices=("none", "bfloat16")),
         *VEHICLE_PARAMS,
     ],
@@ -300,20 +300,14 @@ def _preload_key(name: str, options: dict) -> str:
     return json.dumps([name, options], sort_keys=True)
 
 
-def warm_up(planner) -> None:
-    """The planner's diffusion prior warmed up (``TrajectoryDiffusionPrior.warm_up``), if it has one."""
-    prior = getattr(planner, "prior", None)
-    if prior is not None:
-        prior.warm_up()
-
-
 def preload(argv) -> None:
     """A standby's preload: the planner of the node's parameters on ``argv`` (the diffusion prior read,
     one search run so that torch's first-call set-up is paid before the promotion)."""
     p = parameters_from_args(argv, "planner", INTERFACE.params)
     options = planner_options(p, decision_timing(p), deterministic_search(p["deterministic"], p["use_sim_time"]))
     planner = make_planner(p["planner"], options)
-    warm_up(planner)
+    if getattr(planner, "prior", None) is not None:  # luna, diffusion-es
+        planner.prior.warm_up()
     _PRELOADED[_preload_key(p["planner"], options)] = planner
 
 

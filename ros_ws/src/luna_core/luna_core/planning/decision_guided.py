@@ -90,7 +90,7 @@ class DecisionGuidedConfig:
     # Torch device of the denoiser: "cpu", "cuda", "cuda:<n>" or "auto" (CUDA when present). The search's
     # noise is drawn on the CPU whatever the device, so devices differ only by float rounding.
     device: str = "cpu"
-    # The denoiser's matrix products under torch autocast ("bfloat16": ~3.5x faster denoising on a CPU with
+    # The denoiser's matrix products under torch autocast ("bfloat16": a ~1.6-1.9x faster cycle on a CPU with
     # AVX512-BF16 or AMX); it changes the samples, so it is off unless chosen (docs/benchmarks.md).
     autocast: str = "none"
     time_budget: float = 0.4  # s per call; the planner node replans every 0.5 s
