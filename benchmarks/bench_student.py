@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from luna_core.prompts import PromptManager, format_ranked_answer
+from luna_core.scene import scene_vector
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.onnx_dpp import OnnxDecisionPredictor, export_dpp_onnx
 from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSection, SceneDescriptor
@@ -130,6 +131,7 @@ def main() -> int:
         print(compare_banks(student, args.compare_banks, args.repeats))
         return 0
     queries = [prompts.decision_query(scene(i)) for i in range(args.repeats + 1)]  # the scene moves on
+    vectors = [scene_vector(scene(i)) for i in range(args.repeats + 1)]  # for a head that reads xi_t
     query = queries[0]
     pool = [example(prompts, i) for i in range(3 * (args.repeats + 1))]
 
@@ -154,21 +156,21 @@ def main() -> int:
             def other(i: int) -> list[MemoryItem]:
                 return pool[k * i:k * (i + 1)]
 
-            tokens[k] = student.predict(query, same)[1].prompt_tokens
-            rows.setdefault(WARM, {})[k] = timed(lambda i: student.predict(queries[i], same), args.repeats,
+            tokens[k] = student.predict(query, same, scene_vector=vectors[0])[1].prompt_tokens
+            rows.setdefault(WARM, {})[k] = timed(lambda i: student.predict(queries[i], same, scene_vector=vectors[i]), args.repeats,
                                                  f"dpp same items K={k}")
-            rows.setdefault(COLD, {})[k] = timed(lambda i: student.predict(queries[i], other(i)), args.repeats,
+            rows.setdefault(COLD, {})[k] = timed(lambda i: student.predict(queries[i], other(i), scene_vector=vectors[i]), args.repeats,
                                                  f"dpp other items K={k}")
             student.config.reuse_prefix_cache = False
-            rows.setdefault(FULL, {})[k] = timed(lambda i: student.predict(queries[i], same), args.repeats,
+            rows.setdefault(FULL, {})[k] = timed(lambda i: student.predict(queries[i], same, scene_vector=vectors[i]), args.repeats,
                                                  f"dpp full K={k}")
             student.config.reuse_prefix_cache = True
-            rows.setdefault(ONNX, {})[k] = timed(lambda i: onnx.predict(queries[i], same), args.repeats,
+            rows.setdefault(ONNX, {})[k] = timed(lambda i: onnx.predict(queries[i], same, scene_vector=vectors[i]), args.repeats,
                                                  f"onnx K={k}")
             rows.setdefault(COT, {})[k] = timed(lambda i: cot_decision(student, queries[i], same),
                                                 args.cot_repeats, f"cot K={k}")
             report()
-        extra[:] = [busy_versus_idle(student, queries, pool[:3], args.repeats)]
+        extra[:] = [busy_versus_idle(student, queries, vectors, pool[:3], args.repeats)]
         report()
     return 0
 
@@ -207,10 +209,11 @@ def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[i
             query = pool[(k + 1) * i].query
             same = pool[1:k + 1]
             other = pool[(k + 1) * i + 1:(k + 1) * (i + 1)]
-            student.predict(pool[0].query, same)  # the cache holds the steady state's prefix
-            probs, lat = student.predict(query, same)
+            student.predict(pool[0].query, same, scene_vector=pool[0].scene_vector)  # the cache holds the steady state's prefix
+            vector = pool[(k + 1) * i].scene_vector
+            probs, lat = student.predict(query, same, scene_vector=vector)
             t0 = time.perf_counter()
-            probs_other, _ = student.predict(query, other)
+            probs_other, _ = student.predict(query, other, scene_vector=vector)
             outputs[v] += [np.asarray(probs, dtype=float), np.asarray(probs_other, dtype=float)]
             if i:  # the first round warms up
                 steady[v].append(lat.total)
@@ -260,8 +263,8 @@ def compare_precisions(directory: str, specs: list[str], bank: str, repeats: int
     return _compare(variants, repeats, k, "precision", agreement=True)
 
 
-def busy_versus_idle(student: DualHeadStudent, queries: list[str], retrieved: list[MemoryItem],
-                     repeats: int) -> str:
+def busy_versus_idle(student: DualHeadStudent, queries: list[str], vectors: list[np.ndarray],
+                     retrieved: list[MemoryItem], repeats: int) -> str:
     """Decision latency (K = 3, same retrieved items) while an explanation of a K = 3 decision is being
     generated in a worker thread sharing the model, versus idle."""
     stop = threading.Event()
@@ -270,11 +273,11 @@ def busy_versus_idle(student: DualHeadStudent, queries: list[str], retrieved: li
         while not stop.is_set():
             student.explain(queries[0], retrieved, ["CK", "DK"], max_new_tokens=64, stop=stop)
 
-    idle = timed(lambda i: student.predict(queries[i], retrieved), repeats, "idle")
+    idle = timed(lambda i: student.predict(queries[i], retrieved, scene_vector=vectors[i]), repeats, "idle")
     worker = threading.Thread(target=explain_until_stopped)
     worker.start()
     time.sleep(1.0)
-    busy = [student.predict(queries[i], retrieved)[1].total for i in tqdm(range(repeats), desc="busy", leave=False)]
+    busy = [student.predict(queries[i], retrieved, scene_vector=vectors[i])[1].total for i in tqdm(range(repeats), desc="busy", leave=False)]
     stop.set()
     worker.join()
     return (f"Decision latency (torch, K = 3, same retrieved items) while an explanation of a K = 3 decision is "

@@ -1,11 +1,12 @@
 """Held-out scores of saved students' decision heads on cached h_{i*} (``distill --stage head`` caches).
 
     .venv/bin/python benchmarks/score_cached_heads.py --student models/student \
-        --features out/s1_k13/features out/s1_k0/features
+        --features out/s1_k13/features out/s1_k0/features [--bank out/bank_train50]
 
 For each feature folder: the held-out rows' K, top-action accuracy and KL(pi || pi_hat) (Eq. 17) of the
 student's head, as the head stage computes them after every epoch. No language-model pass: the hidden
-states are the cached ones, so scoring a head at K = 0 and K = 3 takes seconds.
+states are the cached ones, so scoring a head at K = 0 and K = 3 takes seconds. A head that reads the scene
+vector (``StudentConfig.head_scene_dim``) takes each row's from its teacher item in ``--bank``.
 """
 
 from __future__ import annotations
@@ -16,28 +17,47 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from luna_core.student import StudentConfig
 from luna_core.student.head import DecisionHead
-from luna_offline.distill_head import kl_and_accuracy, load_features
+from luna_offline.distill_head import SceneJoinedHead, kl_and_accuracy, load_features, with_scene_vectors
 
 
 def load_head(student: Path) -> DecisionHead:
     state = load_file(str(student / "head.safetensors"))
-    first = state["net.0.weight"]  # (hidden, d_model)
-    head = DecisionHead(first.shape[1], first.shape[0], state["net.2.weight"].shape[0])
+    scene_dim = StudentConfig.load(student / "student_config.json").head_scene_dim
+    first = state["net.0.weight"]  # (hidden, d_model + scene_dim)
+    head = DecisionHead(first.shape[1] - scene_dim, first.shape[0], state["net.2.weight"].shape[0], scene_dim)
     head.load_state_dict(state)
     return head.eval()
+
+
+def bank_items(path: Path) -> dict:
+    from luna_core.assets import unpacked
+    from luna_core.memory import MemoryBank
+
+    with MemoryBank.open(str(unpacked(path))) as bank:
+        return {it.id: it for it in bank}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--student", type=Path, required=True, help="saved student folder (head.safetensors)")
     p.add_argument("--features", type=Path, nargs="+", required=True, help="feature cache folders")
+    p.add_argument("--bank", type=Path, help="the teacher bank of the caches (a head that reads the scene vector)")
     args = p.parse_args(argv)
     head = load_head(args.student)
+    items = None
+    if head.scene_dim:
+        if args.bank is None:
+            p.error(f"{args.student}: the head reads the scene vector; --bank gives each row's")
+        items = bank_items(args.bank)
     print("| features | held-out rows | K | top-action accuracy (%) | KL |\n|---|---:|---|---:|---:|")
     for folder in args.features:
         hidden, target, rows = load_features(folder, "heldout")
-        kl, acc = kl_and_accuracy(head, hidden, target)
+        if items is None:
+            kl, acc = kl_and_accuracy(head, hidden, target)
+        else:
+            kl, acc = kl_and_accuracy(SceneJoinedHead(head), with_scene_vectors(hidden, rows, items), target)
         ks = json.dumps(sorted({k for _, k in rows}))
         print(f"| {folder} | {len(rows)} | {ks} | {100 * acc:.1f} | {kl:.3f} |")
     return 0

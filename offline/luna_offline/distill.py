@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from luna_core.student import DualHeadStudent, StudentConfig
-from luna_core.student.model import StudentPrompts, default_prompts
+from luna_core.student.model import StudentPrompts, default_prompts, scene_tensor
 from luna_core.types import MemoryItem, validate_distribution
 from luna_offline.distill_head import FEATURE_MODES, CachePart, HeadSettings, run_head_stage
 
@@ -362,6 +362,9 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
             ids, commit, _ = student.encode_training_sample(item.query, neighbours[item.id][:k], item.answer)
             samples.append((ids, commit, validate_distribution(item.distribution)))
         batch = collate(samples, pad_id, accelerator.device)
+        if student.config.head_scene_dim:  # an --init student whose head reads xi_t beside h_i*
+            batch["scene"] = torch.stack([scene_tensor(student.config, train[idx].scene_vector, accelerator.device)
+                                          for idx, _ in batches[b]])
         with accelerator.accumulate(model):
             losses = model(**batch, alpha=settings.alpha)
             accelerator.backward(losses["total"])
@@ -430,6 +433,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--extra-features", nargs="+", default=[], metavar="DIR",
                    help="also train the head on these caches' training rows (same bank and split, e.g. "
                         "<a K = 0 run>/features)")
+    h.add_argument("--head-scene-vector", dest="scene_vector", action="store_true",
+                   help="the head also reads the scene vector xi_t stored with each teacher item, beside h_i* "
+                        "(StudentConfig.head_scene_dim; docs/student.md)")
     p.set_defaults(func=run)
 
 

@@ -60,6 +60,9 @@ class HeadSettings:
     # Training rows from other caches of the same bank and split (e.g. a K = 0 cache beside a K = 1..3
     # one): the head sees every K without recomputing rows that exist.
     extra_features: list[str] = field(default_factory=list)
+    # The head also reads the scene vector xi_t stored with each teacher item (``DecisionHead`` with
+    # ``scene_dim``): nothing to recompute, the cached h_{i*} rows are joined with their items' vectors.
+    scene_vector: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.head_lr_final <= 1.0:
@@ -207,6 +210,30 @@ def _with_extra_rows(x: torch.Tensor, y: torch.Tensor, rows: list[tuple[str, int
         x, y = torch.cat([x, ex.to(x.device)]), torch.cat([y, ey.to(y.device)])
         rows += extra
     return x, y, rows
+
+
+class SceneJoinedHead(torch.nn.Module):
+    """A ``DecisionHead`` that reads (h_{i*}, xi_t), trained on cached rows that hold both side by side,
+    [h | xi] (n, d_model + scene_dim), so that ``train_head`` and ``kl_and_accuracy`` serve both heads."""
+
+    def __init__(self, head) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x[:, :self.head.d_model], x[:, self.head.d_model:])
+
+
+def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: dict) -> torch.Tensor:
+    """[h | xi] rows: each cached h_{i*} beside its teacher item's stored scene vector."""
+    from luna_offline.distill import DistillError
+
+    missing = [i for i, _ in rows if items[i].scene_vector is None]
+    if missing:
+        raise DistillError(f"--head-scene-vector: {len(missing)} teacher item(s) carry no scene vector "
+                           f"(e.g. {missing[0]!r}); collect stores it with every item")
+    xi = torch.from_numpy(np.stack([np.asarray(items[i].scene_vector, dtype=np.float32) for i, _ in rows]))
+    return torch.cat([x, xi.to(x.device)], dim=1)
 
 
 def is_validation(item_id: str, fraction: float) -> bool:
@@ -454,28 +481,46 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
         return None
     try:
         x, y, rows = load_features(out / FEATURES, "train", plan["train"])
-        hx, hy, _ = load_features(out / FEATURES, "heldout", plan["heldout"])
+        hx, hy, held_rows = load_features(out / FEATURES, "heldout", plan["heldout"])
     except ValueError as exc:
         raise DistillError(str(exc)) from None
     if not rows:
         raise DistillError(f"{out / FEATURES} holds no cached training rows; run with --features compute or only")
     x, y, rows = _with_extra_rows(x, y, rows, head_settings.extra_features, {it.id for it in train})
+    d_model = x.shape[1]
+    if head_settings.scene_vector:
+        from luna_core.scene import SCENE_VECTOR_DIM
+
+        x, hx = with_scene_vectors(x, rows, items), with_scene_vectors(hx, held_rows, items)
+        student.config.head_scene_dim = SCENE_VECTOR_DIM
+        if x.shape[1] != d_model + SCENE_VECTOR_DIM:
+            raise DistillError(f"the bank's scene vectors have {x.shape[1] - d_model} values, "
+                               f"luna_core.scene.scene_vector gives {SCENE_VECTOR_DIM}: collect the bank again")
     x, hx = x.to(student.device), hx.to(student.device)
     y, hy = y.to(student.device), hy.to(student.device)
     (x, y), val = split_validation(x, y, rows, head_settings.val_fraction)
+
+    def fresh_head():
+        """The stage-1 head, as a module of the cached rows (``SceneJoinedHead`` where it reads xi_t)."""
+        from luna_core.student.model import decision_head
+
+        torch.manual_seed(settings.seed)
+        head = decision_head(student.config, d_model).to(student.device)
+        if not head.scene_dim:
+            return head
+        head.set_scene_normalisation(x[:, d_model:])  # the training rows' scale, saved with the weights
+        return SceneJoinedHead(head)
+
+    # A head on h_i* alone is the student's own (initialised with the student, as before the scene-vector head).
+    trained = fresh_head() if head_settings.scene_vector else student.head
     if head_settings.val_fraction > 0 and not len(val[0]):
         print(f"[distill] no training scenario fell in the validation fraction {head_settings.val_fraction}: "
               "the last epoch's head is kept", flush=True)
     t0 = time.process_time()
-    history = train_head(student.head, (x, y), (hx, hy), head_settings, settings.seed, out / HEAD_STATE,
+    history = train_head(trained, (x, y), (hx, hy), head_settings, settings.seed, out / HEAD_STATE,
                          progress=progress, val=val)
+    student.head = trained.head if isinstance(trained, SceneJoinedHead) else trained
     head_cpu = time.process_time() - t0
-
-    def fresh_head():
-        torch.manual_seed(settings.seed)
-        return type(student.head)(student.head.net[0].in_features, student.config.head_hidden,
-                                  student.config.num_actions).to(student.device)
-
     curve = data_curve(fresh_head, (x, y), (hx, hy), head_settings, settings.seed, val=val) if len(hx) else []
     (out / "head_history.json").write_text(json.dumps(history))
     (out / "data_curve.json").write_text(json.dumps({"curve": curve, "feature_cpu_s": feature_cpu,

@@ -273,7 +273,7 @@ def evaluate(student: DualHeadStudent, bank_path: str, ks: Sequence[int] = range
             record = frames.done.get((k, item.id))
             if record is None:
                 examples = neighbours[item.id][:k]
-                probs, lat = student.predict(item.query, examples)
+                probs, lat = student.predict(item.query, examples, scene_vector=item.scene_vector)
                 record = {"k": k, "id": item.id, "probabilities": [float(v) for v in probs],
                           "latency": lat.total, "prompt_tokens": lat.prompt_tokens}
                 if i < explain_limit:

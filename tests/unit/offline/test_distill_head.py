@@ -4,12 +4,14 @@ them; resumes give identical results; the cached states are the run-time ``predi
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from luna_core.student import DualHeadStudent
+from luna_core.scene import SCENE_VECTOR_DIM
+from luna_core.student import DualHeadStudent, SceneVectorError
 from luna_core.student.head import DecisionHead
 from luna_offline.distill import DistillError, DistillSettings, distill
 from luna_offline.distill_head import (FEATURES, SHARD_ROWS, CachePart, HeadSettings, _write_shard,
@@ -102,7 +104,7 @@ def test_extra_caches_add_training_rows_and_refuse_rows_that_are_not_training_it
         _with_extra_rows(x, y, [], [str(tmp_path / "none")], {"a@1"})
 
 
-@pytest.mark.slow  # loads the real base model and runs ~12 short forward passes: ~40 s on two cores
+@pytest.mark.slow  # loads the real base model and runs ~12 short forward passes: ~45 s on two cores
 def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path):
     bank = make_bank(tmp_path / "bank", 10)
     out = tmp_path / "run"
@@ -151,13 +153,29 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
         run_head_stage(DistillSettings(**{**settings.__dict__, "out": str(split)}), hs, PROMPTS, progress=False,
                        features="cached")
     assert not list((split / FEATURES).glob("train-*"))
-    # Stage 2 (--stage joint --init) continues from the stage-1 student.
-    joint = DistillSettings(bank=bank, out=str(tmp_path / "joint"), init=str(final), max_steps=1, batch_size=1,
+    # The head beside the scene vector (--head-scene-vector) trains on the same cache (nothing recomputed):
+    # the saved student needs xi_t and reads it, and its states are still the run-time ones.
+    shutil.copytree(out / FEATURES, tmp_path / "fused" / FEATURES)
+    fused = run_head_stage(DistillSettings(**{**settings.__dict__, "out": str(tmp_path / "fused")}),
+                           HeadSettings(head_epochs=3, head_batch=4, eval_k=1, scene_vector=True), PROMPTS,
+                           progress=False, features="cached")
+    with_xi = DualHeadStudent.from_pretrained(fused, PROMPTS, device="cpu")
+    assert with_xi.config.head_scene_dim == SCENE_VECTOR_DIM and with_xi.head.scene_scale.ne(1).any()
+    with pytest.raises(SceneVectorError, match="pass scene_vector"):
+        with_xi.predict(item.query, [])
+    p, _ = with_xi.predict(item.query, [], scene_vector=item.scene_vector)
+    with torch.no_grad():
+        q = torch.softmax(with_xi.head(x[j:j + 1], torch.from_numpy(item.scene_vector)), -1)[0].double().numpy()
+    assert np.allclose(p, q / q.sum(), atol=2e-3)
+    other, _ = with_xi.predict(item.query, [], scene_vector=memory_item(9).scene_vector)
+    assert not np.allclose(p, other)  # the head reads the vector, not only the prompt
+    # Stage 2 (--stage joint --init) continues from a stage-1 student (here the one that reads xi_t).
+    joint = DistillSettings(bank=bank, out=str(tmp_path / "joint"), init=str(fused), max_steps=1, batch_size=1,
                             grad_accum=1, k_min=0, k_max=1, heldout_fraction=0.3, max_context_tokens=1024,
                             device="cpu")
     second = distill(joint, prompts=PROMPTS, progress=False)
     assert [h["step"] for h in json.loads((tmp_path / "joint" / "history.json").read_text())] == [1]
-    assert DualHeadStudent.from_pretrained(second, PROMPTS, device="cpu").config.base_model == "smollm2-135m-instruct"
+    assert DualHeadStudent.from_pretrained(second, PROMPTS, device="cpu").config.head_scene_dim == SCENE_VECTOR_DIM
 
 
 def test_head_learning_rate_decays_linearly_over_head_epochs():

@@ -83,7 +83,7 @@ def test_an_interrupted_evaluation_resumes_from_its_frame_journal(tmp_path):
     student = DualHeadStudent.from_base(StudentConfig(device="cpu", max_context_tokens=1024), PROMPTS)
     calls = []
     predict = student.predict
-    student.predict = lambda query, examples: calls.append(len(examples)) or predict(query, examples)
+    student.predict = lambda query, examples, **kw: calls.append(len(examples)) or predict(query, examples, **kw)
     journal = tmp_path / "eval" / "frames.jsonl"
     run = dict(limit=2, explain_limit=0, heldout_fraction=0.5, zero_shot=False, progress=False, journal=journal)
     first = evaluate(student, str(tmp_path / "bank"), ks=[0], **run)

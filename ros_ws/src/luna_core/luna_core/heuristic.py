@@ -132,7 +132,8 @@ class HeuristicSystem:
         check_scene(scene)
         query = self.prompts.decision_query(scene)
         retrieved = self.retrieve(scene, query)
-        probabilities, prompt = self.student.predict(query, retrieved, mask=scene.action_mask())
+        probabilities, prompt = self.student.predict(query, retrieved, mask=scene.action_mask(),
+                                                     scene_vector=scene_vector(scene))
         used = retrieved[:prompt.examples_used]  # the least similar items are dropped first
         return DecisionDistribution(stamp=scene.stamp, probabilities=probabilities,
                                     candidate_set=candidate_set(probabilities, self.config.gamma_p), query=query,

@@ -3,9 +3,9 @@
 from luna_core.student.config import StudentConfig
 from luna_core.student.context import FittedPrompt, PromptEncoder
 from luna_core.student.errors import (BaseModelMismatchError, ContextOverflowError, PromptTemplateError,
-                                      StudentConfigError, StudentError, StudentModelFileError)
+                                      SceneVectorError, StudentConfigError, StudentError, StudentModelFileError)
 from luna_core.student.model import DualHeadStudent, Explanation, PredictLatency
 
 __all__ = ["BaseModelMismatchError", "ContextOverflowError", "DualHeadStudent", "Explanation",
-           "FittedPrompt", "PredictLatency", "PromptEncoder", "PromptTemplateError", "StudentConfig",
+           "FittedPrompt", "PredictLatency", "PromptEncoder", "PromptTemplateError", "SceneVectorError", "StudentConfig",
            "StudentConfigError", "StudentError", "StudentModelFileError"]

@@ -31,6 +31,9 @@ class StudentConfig:
     lora_dropout: float = 0.05
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     head_hidden: int = 1024
+    # 0: the head reads h_{i*} only (Eq. 16); else also the scene vector xi_t of this many values
+    # (``luna_core.scene.SCENE_VECTOR_DIM``; ``DecisionHead``), which ``predict`` then needs.
+    head_scene_dim: int = 0
     num_actions: int = NUM_ACTIONS
     max_context_tokens: int = 2048  # prompt budget of predict(); long prompts are shortened first
     truncation_policy: str = "drop_examples_then_objects"
@@ -61,6 +64,9 @@ class StudentConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise bad(name, f"must be a positive integer, got {value!r}")
+        if not isinstance(self.head_scene_dim, int) or isinstance(self.head_scene_dim, bool) \
+                or self.head_scene_dim < 0:
+            raise bad("head_scene_dim", f"must be an integer >= 0 (0 = h_i* only), got {self.head_scene_dim!r}")
         if not isinstance(self.example_objects, int) or isinstance(self.example_objects, bool) \
                 or self.example_objects < 0:
             raise bad("example_objects", f"must be an integer >= 0 (0 = every object), got {self.example_objects!r}")

@@ -25,3 +25,7 @@ class ContextOverflowError(StudentError, ValueError):
 
 class PromptTemplateError(StudentError, ValueError):
     """The tokenizer's chat template or the prompt messages are not usable for the student."""
+
+
+class SceneVectorError(StudentError, ValueError):
+    """A student whose head reads the scene vector got none, or one of another length."""

@@ -36,7 +36,8 @@ from luna_core import model_cache
 from luna_core.student import files
 from luna_core.student.config import StudentConfig
 from luna_core.student.context import FittedPrompt, Message, student_encoder
-from luna_core.student.errors import BaseModelMismatchError, StudentConfigError, StudentModelFileError
+from luna_core.student.errors import (BaseModelMismatchError, SceneVectorError, StudentConfigError,
+                                      StudentModelFileError)
 from luna_core.student.head import DecisionHead
 from luna_core.student.lora import MergedAdapter, merge_lora, unmerged
 from luna_core.types import NUM_ACTIONS, MemoryItem, mask_and_renormalise
@@ -108,6 +109,33 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
         if a[i] != b[i]:
             return i
     return max(n, 0)
+
+
+def decision_head(config: StudentConfig, d_model: int) -> DecisionHead:
+    """The head ``config`` describes; a head that reads the scene vector must read this luna_core's."""
+    from luna_core.scene import SCENE_VECTOR_DIM
+
+    if config.head_scene_dim not in (0, SCENE_VECTOR_DIM):
+        raise StudentConfigError(f"StudentConfig.head_scene_dim: the head was trained on scene vectors of "
+                                 f"{config.head_scene_dim} values, luna_core.scene.scene_vector gives "
+                                 f"{SCENE_VECTOR_DIM} (another descriptor layout)")
+    return DecisionHead(d_model, config.head_hidden, config.num_actions, config.head_scene_dim)
+
+
+def scene_tensor(config: StudentConfig, scene_vector: np.ndarray | None, device: torch.device
+                 ) -> torch.Tensor | None:
+    """xi_t as the head's float32 input, None for a head on h_i* alone; ``SceneVectorError`` where the
+    head needs one and got none, or got one of another length or with non-finite values."""
+    if not config.head_scene_dim:
+        return None
+    if scene_vector is None:
+        raise SceneVectorError(f"this student's decision head reads the scene vector xi_t "
+                               f"({config.head_scene_dim} values, luna_core.scene.scene_vector): pass scene_vector")
+    v = np.asarray(scene_vector, dtype=np.float32).reshape(-1)
+    if v.shape[0] != config.head_scene_dim or not np.all(np.isfinite(v)):
+        raise SceneVectorError(f"scene_vector: expected {config.head_scene_dim} finite values, got {v.shape[0]}"
+                               + ("" if np.all(np.isfinite(v)) else " with NaN or inf"))
+    return torch.from_numpy(v).to(device)
 
 
 def default_prompts() -> StudentPrompts:
@@ -203,7 +231,7 @@ class DualHeadStudent(nn.Module):
                                            lora_dropout=config.lora_dropout,
                                            target_modules=list(config.lora_targets),
                                            task_type="CAUSAL_LM"))
-        head = DecisionHead(lm.config.hidden_size, config.head_hidden, config.num_actions).to(device)
+        head = decision_head(config, lm.config.hidden_size).to(device)
         student = cls(config, lm, tokenizer, head, base_hash, prompts, device)
         student.eval()
         return student
@@ -256,7 +284,7 @@ class DualHeadStudent(nn.Module):
         if merge:
             lm, tokenizer, dev = _load_base(config, folder)
             lm.requires_grad_(False)  # inference only: nothing here is trained
-            head_module = DecisionHead(lm.config.hidden_size, config.head_hidden, config.num_actions).to(dev)
+            head_module = decision_head(config, lm.config.hidden_size).to(dev)
             student = cls(config, lm, tokenizer, head_module, base_hash, prompts, dev)
         else:
             student = cls._build(config, prompts, folder, base_hash)
@@ -348,21 +376,23 @@ class DualHeadStudent(nn.Module):
         self._kv_cache, self._cached_ids = None, ()
         return super().train(mode)
 
-    def dpp_probabilities(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Eq. 16: softmax of the head logits; the head runs in float32 whatever the base dtype."""
-        return torch.softmax(self.head(hidden.float()), dim=-1)
+    def dpp_probabilities(self, hidden: torch.Tensor, scene: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. 16: softmax of the head logits; the head runs in float32 whatever the base dtype. ``scene``:
+        xi_t for a head that reads it (``scene_tensor``)."""
+        return torch.softmax(self.head(hidden.float(), scene), dim=-1)
 
     # ---- training (Eq. 15-18) ------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, commit_index: torch.Tensor,
-                target: torch.Tensor, alpha: float) -> dict[str, torch.Tensor]:
+                target: torch.Tensor, alpha: float, scene: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The training pass (``losses``); through ``forward`` so DDP / accelerate wrappers sync grads."""
-        return self.losses(input_ids, attention_mask, commit_index, target, alpha)
+        return self.losses(input_ids, attention_mask, commit_index, target, alpha, scene)
 
     def losses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, commit_index: torch.Tensor,
-               target: torch.Tensor, alpha: float) -> dict[str, torch.Tensor]:
+               target: torch.Tensor, alpha: float, scene: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """L_total = L_LM + alpha * KL(pi || pi_hat) on a right-padded batch.
 
-        ``commit_index`` (B,) is i* of each sample, ``target`` (B, 10) the teacher distribution pi.
+        ``commit_index`` (B,) is i* of each sample, ``target`` (B, 10) the teacher distribution pi,
+        ``scene`` (B, head_scene_dim) the scene vectors for a head that reads them.
         L_LM is next-token cross-entropy over every non-padding token of the sequence (Eq. 15).
         """
         hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -370,7 +400,7 @@ class DualHeadStudent(nn.Module):
         labels = input_ids[:, 1:].masked_fill(attention_mask[:, 1:] == 0, -100)
         lm = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         h_star = hidden[torch.arange(hidden.shape[0], device=hidden.device), commit_index]
-        log_q = torch.log_softmax(self.head(h_star.float()), dim=-1)
+        log_q = torch.log_softmax(self.head(h_star.float(), scene), dim=-1)
         kl = F.kl_div(log_q, target.float(), reduction="batchmean")  # sum_a pi log(pi / pi_hat)
         return {"total": lm + alpha * kl, "lm": lm.detach(), "kl": kl.detach()}
 
@@ -428,15 +458,19 @@ class DualHeadStudent(nn.Module):
 
     @torch.inference_mode()
     def predict(self, scene_query: str, retrieved: Sequence[MemoryItem] = (),
-                mask: np.ndarray | None = None) -> tuple[np.ndarray, PredictLatency]:
-        """pi_hat(.|xi_t) (10,) from one forward pass; masked actions get 0 and the rest renormalise."""
+                mask: np.ndarray | None = None, scene_vector: np.ndarray | None = None
+                ) -> tuple[np.ndarray, PredictLatency]:
+        """pi_hat(.|xi_t) (10,) from one forward pass; masked actions get 0 and the rest renormalise.
+        ``scene_vector``: ``luna_core.scene.scene_vector`` of the scene, needed where the head reads it
+        (``StudentConfig.head_scene_dim``), ignored otherwise."""
         mask = checked_mask(mask)
+        scene = scene_tensor(self.config, scene_vector, self.device)
         t0 = time.perf_counter()
         fitted = self.encoder.fit(scene_query, retrieved)
         t1 = time.perf_counter()
         with self._decision_priority():
             hidden, cached = self._commitment_hidden(fitted)
-            probs = self.dpp_probabilities(hidden).to("cpu", torch.float64).numpy()
+            probs = self.dpp_probabilities(hidden, scene).to("cpu", torch.float64).numpy()
         t2 = time.perf_counter()
         probs = probs / probs.sum()  # exact in float64 for consumers that check the sum
         if mask is not None:

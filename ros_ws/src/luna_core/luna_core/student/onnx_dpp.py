@@ -1,7 +1,8 @@
 """The DPP pass as an ONNX graph, run with ONNX Runtime (CUDA provider when present, else CPU).
 
 Graph: input_ids (1, T) -> decoder with LoRA -> hidden state at the last position (i*) -> head ->
-softmax -> probabilities (1, 10); T is dynamic. Tokenisation and the context-length policy stay in
+softmax -> probabilities (1, 10); T is dynamic. A head that reads the scene vector takes it as a second
+input, scene_vector (1, head_scene_dim). Tokenisation and the context-length policy stay in
 Python (``PromptEncoder``), identical to ``DualHeadStudent.predict``.
 """
 
@@ -22,7 +23,7 @@ from luna_core.student.config import StudentConfig
 from luna_core.student.context import student_encoder
 from luna_core.student.errors import StudentModelFileError
 from luna_core.student.model import (DualHeadStudent, PredictLatency, StudentPrompts, checked_mask,
-                                     default_prompts)
+                                     default_prompts, scene_tensor)
 from luna_core.types import MemoryItem, mask_and_renormalise
 
 ONNX_FILE = "dpp.onnx"
@@ -37,13 +38,13 @@ class _DppGraph(nn.Module):
         self.decoder = student.decoder
         self.head = student.head
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, scene: torch.Tensor | None = None) -> torch.Tensor:
         # An explicit all-ones mask keeps transformers off its packed-sequence detection (aten::diff,
         # which has no ONNX symbolic); batch 1 has no padding, so the graph stays the same model.
         mask = torch.ones_like(input_ids)
         hidden = self.decoder(input_ids=input_ids, attention_mask=mask,
                               use_cache=False).last_hidden_state[:, -1]
-        return torch.softmax(self.head(hidden.float()), dim=-1)
+        return torch.softmax(self.head(hidden.float(), scene), dim=-1)
 
 
 def export_dpp_onnx(student: DualHeadStudent, path: str | Path) -> Path:
@@ -56,10 +57,13 @@ def export_dpp_onnx(student: DualHeadStudent, path: str | Path) -> Path:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     graph = _DppGraph(student).eval()
     dummy_query = "[Traffic state]\nx\n[End of traffic state]\nAction set: CK"  # any Q_md: T is dynamic
-    dummy = torch.tensor([student.encoder.fit(dummy_query, []).input_ids])
+    inputs: tuple[torch.Tensor, ...] = (torch.tensor([student.encoder.fit(dummy_query, []).input_ids]),)
+    names = ["input_ids"]
+    if student.config.head_scene_dim:
+        inputs, names = (*inputs, torch.zeros(1, student.config.head_scene_dim)), [*names, "scene_vector"]
     with torch.inference_mode():
-        torch.onnx.export(graph, (dummy,), str(tmp), dynamo=False, opset_version=OPSET,
-                          input_names=["input_ids"], output_names=["probabilities"],
+        torch.onnx.export(graph, inputs, str(tmp), dynamo=False, opset_version=OPSET,
+                          input_names=names, output_names=["probabilities"],
                           dynamic_axes={"input_ids": {1: "sequence"}})
     tmp.replace(path)
     return path
@@ -94,6 +98,7 @@ class OnnxDecisionPredictor:
         except Exception as exc:  # onnxruntime raises its own exception types for bad files
             raise StudentModelFileError(f"{onnx_path}: not a loadable ONNX graph ({exc})") from exc
         self.encoder = student_encoder(tokenizer, prompts, config)
+        self.config = config
 
     @classmethod
     def from_student_dir(cls, directory: str | Path, onnx_path: str | Path | None = None,
@@ -113,13 +118,17 @@ class OnnxDecisionPredictor:
         return self.session.get_providers()
 
     def predict(self, scene_query: str, retrieved: Sequence[MemoryItem] = (),
-                mask: np.ndarray | None = None) -> tuple[np.ndarray, PredictLatency]:
+                mask: np.ndarray | None = None, scene_vector: np.ndarray | None = None
+                ) -> tuple[np.ndarray, PredictLatency]:
         mask = checked_mask(mask)
+        scene = scene_tensor(self.config, scene_vector, torch.device("cpu"))
         t0 = time.perf_counter()
         fitted = self.encoder.fit(scene_query, retrieved)
         t1 = time.perf_counter()
-        ids = np.asarray([fitted.input_ids], dtype=np.int64)
-        probs = self.session.run(["probabilities"], {"input_ids": ids})[0][0].astype(np.float64)
+        feed = {"input_ids": np.asarray([fitted.input_ids], dtype=np.int64)}
+        if scene is not None:
+            feed["scene_vector"] = scene.numpy()[None]
+        probs = self.session.run(["probabilities"], feed)[0][0].astype(np.float64)
         t2 = time.perf_counter()
         probs = probs / probs.sum()
         if mask is not None:
