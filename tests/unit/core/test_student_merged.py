@@ -20,12 +20,14 @@ from safetensors.torch import load_file, save_file
 from luna_core.student import DualHeadStudent, StudentConfigError, StudentModelFileError
 from luna_core.student import files
 from luna_core.student.lora import merge_lora
+from luna_core.student.model import scene_tensor
 from tests.unit.core.test_student_support import PROMPTS, memory_item, query
 
 torch.set_num_threads(1)  # the CI machine is shared: one thread avoids OpenMP spin under contention
 
 REPO = Path(__file__).resolve().parents[3]
 BUNDLED = REPO / "models" / "student"
+XI = memory_item(0).scene_vector  # a scene vector for a head that reads one (ignored by a head on h_i* alone)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +59,14 @@ def test_merged_student_predicts_what_the_peft_student_predicts(merged, with_pef
     assert any("lora_A" in name for name, _ in with_peft.lm.named_modules())
     for i, examples in enumerate(([], [memory_item(1)], [memory_item(2), memory_item(3)])):
         q = query(n_objects=1 + i, speed=5.0 + 3.0 * i)
-        p_merged, _ = merged.predict(q, examples)
-        p_peft, _ = with_peft.predict(q, examples)
+        p_merged, _ = merged.predict(q, examples, scene_vector=XI)
+        p_peft, _ = with_peft.predict(q, examples, scene_vector=XI)
         np.testing.assert_allclose(p_merged, p_peft, atol=1e-5, rtol=0.0)
     # the adapter is not a no-op: without it the distribution differs (else the check above is empty)
     with torch.inference_mode(), merged.adapter_disabled():
         h = merged.decoder(input_ids=torch.tensor([merged.encoder.fit(q, examples).input_ids]))
-        p_base = merged.dpp_probabilities(h.last_hidden_state[0, -1]).double().numpy()
+        xi = scene_tensor(merged.config, XI, merged.device)
+        p_base = merged.dpp_probabilities(h.last_hidden_state[0, -1], xi).double().numpy()
     assert np.abs(p_base / p_base.sum() - p_merged).max() > 1e-3
 
 
@@ -84,9 +87,9 @@ def test_adapter_disabled_gives_the_base_model_and_restores_the_merged_weights(m
 def test_inference_load_imports_no_peft():
     code = ("import json, sys, torch\ntorch.set_num_threads(1)\n"
             "from luna_core.student import DualHeadStudent\n"
-            "from tests.unit.core.test_student_support import PROMPTS, query\n"
+            "from tests.unit.core.test_student_support import PROMPTS, memory_item, query\n"
             f"s = DualHeadStudent.from_pretrained({str(BUNDLED)!r}, PROMPTS, device='cpu')\n"
-            "p, _ = s.predict(query(), [])\n"
+            "p, _ = s.predict(query(), [], scene_vector=memory_item(0).scene_vector)\n"
             "print(json.dumps([float(p.sum()), [m for m in ('peft', 'bitsandbytes') if m in sys.modules]]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -103,7 +106,7 @@ def test_merged_student_saves_the_adapter_it_read(merged, trained_adapter, tmp_p
     assert all(torch.equal(written[k], original[k]) for k in original)
     again = DualHeadStudent.from_pretrained(out, PROMPTS, device="cpu")
     q = query(3)
-    np.testing.assert_array_equal(again.predict(q, [])[0], merged.predict(q, [])[0])
+    np.testing.assert_array_equal(again.predict(q, [], scene_vector=XI)[0], merged.predict(q, [], scene_vector=XI)[0])
 
 
 def test_merged_student_refuses_training(merged):
