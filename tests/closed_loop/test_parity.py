@@ -62,7 +62,11 @@ SETTINGS = StackSettings(student=str(REPO / "models/student"), memory_bank=str(d
                          k=1, gamma_p=0.1, decision_every=20, population=8, iterations=2, time_budget=0.0,
                          device="cpu")
 
-PROB_ATOL = 1e-12
+# The prompts and retrieved ids are compared exactly. The distributions agree to float32 rounding, not
+# bit for bit: about one run in seven (fresh clones, 2026-11-27) differed by up to 1.4e-6 in one decision
+# with the same prompt and items; the cause (something in the decision process's torch state) is not
+# found yet, and a different prompt or item moves the distribution by far more than this bound.
+PROB_ATOL = 1e-5
 STAMP_ATOL = 1e-9
 TRAJ_ATOL = 1e-9
 
