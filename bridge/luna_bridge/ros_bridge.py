@@ -47,6 +47,10 @@ class LockstepConfig:
     replan_period: float = 0.5  # s, the planner node's replan_period
     timeout: float = 10.0  # s of wall time to wait for a trajectory
     connect_timeout: float = 30.0  # s of wall time to wait for the stack's subscribers
+    # Wait for a luna/decision publisher too (a full luna stack, as the demo drives): a bridge node new to a
+    # running stack may know the planner before it has discovered the decision node, and then miss the
+    # first decision of its scenario. Off for a stack without decisions (a planner node alone).
+    expect_decisions: bool = False
     time_offset: float = TIME_OFFSET  # s; ROS time = simulation time + offset. Consecutive scenarios
     # against one running stack need increasing offsets: the stack's clock must never run backwards.
 
@@ -121,14 +125,16 @@ class RosStackPlanner:
         def matched(pub) -> bool:
             return pub.get_subscription_count() >= max(1, self.node.count_subscribers(pub.topic_name))
 
-        def heard(sub) -> bool:  # the stack's outputs: a decision published before the match is lost to us
-            return sub.get_publisher_count() >= self.node.count_publishers(sub.topic_name)
+        def heard(sub, at_least: int) -> bool:  # the stack's outputs: a decision published before the match is lost
+            return sub.get_publisher_count() >= max(at_least, self.node.count_publishers(sub.topic_name))
 
-        ok = self._spin_until(lambda: all(matched(p) for p in pubs) and all(heard(s) for s in self._outputs) and
-                              self.node.count_publishers("planning/trajectory") > 0, self.config.connect_timeout)
+        trajectories, decisions = self._outputs
+        ok = self._spin_until(lambda: all(matched(p) for p in pubs) and heard(trajectories, 1) and
+                              heard(decisions, int(self.config.expect_decisions)), self.config.connect_timeout)
         if not ok:
+            wanted = "planning/trajectory" + (" and luna/decision" if self.config.expect_decisions else "")
             raise PlannerTimeout("no stack found: nothing subscribes to the simulator's topics or publishes "
-                                 f"planning/trajectory (start it with `{self.stack_command}`)")
+                                 f"{wanted} (start it with `{self.stack_command}`)")
 
     stack_command = "luna up --sim-time"  # how to start a stack this bridge drives (for the error above)
 

@@ -145,7 +145,7 @@ def _over_ros(tmp_path: Path, ros_context, settings: StackSettings, missions: in
             # Wall-time bounds only (lock step waits for every answer): the student loads in the decision
             # process before the first instant can be decided, on a loaded 2-core machine.
             config = LockstepConfig(replan_period=REPLAN, timeout=180.0, connect_timeout=180.0,
-                                    time_offset=TIME_OFFSET + m * MISSION_GAP)
+                                    time_offset=TIME_OFFSET + m * MISSION_GAP, expect_decisions=True)
             bridge = RosStackPlanner(lead_vehicle_scenario(DURATION), config, context=ros_context,
                                      node_name=f"luna_bridge_{m}")
             plans: list[tuple[float, Trajectory]] = []

@@ -271,7 +271,8 @@ def _drive(wanted: list[str], out: Path, nodes: list[str], planner: str, with_de
             scenario = load_entry(*refs[name])
             # One running stack drives every scenario: its clock must keep moving forwards.
             bridge = RosStackPlanner(scenario, LockstepConfig(REPLAN_PERIOD, timeout=BRIDGE_WAIT,
-                                                              connect_timeout=300.0, time_offset=offset),
+                                                              connect_timeout=300.0, time_offset=offset,
+                                                              expect_decisions=with_decisions),
                                      node_name=f"luna_bridge_{i}")
             offset += math.ceil((scenario.duration + SCENARIO_GAP) / period) * period
             started = time.monotonic()
