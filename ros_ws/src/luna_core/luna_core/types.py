@@ -399,11 +399,13 @@ class Route:
     goal_heading: float = math.nan
 
     def starts_mission(self, previous: "Route | None") -> bool:
-        """Whether this route starts a new mission after ``previous`` (None: none yet), rather than being
-        the same route again (a latched message delivered twice: the same stamp and road sections). A new
-        mission starts the stack afresh, as ``luna-bridge eval`` starts each scenario: no recent decisions
-        in the scene, no retrieved items kept from the last decision, no warm start of the search."""
-        return previous is None or (previous.stamp, previous.road_ids) != (self.stamp, self.road_ids)
+        """Whether this route starts a new mission after ``previous``, rather than being the same route again
+        (a latched message delivered twice: the same stamp and road sections). A new mission starts the
+        stack afresh, as ``luna-bridge eval`` starts each scenario: no recent decisions in the scene, no
+        retrieved items kept from the last decision, no warm start of the search. The first route a node
+        hears (``previous`` None) starts none: the node holds nothing of an earlier mission, and what it
+        did before the latched route reached it (a first decision, a first plan) is this mission's."""
+        return previous is not None and (previous.stamp, previous.road_ids) != (self.stamp, self.road_ids)
 
 
 # --------------------------------------------------------------------------------------------------
