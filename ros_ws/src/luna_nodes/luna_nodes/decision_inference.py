@@ -36,7 +36,9 @@ DECISION_INTERFACE = NodeInterface(
             "descriptor with one forward pass of the student and K retrieved memory items.",
     inputs=[("luna/scene", "luna_msgs/SceneDescriptor", "reliable, keep last 10"),
             ("luna/memory/version", "std_msgs/UInt64", "reliable, transient local"),
-            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route starts a new mission: "
+            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route after an earlier one "
+             "starts a new mission (the first route the node hears does not: what it did before it "
+             "arrived is this mission's): "
              "the next decision retrieves the exact top K (no items kept from the last mission's decision)")],
     outputs=[("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     params=[ParamSpec("autostart", bool, True, "Configure and activate on start."),

@@ -59,7 +59,9 @@ INTERFACE = NodeInterface(
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
             ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
-            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route starts a new mission: the "
+            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route after an earlier one "
+             "starts a new mission (the first route the node hears does not: what it did before it "
+             "arrived is this mission's): the "
              "next cycle resets the planner (no warm start or decision in force from the last one)"),
             ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10")],
     outputs=[("planning/trajectory", "luna_msgs/Trajectory", "reliable, keep last 10"),

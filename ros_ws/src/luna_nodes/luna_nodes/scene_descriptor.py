@@ -51,7 +51,9 @@ INTERFACE = NodeInterface(
              "ego_acceleration (optional: without it, the speed's smoothed finite difference)"),
             ("perception/objects", "luna_msgs/TrackedObjects", "reliable, keep last 5"),
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5"),
-            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route starts a new mission: "
+            ("planning/route", "luna_msgs/Route", "reliable, transient local; a new route after an earlier one "
+             "starts a new mission (the first route the node hears does not: what it did before it "
+             "arrived is this mission's): "
              "recent_decisions start empty"),
             ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
             ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10 (recent decisions)")],
