@@ -132,8 +132,9 @@ class HeuristicSystem:
         check_scene(scene)
         query = self.prompts.decision_query(scene)
         retrieved = self.retrieve(scene, query)
-        probabilities, prompt = self.student.predict(query, retrieved, mask=scene.action_mask(),
-                                                     scene_vector=scene_vector(scene))
+        # xi_t only for a head that reads it (StudentConfig.head_scene_dim): nothing extra per decision otherwise
+        xi = scene_vector(scene) if self.student.config.head_scene_dim else None
+        probabilities, prompt = self.student.predict(query, retrieved, mask=scene.action_mask(), scene_vector=xi)
         used = retrieved[:prompt.examples_used]  # the least similar items are dropped first
         return DecisionDistribution(stamp=scene.stamp, probabilities=probabilities,
                                     candidate_set=candidate_set(probabilities, self.config.gamma_p), query=query,
