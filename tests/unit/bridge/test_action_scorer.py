@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from luna_core.action_outcomes import reachable_interval
 from luna_core.lanes import make_lane
+from luna_core.planning.objectives import ObjectiveConfig
 from luna_core.memory import MemoryBank, SceneVectorEmbedder
 from luna_core.types import ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, ObjectClass, Route
 from luna_core.teacher import ScoredVoterPool, Teacher
@@ -64,14 +66,34 @@ def test_stalled_car_ahead_keeping_speed_scores_below_a_lane_change_and_a_stop(s
     assert out["CL"].progress > out["CK"].progress + 10.0
 
 
-def test_free_road_stopping_scores_below_keeping_speed(scorer):
-    out = scorer.score_scenario(two_lane_road([]), 0.0, ACTIONS)
+def test_free_road_below_the_limit_accelerating_scores_best_and_stopping_below_keeping_speed(scorer):
+    out = scorer.score_scenario(two_lane_road([]), 0.0, ACTIONS)  # 10 m/s, limit 15 m/s
     assert out["SK"].score < out["CK"].score
     assert out["DK"].score < out["CK"].score
     assert out["CL"].score < out["CK"].score  # a lane change that gains nothing costs its share
-    assert max(out, key=lambda a: out[a].score) == "CK"
+    # Accelerating is executed as asked (its band reached at a comfortable ramp) and gains progress.
+    assert out["AK"].executable and out["AK"].j_dec > 0.95
+    assert max(out, key=lambda a: out[a].score) == "AK"
     assert out["CK"].reason.startswith("makes 60 m of progress in 6 s, ending at 10.0 m/s")
     assert out["SK"].progress < 35.0 and not out["SK"].collision
+
+
+def test_at_the_speed_limit_keeping_speed_scores_best_and_accelerating_cannot_be_executed(scorer):
+    out = scorer.score_scenario(two_lane_road([], ego_speed=15.0), 0.0, ACTIONS)
+    assert max(out, key=lambda a: out[a].score) == "CK"
+    assert not out["AK"].executable
+    assert "cannot hold the AK speed band (reaches 15.0 m/s)" in out["AK"].reason
+
+
+def test_accelerating_band_rises_no_faster_than_the_free_road_ramp():
+    free = np.linspace(4.0, 8.0, 40)
+    lo, hi = reachable_interval("AK", 4.0, free, ObjectiveConfig())
+    assert lo[0] == pytest.approx(4.0) and lo[-1] == pytest.approx(5.0)  # Eq. 5: max(1.25 v0, 2.0)
+    assert np.all(np.isinf(hi))
+    at_limit = reachable_interval("AK", 4.0, np.full(40, 4.0), ObjectiveConfig())[0]
+    assert np.all(at_limit == 5.0)  # no higher target: Eq. 5's bound, not executable
+    d_lo, d_hi = reachable_interval("DK", 4.0, np.linspace(4.0, 2.0, 40), ObjectiveConfig())
+    assert np.all(d_hi == 3.0) and np.all(d_lo == 0.0)  # D keeps Eq. 5's bound
 
 
 def test_standing_still_where_the_expert_drove_on_makes_too_little_progress(scorer):

@@ -19,9 +19,9 @@ hindsight check), all actions in one batch:
 3. the IDM poses are tracked by the simulator's LQR + kinematic bicycle (``control.simulate_proposals``);
 4. outcome: the shared PDM-style scorer J_gen (at-fault collision, drivable area, driving direction,
    progress normalised over these actions, TTC, comfort, and nuPlan's speed-limit term) times J_dec of
-   CALMM-Drive Eq. 4 (did the rollout keep the action's lane and speed interval: an action the traffic
-   does not let the ego execute, such as cruising into a stalled car that IDM has to brake for, scores
-   low), times ``1 - lane_change_cost`` for L / R (a lane change that gains nothing is not worth its
+   CALMM-Drive Eq. 4 (did the rollout keep the action's lane and speed interval, the interval as a
+   comfortable ramp reaches it, ``reachable_interval``: an action the traffic does not let the ego
+   execute, such as cruising into a stalled car that IDM has to brake for, scores low), times ``1 - lane_change_cost`` for L / R (a lane change that gains nothing is not worth its
    risk with agents that do not react to the ego), times nuPlan's making-progress multiplier where the
    caller knows how far the expert drove over the horizon (the teacher and the oracle: 0 when the
    rollout makes less than ``min_progress_ratio`` of the expert's progress, the expert moved at least
@@ -149,6 +149,7 @@ class Rollouts:
     leader: list[list[str | None]]  # per action and step: the agent IDM followed (None: free road)
     states: np.ndarray  # (P, T+1, 8) tracked by LQR + bicycle
     on_target_lane: np.ndarray  # (P, T+1) bool: the lane change (if any) is complete
+    free_velocity: np.ndarray  # (P, T+1) IDM speed on a free road: what the action alone asks for
 
 
 def desired_speed(action: str, v0: float, speed_limit: float, steps: int, dt: float,
@@ -166,6 +167,24 @@ def desired_speed(action: str, v0: float, speed_limit: float, steps: int, dt: fl
     if lon == "D":
         return np.maximum(v0 - config.lon_rate * t, obj.gamma * v0 / 1.5)
     return np.maximum(v0 - obj.stop_deceleration * t, 0.0)
+
+
+def reachable_interval(action: str, v0: float, free_velocity: np.ndarray,
+                       objective: ObjectiveConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The action's speed interval (``speed_interval``, CALMM-Drive Eq. 5) as the rollout can reach
+    it: A's lower bound rises from v0 no faster than the action's own free-road IDM speed
+    ``free_velocity`` (T,) does. Eq. 5 asks for the higher speed from the first step, which no
+    comfortable acceleration gives; held to that, every A rollout lost J_dec to its own ramp while C
+    kept its speed untouched, so the teacher answered C on free roads far below the limit, and the
+    student and the planner's C band after it held a slow car slow. Traffic that keeps the ego below
+    its free-road ramp (a leader, a red light) still counts against A. A whose target is not above v0
+    (at the speed limit) keeps Eq. 5's bound: accelerating cannot be executed there. D keeps its bound:
+    relaxed the same way, slowing behind a stalled car outscored the lane change around it (J_gen's
+    progress weight is small), the opposite of the failure this fixes."""
+    lo, hi = speed_interval(action, v0, objective)
+    if action[0] == "A" and free_velocity[-1] > max(v0, 0.0) + END_SPEED_TOLERANCE:
+        lo = np.minimum(lo, free_velocity)
+    return lo, hi
 
 
 def _blend_lane_change(path: Polyline, s: np.ndarray, offset0: float, duration: float, distance: float,
@@ -199,6 +218,7 @@ def rollout(ego: EgoState, actions: Sequence[str], paths: Mapping[str, Reference
     v = np.zeros((p, steps + 1))
     s[:, 0] = start
     v[:, 0] = max(ego.velocity, 0.0)
+    v_free = v.copy()
     target = np.stack([desired_speed(a, ego.velocity, paths[lat].speed_limit, steps, dt, config)
                        for a, lat in zip(actions, lateral)])
     leader: list[list[str | None]] = [[None] * (steps + 1) for _ in actions]
@@ -218,10 +238,14 @@ def rollout(ego: EgoState, actions: Sequence[str], paths: Mapping[str, Reference
             for r in np.nonzero(np.isfinite(gap))[0]:
                 leader[r][k] = objects.ids[j[r]]
         # IDM with a desired speed of 0 would divide by zero: below 0.1 m/s the action wants to stand.
-        acc = idm_acceleration(v[:, k], gap, lead_v, config.idm, np.maximum(target[:, k], 0.1))
-        acc = np.where(target[:, k] < 0.1, -config.idm.decel_max, acc)
+        desired = np.maximum(target[:, k], 0.1)
+        stand = target[:, k] < 0.1
+        acc = np.where(stand, -config.idm.decel_max, idm_acceleration(v[:, k], gap, lead_v, config.idm, desired))
+        free = np.where(stand, -config.idm.decel_max,
+                        idm_acceleration(v_free[:, k], np.full(p, np.inf), np.zeros(p), config.idm, desired))
         s[:, k + 1] = s[:, k] + v[:, k] * dt
         v[:, k + 1] = np.maximum(v[:, k] + acc * dt, 0.0)
+        v_free[:, k + 1] = np.maximum(v_free[:, k] + free * dt, 0.0)
         s[:, k + 1] = np.maximum(s[:, k + 1], s[:, k])
     poses = np.empty((p, steps + 1, 3))
     on_target = np.ones((p, steps + 1), dtype=bool)
@@ -236,7 +260,7 @@ def rollout(ego: EgoState, actions: Sequence[str], paths: Mapping[str, Reference
             on_target[r] = blend >= 1.0
     poses[:, 0] = (ego.x, ego.y, ego.heading)
     states = simulate_proposals(state_from_ego(ego), poses, scenario_vehicle)
-    return Rollouts(list(actions), poses, v, leader, states, on_target)
+    return Rollouts(list(actions), poses, v, leader, states, on_target, v_free)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,7 +374,7 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
         offsets = paths[lateral].lateral_offset(roll.states[r, 1:, :2])
         changed = roll.on_target_lane[r, 1:]
         kept = offsets if lateral == "K" or not changed.any() else offsets[changed]
-        lo, hi = speed_interval(a, ego.velocity, obj_cfg)
+        lo, hi = reachable_interval(a, ego.velocity, roll.free_velocity[r, 1:], obj_cfg)
         speed = roll.states[r, 1:, StateIndex.VELOCITY]
         j_dec = float(lane_following(kept[None], obj_cfg)[0] * speed_following(speed[None], lo, hi, obj_cfg)[0])
         # Executed as asked: J_dec high and the speed ends inside the action's band (an "accelerate"
