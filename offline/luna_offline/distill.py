@@ -436,6 +436,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--head-scene-vector", dest="scene_vector", action="store_true",
                    help="the head also reads the scene vector xi_t stored with each teacher item, beside h_i* "
                         "(StudentConfig.head_scene_dim; docs/student.md)")
+    h.add_argument("--targets-from-bank", dest="targets_from_bank", action="store_true",
+                   help="train on the distributions --bank gives the cached rows' items (a bank relabelled by "
+                        "a new teacher, same frames) instead of the cached targets; K = 0 rows only")
     p.set_defaults(func=run)
 
 

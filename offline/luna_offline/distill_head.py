@@ -63,6 +63,10 @@ class HeadSettings:
     # The head also reads the scene vector xi_t stored with each teacher item (``DecisionHead`` with
     # ``scene_dim``): nothing to recompute, the cached h_{i*} rows are joined with their items' vectors.
     scene_vector: bool = False
+    # Targets from the bank's items instead of the cache: a bank of the same frames relabelled by a new
+    # teacher trains a head without recomputing h_{i*}. Only K = 0 rows: a K > 0 prompt holds other
+    # items' answers, written by the old teacher, so its cached state belongs to the old labels.
+    targets_from_bank: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.head_lr_final <= 1.0:
@@ -234,6 +238,22 @@ def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: 
                            f"(e.g. {missing[0]!r}); collect stores it with every item")
     xi = torch.from_numpy(np.stack([np.asarray(items[i].scene_vector, dtype=np.float32) for i, _ in rows]))
     return torch.cat([x, xi.to(x.device)], dim=1)
+
+
+def bank_targets(rows: Sequence[tuple[str, int]], items: dict) -> torch.Tensor:
+    """pi (n, 10) of the rows' teacher items (``HeadSettings.targets_from_bank``); K = 0 rows only."""
+    from luna_core.types import validate_distribution
+    from luna_offline.distill import DistillError
+
+    prompted = [(i, k) for i, k in rows if k != 0]
+    if prompted:
+        raise DistillError(f"--targets-from-bank: {len(prompted)} cached rows have K > 0 (e.g. {prompted[0]}); "
+                           "their prompts hold the old teacher's answers: use a K = 0 cache")
+    missing = [i for i, _ in rows if i not in items]
+    if missing:
+        raise DistillError(f"--targets-from-bank: {len(missing)} cached rows are not items of the bank "
+                           f"(e.g. {missing[0]!r}): the bank must hold the same frames")
+    return torch.from_numpy(np.stack([validate_distribution(items[i].distribution) for i, _ in rows])).float()
 
 
 def is_validation(item_id: str, fraction: float) -> bool:
@@ -487,6 +507,8 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     if not rows:
         raise DistillError(f"{out / FEATURES} holds no cached training rows; run with --features compute or only")
     x, y, rows = _with_extra_rows(x, y, rows, head_settings.extra_features, {it.id for it in train})
+    if head_settings.targets_from_bank:
+        y, hy = bank_targets(rows, items), bank_targets(held_rows, items)
     d_model = x.shape[1]
     if head_settings.scene_vector:
         from luna_core.scene import SCENE_VECTOR_DIM

@@ -15,7 +15,7 @@ from luna_core.student import DualHeadStudent, SceneVectorError
 from luna_core.student.head import DecisionHead
 from luna_offline.distill import DistillError, DistillSettings, distill
 from luna_offline.distill_head import (FEATURES, SHARD_ROWS, CachePart, HeadSettings, _write_shard,
-                                       _with_extra_rows, best_epoch, feature_plan, is_validation,
+                                       _with_extra_rows, bank_targets, best_epoch, feature_plan, is_validation,
                                        kl_and_accuracy, load_features, run_head_stage, split_validation,
                                        train_head)
 from tests.unit.core.test_student_support import PROMPTS, memory_item
@@ -102,6 +102,18 @@ def test_extra_caches_add_training_rows_and_refuse_rows_that_are_not_training_it
         _with_extra_rows(x, y, [], [str(tmp_path / "wide")], {"a@1"})
     with pytest.raises(DistillError, match="no cached training rows"):
         _with_extra_rows(x, y, [], [str(tmp_path / "none")], {"a@1"})
+
+
+def test_targets_from_a_relabelled_bank_replace_cached_ones_only_for_k0_rows():
+    items = {it.id: it for it in (memory_item(0, "AK"), memory_item(1, "DK"))}
+    y = bank_targets([("m1", 0), ("m0", 0)], items)
+    assert y.shape == (2, 10) and y.dtype == torch.float32
+    assert torch.allclose(y[0], torch.tensor(items["m1"].distribution, dtype=torch.float32))
+    assert int(y[1].argmax()) == 0  # AK, the relabelled item's top action
+    with pytest.raises(DistillError, match="1 cached rows have K > 0"):
+        bank_targets([("m0", 0), ("m1", 2)], items)  # that prompt holds the old teacher's answers
+    with pytest.raises(DistillError, match="not items of the bank .e.g. 'gone'"):
+        bank_targets([("gone", 0)], items)
 
 
 @pytest.mark.slow  # loads the real base model and runs ~12 short forward passes: ~45 s on two cores
