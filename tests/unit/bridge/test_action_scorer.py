@@ -9,7 +9,7 @@ import pytest
 
 from luna_core.action_outcomes import reachable_interval
 from luna_core.lanes import make_lane
-from luna_core.planning.objectives import ObjectiveConfig, speed_interval
+from luna_core.planning.objectives import ObjectiveConfig
 from luna_core.memory import MemoryBank, SceneVectorEmbedder
 from luna_core.types import ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, ObjectClass, Route
 from luna_core.teacher import ScoredVoterPool, Teacher
@@ -91,7 +91,7 @@ def test_accelerating_band_rises_no_faster_than_the_free_road_ramp():
     assert lo[0] == pytest.approx(4.0) and lo[-1] == pytest.approx(5.0)  # Eq. 5: max(1.25 v0, 2.0)
     assert np.all(np.isinf(hi))
     at_limit = reachable_interval("AK", 4.0, np.full(40, 4.0), ObjectiveConfig())[0]
-    assert np.all(at_limit == speed_interval("AK", 4.0)[0])  # no higher target: the planner's bound
+    assert np.all(at_limit == 5.0)  # no higher target: Eq. 5's bound, not executable
     d_lo, d_hi = reachable_interval("DK", 4.0, np.linspace(4.0, 2.0, 40), ObjectiveConfig())
     assert np.all(d_hi == 3.0) and np.all(d_lo == 0.0)  # D keeps Eq. 5's bound
 

@@ -22,6 +22,7 @@ def test_defaults_are_the_papers_values() -> None:
 
 
 @pytest.mark.parametrize("action, v0, lo, hi", [
+    ("AK", 10.0, 12.5, math.inf), ("AL", 1.0, 2.0, math.inf),  # v_bar lifts the accelerate floor
     ("CK", 10.0, 7.5, 12.5), ("CR", 1.0, 0.75, 2.0), ("DK", 10.0, 0.0, 7.5), ("DL", 0.0, 0.0, 0.0),
 ])
 def test_speed_interval_eq5(action: str, v0: float, lo: float, hi: float) -> None:
@@ -29,19 +30,6 @@ def test_speed_interval_eq5(action: str, v0: float, lo: float, hi: float) -> Non
     assert low.shape == high.shape == (T,)
     np.testing.assert_allclose(low, lo)
     np.testing.assert_allclose(high, hi)
-
-
-@pytest.mark.parametrize("action, v0, lo", [
-    ("AK", 10.0, 12.5), ("AL", 1.0, 2.0),  # v_bar lifts the accelerate floor
-])
-def test_accelerate_floor_is_eq5s_reached_at_a_comfortable_rate(action: str, v0: float, lo: float) -> None:
-    low, high = speed_interval(action, v0)
-    assert low.shape == high.shape == (T,) and np.all(np.isinf(high))
-    tau = np.arange(1, T + 1) * CFG.dt
-    np.testing.assert_allclose(low, np.minimum(lo, v0 + 1.5 * tau))  # a_A = 1.5 m/s^2
-    assert low[-1] == pytest.approx(lo)
-    # Decided 1 s ago: the ramp has got further.
-    np.testing.assert_allclose(speed_interval(action, v0, elapsed=1.0)[0], np.minimum(lo, v0 + 1.5 * (1.0 + tau)))
 
 
 def test_stop_interval_is_a_comfortable_ramp_to_zero() -> None:
@@ -89,11 +77,9 @@ def test_hand_computed_partial_scores() -> None:
     offsets = np.concatenate([np.full(T // 2, 1.0), np.full(T // 2, -4.0)])[None]
     j = decision_following("DK", offsets, np.full((1, T), 10.0), v0=10.0)
     assert j[0] == pytest.approx(0.5 * 0.75)
-    # Accelerate from 8 m/s needs >= min(10, 8 + 1.5 tau) m/s; the first half at 9 m/s falls short from
-    # tau = 0.7 s: by 0.05, 0.2, ..., 0.95 up to tau = 1.3 s (sum 3.5), then by 1.0 for 7 steps: mean
-    # deviation 10.5 / 40 -> 1 - 0.1 * 0.2625.
+    # Accelerate from 8 m/s needs >= 10 m/s; half the steps at 9 m/s: mean deviation 0.5 -> 0.95.
     speeds = np.concatenate([np.full(T // 2, 9.0), np.full(T // 2, 11.0)])[None]
-    assert decision_following("AK", np.zeros((1, T)), speeds, v0=8.0)[0] == pytest.approx(0.97375)
+    assert decision_following("AK", np.zeros((1, T)), speeds, v0=8.0)[0] == pytest.approx(0.95)
 
 
 def test_stop_penalises_only_speed_above_the_ramp() -> None:

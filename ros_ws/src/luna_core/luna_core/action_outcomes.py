@@ -171,16 +171,16 @@ def desired_speed(action: str, v0: float, speed_limit: float, steps: int, dt: fl
 
 def reachable_interval(action: str, v0: float, free_velocity: np.ndarray,
                        objective: ObjectiveConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The action's speed interval (``speed_interval``) as the rollout can reach it: A's lower bound is
-    also held to the action's own free-road IDM speed ``free_velocity`` (T,). IDM approaches its desired
-    speed asymptotically, behind even the planner's comfortable ramp of that bound; held to Eq. 5's step
-    (before a_A), every A rollout lost J_dec to its own ramp while C kept its speed untouched, so the
-    teacher answered C on free roads far below the limit, and the student and the planner's C band
-    after it held a slow car slow. Traffic that keeps the ego below its free-road speed (a leader, a red
-    light) still counts against A. A whose target is not above v0 (at the speed limit) keeps the
-    planner's bound: accelerating cannot be executed there. D keeps its bound: relaxed the same way,
-    slowing behind a stalled car outscored the lane change around it (J_gen's progress weight is small),
-    the opposite of the failure this fixes."""
+    """The action's speed interval (``speed_interval``, CALMM-Drive Eq. 5) as the rollout can reach
+    it: A's lower bound rises from v0 no faster than the action's own free-road IDM speed
+    ``free_velocity`` (T,) does. Eq. 5 asks for the higher speed from the first step, which no
+    comfortable acceleration gives; held to that, every A rollout lost J_dec to its own ramp while C
+    kept its speed untouched, so the teacher answered C on free roads far below the limit, and the
+    student and the planner's C band after it held a slow car slow. Traffic that keeps the ego below
+    its free-road ramp (a leader, a red light) still counts against A. A whose target is not above v0
+    (at the speed limit) keeps Eq. 5's bound: accelerating cannot be executed there. D keeps its bound:
+    relaxed the same way, slowing behind a stalled car outscored the lane change around it (J_gen's
+    progress weight is small), the opposite of the failure this fixes."""
     lo, hi = speed_interval(action, v0, objective)
     if action[0] == "A" and free_velocity[-1] > max(v0, 0.0) + END_SPEED_TOLERANCE:
         lo = np.minimum(lo, free_velocity)

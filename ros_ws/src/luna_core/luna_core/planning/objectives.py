@@ -16,11 +16,6 @@ The speed interval V^k (Eq. 5) from the ego speed v_t at the DECISION's stamp (l
 decision's life, ``luna_core.decision``: recomputing it from the current speed at every replan would let
 repeated C or A decisions compound speed):
     A: [max(lambda v_t, v_bar), +inf)     C: [gamma v_t, max(lambda v_t, v_bar))     D: [0, gamma v_t)
-    A's lower bound as a comfortable acceleration reaches it (our reading):
-      lo_tau = min(max(lambda v_t, v_bar), v_t + a_A (e + tau dt)), a_A = 1.5 m/s^2 by default.
-      Eq. 5 asks for the higher speed from the first step, which only a harsh step of acceleration
-      gives: J_dec^omega_dec then picked the harshest trajectories, and A decisions failed nuPlan's
-      comfort metric (the oracle's first A-heavy runs).
     S (Stop, our definition; CALMM-Drive has no Stop): V_tau = [0, max(v_t - b_stop (e + tau dt), 0)],
       the speeds at or below a comfortable stop at b_stop (2 m/s^2 by default) begun at the decision
       (e s before this plan), so any trajectory that is stopping at least that firmly follows the
@@ -74,11 +69,10 @@ class ObjectiveConfig:
     dt: float = 0.1  # time resolution of the scored states (s)
     horizon_steps: int = 40  # T
     stop_deceleration: float = 2.0  # b_stop of our Stop interval (m/s^2)
-    accelerate_rate: float = 1.5  # a_A: how fast A's lower bound rises from v_t (m/s^2)
 
     def __post_init__(self) -> None:
         for name in ("omega_dec", "omega_gen", "omega_prob", "omega_dec_tilde", "omega_gen_tilde",
-                     "d_max", "dt", "v_bar", "stop_deceleration", "accelerate_rate"):
+                     "d_max", "dt", "v_bar", "stop_deceleration"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0.0):
                 raise ValueError(f"ObjectiveConfig.{name} must be finite and >= 0, got {value}")
@@ -103,7 +97,7 @@ def speed_interval(action: str, v0: float, config: ObjectiveConfig = ObjectiveCo
     """V^k (Eq. 5, plus our Stop) as per-step bounds (lo, hi), each (T,) for tau = 1..T.
 
     ``v0``: the ego speed (m/s) at the decision's stamp; ``speed_limit`` (m/s, 0 = unknown) caps every
-    bound; ``elapsed``: s from the decision's stamp to this plan (where A's and Stop's ramps have got to);
+    bound; ``elapsed``: s from the decision's stamp to this plan (where Stop's ramp has got to);
     ``speed_cap`` (T,) m/s (inf where nothing leads) caps both bounds per step, the upper one except for
     Accelerate (see the module docstring)."""
     lo, hi = _interval(action, v0, config, speed_limit, elapsed)
@@ -122,19 +116,18 @@ def _interval(action: str, v0: float, config: ObjectiveConfig, speed_limit: floa
     steps = config.horizon_steps
     high = max(config.lam * v0, config.v_bar)
     lon = action[0]
-    tau = max(float(elapsed), 0.0) + np.arange(1, steps + 1) * config.dt
-    if lon == "S":
-        return np.zeros(steps), np.maximum(v0 - config.stop_deceleration * tau, 0.0)
     if lon == "A":
         lo, hi = high, math.inf
     elif lon == "C":
         lo, hi = config.gamma * v0, high
-    else:  # "D"
+    elif lon == "D":
         lo, hi = 0.0, config.gamma * v0
+    else:  # "S"
+        tau = max(float(elapsed), 0.0) + np.arange(1, steps + 1) * config.dt
+        return np.zeros(steps), np.maximum(v0 - config.stop_deceleration * tau, 0.0)
     if speed_limit > 0.0:
         lo, hi = min(lo, speed_limit), min(hi, speed_limit)
-    lo_tau = np.minimum(lo, v0 + config.accelerate_rate * tau) if lon == "A" else np.full(steps, lo)
-    return lo_tau, np.full(steps, hi)
+    return np.full(steps, lo), np.full(steps, hi)
 
 
 def lane_following(lateral_offset: np.ndarray, config: ObjectiveConfig = ObjectiveConfig()) -> np.ndarray:
