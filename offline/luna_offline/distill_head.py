@@ -240,8 +240,9 @@ def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: 
     return torch.cat([x, xi.to(x.device)], dim=1)
 
 
-def bank_targets(rows: Sequence[tuple[str, int]], items: dict) -> torch.Tensor:
-    """pi (n, 10) of the rows' teacher items (``HeadSettings.targets_from_bank``); K = 0 rows only."""
+def bank_targets(rows: Sequence[tuple[str, int]], items: dict, split: str = "training") -> torch.Tensor:
+    """pi (n, 10) of the rows' teacher items (``HeadSettings.targets_from_bank``); K = 0 rows only, each
+    an item of ``items``, the bank's ``split`` items (a row of the other split would leak across it)."""
     from luna_core.types import validate_distribution
     from luna_offline.distill import DistillError
 
@@ -251,8 +252,8 @@ def bank_targets(rows: Sequence[tuple[str, int]], items: dict) -> torch.Tensor:
                            "their prompts hold the old teacher's answers: use a K = 0 cache")
     missing = [i for i, _ in rows if i not in items]
     if missing:
-        raise DistillError(f"--targets-from-bank: {len(missing)} cached rows are not items of the bank "
-                           f"(e.g. {missing[0]!r}): the bank must hold the same frames")
+        raise DistillError(f"--targets-from-bank: {len(missing)} cached rows are not {split} items of the bank "
+                           f"(e.g. {missing[0]!r}): the bank must hold the same frames, split alike")
     return torch.from_numpy(np.stack([validate_distribution(items[i].distribution) for i, _ in rows])).float()
 
 
@@ -467,6 +468,7 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     bank = MemoryBank.open(settings.bank)
     try:
         train, held = split_items(list(bank), settings.heldout_fraction)
+        split_ids = ({it.id: it for it in train}, {it.id: it for it in held})  # before any subset
         train = subset(train, settings.limit, settings.seed)
         held = subset(held, head_settings.heldout_limit, settings.seed)
         if not train:
@@ -500,15 +502,18 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     if features == "only":
         return None
     try:
-        x, y, rows = load_features(out / FEATURES, "train", plan["train"])
-        hx, hy, held_rows = load_features(out / FEATURES, "heldout", plan["heldout"])
+        # Relabelled: the cache's rows stand for themselves (a bank collected again may list its items in
+        # another order, so another plan); bank_targets checks each row's split instead.
+        relabel = head_settings.targets_from_bank
+        x, y, rows = load_features(out / FEATURES, "train", None if relabel else plan["train"])
+        hx, hy, held_rows = load_features(out / FEATURES, "heldout", None if relabel else plan["heldout"])
     except ValueError as exc:
         raise DistillError(str(exc)) from None
     if not rows:
         raise DistillError(f"{out / FEATURES} holds no cached training rows; run with --features compute or only")
     x, y, rows = _with_extra_rows(x, y, rows, head_settings.extra_features, {it.id for it in train})
     if head_settings.targets_from_bank:
-        y, hy = bank_targets(rows, items), bank_targets(held_rows, items)
+        y, hy = bank_targets(rows, split_ids[0], "training"), bank_targets(held_rows, split_ids[1], "held-out")
     d_model = x.shape[1]
     if head_settings.scene_vector:
         from luna_core.scene import SCENE_VECTOR_DIM

@@ -112,8 +112,10 @@ def test_targets_from_a_relabelled_bank_replace_cached_ones_only_for_k0_rows():
     assert int(y[1].argmax()) == 0  # AK, the relabelled item's top action
     with pytest.raises(DistillError, match="1 cached rows have K > 0"):
         bank_targets([("m0", 0), ("m1", 2)], items)  # that prompt holds the old teacher's answers
-    with pytest.raises(DistillError, match="not items of the bank .e.g. 'gone'"):
+    with pytest.raises(DistillError, match="not training items of the bank .e.g. 'gone'"):
         bank_targets([("gone", 0)], items)
+    with pytest.raises(DistillError, match="1 cached rows are not held-out items"):
+        bank_targets([("m0", 0)], {"m1": items["m1"]}, "held-out")  # a training row among the held-out
 
 
 @pytest.mark.slow  # loads the real base model and runs ~12 short forward passes: ~45 s on two cores
