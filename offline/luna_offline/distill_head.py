@@ -518,7 +518,9 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     if head_settings.scene_vector:
         from luna_core.scene import SCENE_VECTOR_DIM
 
-        x, hx = with_scene_vectors(x, rows, items), with_scene_vectors(hx, held_rows, items)
+        # Every item of the bank by id: relabelled rows need not be this run's subset (see above).
+        by_id = {**split_ids[0], **split_ids[1]}
+        x, hx = with_scene_vectors(x, rows, by_id), with_scene_vectors(hx, held_rows, by_id)
         student.config.head_scene_dim = SCENE_VECTOR_DIM
         if x.shape[1] != d_model + SCENE_VECTOR_DIM:
             raise DistillError(f"the bank's scene vectors have {x.shape[1] - d_model} values, "
