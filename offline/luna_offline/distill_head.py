@@ -468,7 +468,7 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     bank = MemoryBank.open(settings.bank)
     try:
         train, held = split_items(list(bank), settings.heldout_fraction)
-        split_ids = ({it.id: it for it in train}, {it.id: it for it in held})  # before any subset
+        train_by_id, held_by_id = {it.id: it for it in train}, {it.id: it for it in held}  # before any subset
         train = subset(train, settings.limit, settings.seed)
         held = subset(held, head_settings.heldout_limit, settings.seed)
         if not train:
@@ -512,15 +512,14 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     if not rows:
         raise DistillError(f"{out / FEATURES} holds no cached training rows; run with --features compute or only")
     x, y, rows = _with_extra_rows(x, y, rows, head_settings.extra_features, {it.id for it in train})
-    if head_settings.targets_from_bank:
-        y, hy = bank_targets(rows, split_ids[0], "training"), bank_targets(held_rows, split_ids[1], "held-out")
+    if relabel:
+        y, hy = bank_targets(rows, train_by_id, "training"), bank_targets(held_rows, held_by_id, "held-out")
     d_model = x.shape[1]
     if head_settings.scene_vector:
         from luna_core.scene import SCENE_VECTOR_DIM
 
-        # Every item of the bank by id: relabelled rows need not be this run's subset (see above).
-        by_id = {**split_ids[0], **split_ids[1]}
-        x, hx = with_scene_vectors(x, rows, by_id), with_scene_vectors(hx, held_rows, by_id)
+        # Looked up among all of the bank's items of each split: relabelled rows need not be this run's subset.
+        x, hx = with_scene_vectors(x, rows, train_by_id), with_scene_vectors(hx, held_rows, held_by_id)
         student.config.head_scene_dim = SCENE_VECTOR_DIM
         if x.shape[1] != d_model + SCENE_VECTOR_DIM:
             raise DistillError(f"the bank's scene vectors have {x.shape[1] - d_model} values, "

@@ -1,36 +1,26 @@
 """A node in its own process that echoes every luna_msgs type: /rt/in/<Type> -> /rt/out/<Type>."""
 
-import rclpy
-from rclpy.executors import ExternalShutdownException
+import sys
+
 from rclpy.node import Node
 
 import luna_msgs.msg as lm
 from luna_msgs_py import qos
+from luna_nodes.base import run
 
 TYPES = [getattr(lm, n) for n in sorted(dir(lm)) if not n.startswith("_") and isinstance(getattr(lm, n), type)]
 
 
-def main() -> None:
-    rclpy.init()
+def echo_node() -> Node:
     node = Node("echo_peer")
-    keep = []
     for t in TYPES:
         pub = node.create_publisher(t, f"/rt/out/{t.__name__}", qos.RELIABLE)
-        keep.append(node.create_subscription(t, f"/rt/in/{t.__name__}", pub.publish, qos.RELIABLE))
+        node.create_subscription(t, f"/rt/in/{t.__name__}", pub.publish, qos.RELIABLE)
     print("echo_peer ready", flush=True)
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    except Exception:  # noqa: BLE001
-        # SIGINT shut the context down between spin's check and its wait set ("the given context is not
-        # valid"; seen once in a fresh clone's make test): a clean stop, as luna_nodes.base.run treats it.
-        if rclpy.ok():
-            raise
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    return node
 
 
 if __name__ == "__main__":
-    main()
+    # The nodes' own runner: a SIGINT that shuts the context down inside spin (even in its wait-set
+    # set-up, "the given context is not valid") is a clean stop, exit code 0.
+    sys.exit(run([echo_node]))

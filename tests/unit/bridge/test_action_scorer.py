@@ -9,8 +9,8 @@ import pytest
 
 from luna_core.action_outcomes import reachable_interval
 from luna_core.lanes import make_lane
-from luna_core.planning.objectives import ObjectiveConfig
 from luna_core.memory import MemoryBank, SceneVectorEmbedder
+from luna_core.planning.objectives import ObjectiveConfig
 from luna_core.types import ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, ObjectClass, Route
 from luna_core.teacher import ScoredVoterPool, Teacher
 from luna_bridge.action_scorer import ActionScorerError, SimulationActionScorer, make_scorer
