@@ -36,6 +36,7 @@ VARIANTS = {
     "1 renoise-denoise round": (10, {"iterations": 1}, "none"),
     "population 64": (10, {"population": 64}, "none"),
     "population 64, prior 5 steps, rounds of 2 + 1": (5, {"population": 64, "renoise_steps": (2, 1)}, "none"),
+    "population 64, 1 renoise-denoise round": (10, {"population": 64, "iterations": 1}, "none"),
     "denoiser in bfloat16 autocast": (10, {}, "bfloat16"),
     "bfloat16 autocast, population 64": (10, {"population": 64}, "bfloat16"),
 }
