@@ -28,7 +28,7 @@ from pathlib import Path
 from luna_bridge.baselines import eval_planner_names
 from luna_bridge.evaluate import (EVALUATION_SETS, EXECUTORS, MODES, EvalConfig, EvaluationError, ray_session,
                                   run_evaluation, run_set)
-from luna_bridge.stack_planner import StackConfigError, StackSettings
+from luna_bridge.stack_planner import StackConfigError, add_stack_arguments, stack_settings_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,18 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--replan-every", type=int, default=1,
                    help="simulation steps (0.1 s) between planner calls; 1 = nuPlan's 10 Hz (default)")
     stack = p.add_argument_group("stack planners (luna, luna-k0, luna-onehot, luna-no-reflection, diffusion-es)")
-    stack.add_argument("--student", default="", help="student folder (default: models/student)")
-    stack.add_argument("--memory-bank", default="", help="memory bank folder (default: models/memory_bank)")
-    stack.add_argument("--k", type=int, default=3, help="retrieved memory items per decision (default 3)")
-    stack.add_argument("--decision-every", type=int, default=20,
-                       help="simulation steps between decisions (default 20: T_d = 2.0 s)")
-    stack.add_argument("--population", type=int, default=128, help="Diffusion-ES members per action (default 128)")
-    stack.add_argument("--iterations", type=int, default=2, help="renoise-denoise rounds (default 2)")
-    stack.add_argument("--time-budget", type=float, default=0.0,
-                       help="wall-clock budget per planning call in s; 0 (default) = deterministic mode")
-    stack.add_argument("--autocast", choices=("none", "bfloat16"), default="none",
-                       help="the matrix products of the denoiser and the student in this dtype (torch autocast; "
-                            "faster on AVX512-BF16 / AMX CPUs, changes results); default none")
+    add_stack_arguments(stack)
     p.set_defaults(func=run)
 
 
@@ -89,9 +78,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = args.out or Path("out/eval") / (args.eval_set or Path(args.suite).name)
     try:
-        stack = StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
-                              decision_every=args.decision_every, population=args.population,
-                              iterations=args.iterations, time_budget=args.time_budget, autocast=args.autocast)
+        stack = stack_settings_from_args(args)
     except StackConfigError as exc:
         print(f"luna-bridge eval: {exc}", file=sys.stderr)
         return 2

@@ -61,7 +61,7 @@ from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureE
 
 from luna_bridge.metrics import score_log
 from luna_bridge.scenario import SIM_DT, Scenario, SimulationLog
-from luna_bridge.stack_planner import StackConfigError, StackSettings
+from luna_bridge.stack_planner import StackConfigError, StackSettings, add_stack_arguments, stack_settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -656,15 +656,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="evaluation worker processes")
     p.add_argument("--reactive", action="store_true", help="deploy with IDM agents instead of log replay")
     stack = p.add_argument_group("the stack (as luna-bridge eval's luna planner)")
-    stack.add_argument("--student", default="", help="student folder (default: the bundled models/student)")
-    stack.add_argument("--memory-bank", default="", help="source memory bank, copied (default: models/memory_bank)")
-    stack.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    stack.add_argument("--k", type=int, default=3, help="retrieved memory items per decision (K)")
-    stack.add_argument("--decision-every", type=int, default=20, help="simulation steps between decisions (T_d/0.1 s)")
+    add_stack_arguments(stack, memory_bank_help="source memory bank, copied")
+    stack.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="torch device of the student and the denoiser (default cpu)")
     stack.add_argument("--replan-every", type=int, default=5, help="simulation steps between planner calls")
-    stack.add_argument("--population", type=int, default=128, help="Diffusion-ES members per action")
-    stack.add_argument("--iterations", type=int, default=2, help="renoise-denoise rounds")
-    stack.add_argument("--time-budget", type=float, default=0.0, help="s per planning call; 0 = deterministic")
     stack.add_argument("--explanation-tokens", type=int, default=0,
                        help="tokens per explanation (default: the student's budget, 96 on the CPU)")
     llm = p.add_argument_group("reflection LLM (optional: without it the hindsight check writes the revision)")
@@ -691,9 +686,7 @@ def run(args: argparse.Namespace) -> int:
     command = "luna-bridge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
         try:
-            stack = StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
-                                  decision_every=args.decision_every, population=args.population,
-                                  iterations=args.iterations, time_budget=args.time_budget, device=args.device)
+            stack = stack_settings_from_args(args, device=args.device)
         except StackConfigError as exc:
             raise ReflectionRoundError(str(exc)) from None
         config = RoundConfig(

@@ -30,6 +30,7 @@ not depend on the machine's load. Settings reach worker processes through ``use_
 
 from __future__ import annotations
 
+import argparse
 import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,35 @@ class StackSettings:
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
                 f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, K = {self.k}); "
                 f"{search}")
+
+
+def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = "memory bank folder") -> None:
+    """The stack's settings as options of a command (``luna-bridge eval`` and ``reflect``), with
+    StackSettings' defaults; ``stack_settings_from_args`` reads them back."""
+    d = StackSettings()
+    group.add_argument("--student", default=d.student, help="student folder (default: the bundled models/student)")
+    group.add_argument("--memory-bank", default=d.memory_bank,
+                       help=f"{memory_bank_help} (default: the bundled models/memory_bank)")
+    group.add_argument("--k", type=int, default=d.k, help=f"retrieved memory items per decision (default {d.k})")
+    group.add_argument("--decision-every", type=int, default=d.decision_every,
+                       help=f"simulation steps between decisions (default {d.decision_every}: "
+                            f"T_d = {d.decision_period:.1f} s)")
+    group.add_argument("--population", type=int, default=d.population,
+                       help=f"Diffusion-ES members per action (default {d.population})")
+    group.add_argument("--iterations", type=int, default=d.iterations,
+                       help=f"renoise-denoise rounds (default {d.iterations})")
+    group.add_argument("--time-budget", type=float, default=d.time_budget,
+                       help="wall-clock budget per planning call in s; 0 (default) = deterministic mode")
+    group.add_argument("--autocast", choices=AUTOCASTS, default=d.autocast,
+                       help="the matrix products of the denoiser and the student in this dtype (torch autocast; "
+                            f"faster on AVX512-BF16 / AMX CPUs, changes results); default {d.autocast}")
+
+
+def stack_settings_from_args(args: argparse.Namespace, **other: Any) -> StackSettings:
+    """StackSettings from the options of ``add_stack_arguments`` (and ``other`` fields, e.g. ``device``)."""
+    return StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
+                         decision_every=args.decision_every, population=args.population,
+                         iterations=args.iterations, time_budget=args.time_budget, autocast=args.autocast, **other)
 
 
 _settings = StackSettings()

@@ -5,7 +5,9 @@ the evaluation runs."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +19,11 @@ from luna_core.memory.bank import MemoryBank
 from luna_core.prompts import PromptManager
 from luna_core.types import PlannerInput, TrackedObjects, TrafficLights
 
+from luna_bridge import eval_command, reflection_round
 from luna_bridge.evaluate import EvalConfig, run_evaluation
 from luna_bridge.scenarios.format import save_scenario
-from luna_bridge.stack_planner import (StackConfigError, StackSettings, WithoutReflections, make_stack_planner)
+from luna_bridge.stack_planner import (StackConfigError, StackSettings, WithoutReflections, make_stack_planner,
+                                       stack_settings_from_args)
 from tests import samples
 from tests.heuristic_fixtures import make_bank, make_student_dir
 from tests.unit.bridge.test_eval import scenario
@@ -98,6 +102,31 @@ def test_settings_are_validated() -> None:
         StackSettings(population=2)
     with pytest.raises(StackConfigError, match="decision_every >= 1"):
         StackSettings(decision_every=0)
+
+
+def _parsed(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    eval_command.register(sub)
+    reflection_round.register(sub)
+    return parser.parse_args(argv)
+
+
+def test_eval_and_reflect_read_the_stack_options_alike() -> None:
+    """One set of stack options for both commands: StackSettings' defaults, and the same settings from the
+    same flags (reflect adds its device)."""
+    defaults = stack_settings_from_args(_parsed(["eval", "--suite", "x"]))
+    assert defaults == StackSettings()
+    assert stack_settings_from_args(_parsed(["reflect", "--suite", "x", "--out", "o"]), device="cpu") == defaults
+    flags = ["--student", "s", "--memory-bank", "b", "--k", "1", "--decision-every", "10", "--population", "64",
+             "--iterations", "1", "--time-budget", "0.4", "--autocast", "bfloat16"]
+    from_eval = stack_settings_from_args(_parsed(["eval", "--suite", "x", *flags]))
+    reflect_args = _parsed(["reflect", "--suite", "x", "--out", "o", *flags, "--device", "cuda"])
+    assert from_eval == StackSettings(student="s", memory_bank="b", k=1, decision_every=10, population=64,
+                                      iterations=1, time_budget=0.4, autocast="bfloat16")
+    assert stack_settings_from_args(reflect_args, device=reflect_args.device) == replace(from_eval, device="cuda")
+    with pytest.raises(StackConfigError, match="population >= 4"):
+        stack_settings_from_args(_parsed(["eval", "--suite", "x", "--population", "2"]))
 
 
 @pytest.mark.slow  # three student forward passes and 13 closed-loop runs: ~25 s wall on the shared machine
