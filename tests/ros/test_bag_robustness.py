@@ -375,3 +375,43 @@ def test_hold_stops_bag_time_at_each_instant_after_everything_up_to_it(tmp_path,
     assert [n for _, n, _ in hold.seen] == [1, 6, 11], "every message up to the instant, none after it"
     assert [c for _, _, c in hold.seen] == [t for t, _, _ in hold.seen], "a /clock tick at each instant"
     assert took >= 1.5 / 4.0 + 3 * 0.3, "the schedule after a hold is shifted by the hold"
+
+
+def test_generated_clock_never_runs_past_the_next_message_when_reading_the_time_is_late(
+        tmp_path, ros_context, monkeypatch):
+    """Under load the player reads the time again for a /clock tick, later than when it decided to tick:
+    the tick must still not pass the next message's stamp (nor, in lock step, a hold's instant; a fresh
+    clone's make test once saw 0.506 s at the 0.5 s hold). A monotonic clock that jumps 30 ms at every
+    read makes that lateness certain."""
+    import luna_bags.play as play
+
+    path = tmp_path / "late"
+    with BagWriter(path) as bag:
+        bag.add_topic("/odom", "nav_msgs/msg/Odometry")
+        for i in range(8):
+            bag.write("/odom", T0 + i * 10**8, _odometry(i))
+    fake = {"t": 1000.0}
+
+    def late_monotonic() -> float:
+        fake["t"] += 0.03
+        return fake["t"]
+
+    monkeypatch.setattr(play.time, "monotonic", late_monotonic)
+    node = Node("bag_late_clock_test", context=ros_context)
+    events: list[tuple[str, int]] = []
+    try:
+        with BagReader(path) as reader:
+            player = Player(node, reader, rate=1.0)
+            tick, publish = player._tick, player._publish
+            player._tick = lambda ns: (events.append(("tick", ns)), tick(ns))[-1]
+            player._publish = lambda msg: (events.append(("msg", msg.timestamp)), publish(msg))[-1]
+            player.prepare()
+            player.play(progress=False)
+    finally:
+        node.destroy_node()
+    assert player.report.clock_source == "generate" and player.report.published["/odom"] == 8
+    ticks = [(i, ns) for i, (kind, ns) in enumerate(events) if kind == "tick"]
+    assert len(ticks) > 8, "the clock also ticked between messages"
+    for i, ns in ticks:
+        following = next((t for kind, t in events[i + 1:] if kind == "msg"), None)
+        assert following is None or ns <= following, f"a /clock tick at {ns} before the message at {following}"

@@ -239,7 +239,9 @@ class Player:
                 if now >= due:
                     break
                 if self.clock_pub is not None and now >= next_tick:
-                    self._tick(bag_now())
+                    # Never past the next message: bag_now() reads the clock again, later than ``now``
+                    # under load, and a tick beyond the stamp would also run past a hold's instant.
+                    self._tick(min(bag_now(), msg.timestamp))
                     next_tick = now + self.clock_period
                     continue
                 stop.wait(min(due, next_tick if self.clock_pub is not None else due) - now)
