@@ -438,7 +438,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(StudentConfig.head_scene_dim; docs/student.md)")
     h.add_argument("--targets-from-bank", dest="targets_from_bank", action="store_true",
                    help="train on the distributions --bank gives the cached rows' items (a bank relabelled by "
-                        "a new teacher, same frames) instead of the cached targets; K = 0 rows only")
+                        "a new teacher, same frames) instead of the cached targets; K > 0 rows must have been cached "
+                        "from this bank")
     p.set_defaults(func=run)
 
 

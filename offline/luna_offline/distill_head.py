@@ -64,8 +64,8 @@ class HeadSettings:
     # ``scene_dim``): nothing to recompute, the cached h_{i*} rows are joined with their items' vectors.
     scene_vector: bool = False
     # Targets from the bank's items instead of the cache: a bank of the same frames relabelled by a new
-    # teacher trains a head without recomputing h_{i*}. Only K = 0 rows: a K > 0 prompt holds other
-    # items' answers, written by the old teacher, so its cached state belongs to the old labels.
+    # teacher trains a head without recomputing h_{i*}. K = 0 rows take the new labels; a K > 0 prompt
+    # holds other items' answers, so a K > 0 row must have been cached from this bank (``bank_targets``).
     targets_from_bank: bool = False
 
     def __post_init__(self) -> None:
@@ -240,21 +240,33 @@ def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: 
     return torch.cat([x, xi.to(x.device)], dim=1)
 
 
-def bank_targets(rows: Sequence[tuple[str, int]], items: dict, split: str = "training") -> torch.Tensor:
-    """pi (n, 10) of the rows' teacher items (``HeadSettings.targets_from_bank``); K = 0 rows only, each
-    an item of ``items``, the bank's ``split`` items (a row of the other split would leak across it)."""
-    from luna_core.types import validate_distribution
+def bank_targets(rows: Sequence[tuple[str, int]], items: dict, split: str = "training",
+                 cached: torch.Tensor | None = None) -> torch.Tensor:
+    """pi (n, 10) of the rows' teacher items (``HeadSettings.targets_from_bank``), each an item of ``items``,
+    the bank's ``split`` items (a row of the other split would leak across it).
+
+    A K = 0 row's state does not depend on any answer, so it takes the bank's label whatever bank it was
+    cached with. A K > 0 row's prompt holds its examples' answers: it is kept only where its ``cached``
+    target already is this bank's, i.e. it was cached from this bank (a cache of another teacher's bank
+    fails that on the items whose labels changed, and is refused)."""
+    from luna_core.types import ACTION_CODES, validate_distribution
     from luna_offline.distill import DistillError
 
-    prompted = [(i, k) for i, k in rows if k != 0]
-    if prompted:
-        raise DistillError(f"--targets-from-bank: {len(prompted)} cached rows have K > 0 (e.g. {prompted[0]}); "
-                           "their prompts hold the old teacher's answers: use a K = 0 cache")
     missing = [i for i, _ in rows if i not in items]
     if missing:
         raise DistillError(f"--targets-from-bank: {len(missing)} cached rows are not {split} items of the bank "
                            f"(e.g. {missing[0]!r}): the bank must hold the same frames, split alike")
-    return torch.from_numpy(np.stack([validate_distribution(items[i].distribution) for i, _ in rows])).float()
+    y = torch.from_numpy(np.stack([validate_distribution(items[i].distribution) for i, _ in rows])).float() \
+        if rows else torch.zeros((0, len(ACTION_CODES)))
+    prompted = [n for n, (_, k) in enumerate(rows) if k != 0]
+    if prompted:
+        stale = [rows[n] for n in prompted
+                 if cached is None or not torch.allclose(cached[n].float().cpu(), y[n], atol=1e-4)]
+        if stale:
+            raise DistillError(f"--targets-from-bank: {len(stale)} cached rows have K > 0 and another teacher's "
+                               f"target (e.g. {stale[0]}): their prompts hold that teacher's answers; cache the "
+                               "K > 0 rows from this bank")
+    return y
 
 
 def is_validation(item_id: str, fraction: float) -> bool:
@@ -513,7 +525,7 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
         raise DistillError(f"{out / FEATURES} holds no cached training rows; run with --features compute or only")
     x, y, rows = _with_extra_rows(x, y, rows, head_settings.extra_features, {it.id for it in train})
     if relabel:
-        y, hy = bank_targets(rows, train_by_id, "training"), bank_targets(held_rows, held_by_id, "held-out")
+        y, hy = bank_targets(rows, train_by_id, "training", y), bank_targets(held_rows, held_by_id, "held-out", hy)
     d_model = x.shape[1]
     if head_settings.scene_vector:
         from luna_core.scene import SCENE_VECTOR_DIM

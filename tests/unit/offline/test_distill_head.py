@@ -104,14 +104,21 @@ def test_extra_caches_add_training_rows_and_refuse_rows_that_are_not_training_it
         _with_extra_rows(x, y, [], [str(tmp_path / "none")], {"a@1"})
 
 
-def test_targets_from_a_relabelled_bank_replace_cached_ones_only_for_k0_rows():
+def test_targets_from_a_relabelled_bank_replace_k0_targets_and_keep_only_k_rows_cached_from_it():
     items = {it.id: it for it in (memory_item(0, "AK"), memory_item(1, "DK"))}
     y = bank_targets([("m1", 0), ("m0", 0)], items)
     assert y.shape == (2, 10) and y.dtype == torch.float32
     assert torch.allclose(y[0], torch.tensor(items["m1"].distribution, dtype=torch.float32))
     assert int(y[1].argmax()) == 0  # AK, the relabelled item's top action
+    old = {it.id: it for it in (memory_item(0, "CK"), memory_item(1, "DK"))}  # m0's label before the relabel
+    old_targets = torch.tensor([old["m0"].distribution, old["m1"].distribution], dtype=torch.float32)
+    with pytest.raises(DistillError, match="1 cached rows have K > 0 and another teacher's target .e.g. .'m0', 3"):
+        bank_targets([("m0", 0), ("m0", 3), ("m1", 2)], items, cached=old_targets[[0, 0, 1]])  # m0's prompt: old
     with pytest.raises(DistillError, match="1 cached rows have K > 0"):
-        bank_targets([("m0", 0), ("m1", 2)], items)  # that prompt holds the old teacher's answers
+        bank_targets([("m1", 2)], items)  # no cached targets to tell which bank the prompt came from
+    # A K > 0 row cached from this bank (its target is this bank's) is kept; K = 0 rows are relabelled.
+    kept = bank_targets([("m0", 0), ("m1", 2)], items, cached=torch.stack([old_targets[0], y[0]]))
+    assert torch.equal(kept, torch.stack([y[1], y[0]]))
     with pytest.raises(DistillError, match="not training items of the bank .e.g. 'gone'"):
         bank_targets([("gone", 0)], items)
     with pytest.raises(DistillError, match="1 cached rows are not held-out items"):
