@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from luna_core.memory import MemoryBank, SceneVectorEmbedder
 from luna_core.scene import SCENE_VECTOR_DIM
 from luna_core.student import DualHeadStudent, SceneVectorError
 from luna_core.student.head import DecisionHead
@@ -19,7 +20,7 @@ from luna_offline.distill_head import (FEATURES, SHARD_ROWS, CachePart, HeadSett
                                        kl_and_accuracy, load_features, run_head_stage, split_validation,
                                        train_head)
 from tests.unit.core.test_student_support import PROMPTS, memory_item
-from tests.unit.offline.test_distill import make_bank
+from tests.unit.offline.test_distill import TOPS, make_bank
 
 torch.set_num_threads(1)
 
@@ -174,6 +175,21 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
         run_head_stage(DistillSettings(**{**settings.__dict__, "out": str(split)}), hs, PROMPTS, progress=False,
                        features="cached")
     assert not list((split / FEATURES).glob("train-*"))
+    # --targets-from-bank on this cache (nothing recomputed): with the bank it was cached from, the K = 1 rows
+    # are kept; with the same frames relabelled by another teacher, their prompts hold stale answers: refused.
+    shutil.copytree(out / FEATURES, tmp_path / "relabel" / FEATURES)
+    relabel_run = DistillSettings(**{**settings.__dict__, "out": str(tmp_path / "relabel")})
+    assert run_head_stage(relabel_run, HeadSettings(head_epochs=2, head_batch=4, eval_k=1, targets_from_bank=True),
+                          PROMPTS, progress=False, features="cached")
+    relabelled = tmp_path / "bank_r"
+    with MemoryBank.create(relabelled, SceneVectorEmbedder()) as bank_r:
+        bank_r.append_many([memory_item(i, top=TOPS[(i + 1) % len(TOPS)]) for i in range(10)])
+    shutil.copytree(out / FEATURES, tmp_path / "relabel2" / FEATURES)
+    with pytest.raises(DistillError, match="have K > 0 and another teacher's target"):
+        run_head_stage(DistillSettings(**{**relabel_run.__dict__, "bank": str(relabelled),
+                                          "out": str(tmp_path / "relabel2")}),
+                       HeadSettings(head_epochs=2, head_batch=4, eval_k=1, targets_from_bank=True), PROMPTS,
+                       progress=False, features="cached")
     # The head beside the scene vector (--head-scene-vector) trains on the same cache (nothing recomputed):
     # the saved student needs xi_t and reads it, and its states are still the run-time ones.
     shutil.copytree(out / FEATURES, tmp_path / "fused" / FEATURES)
