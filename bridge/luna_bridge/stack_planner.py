@@ -65,6 +65,9 @@ class StackSettings:
     decision_every: int = 20  # simulation steps (0.1 s) between decisions: T_d = 2.0 s (CALMM-Drive C_d)
     population: int = 128  # Diffusion-ES members per candidate action
     iterations: int = 2  # renoise-denoise rounds
+    # Seed of the Diffusion-ES search (DiffusionESConfig.seed): another seed is another deterministic run of
+    # the same planner, so a result-altering change can be judged over several seeds, not one draw.
+    search_seed: int = 0
     time_budget: float = 0.0  # s of wall time per planning call; 0 = deterministic mode (no budget)
     device: str = "cpu"
     # The matrix products of the denoiser and the student under torch autocast (faster on AVX512-BF16 /
@@ -73,10 +76,11 @@ class StackSettings:
 
     def __post_init__(self) -> None:
         if self.k < 0 or self.decision_every < 1 or self.population < 4 or self.iterations < 0 \
-                or self.time_budget < 0 or not 0.0 <= self.gamma_p <= 1.0 or self.autocast not in AUTOCASTS:
+                or self.search_seed < 0 or self.time_budget < 0 or not 0.0 <= self.gamma_p <= 1.0 \
+                or self.autocast not in AUTOCASTS:
             raise StackConfigError(f"invalid stack settings {self}: need k >= 0, decision_every >= 1, "
-                                   "population >= 4, iterations >= 0, time_budget >= 0, 0 <= gamma_p <= 1, "
-                                   f"autocast one of {', '.join(AUTOCASTS)}")
+                                   "population >= 4, iterations >= 0, search_seed >= 0, time_budget >= 0, "
+                                   f"0 <= gamma_p <= 1, autocast one of {', '.join(AUTOCASTS)}")
 
     @property
     def decision_period(self) -> float:
@@ -95,8 +99,9 @@ class StackSettings:
 
     def describe(self, decisions: bool = True) -> str:
         """One line for result tables (``decisions``: also how the stack decides)."""
+        seed = f", search seed {self.search_seed}" if self.search_seed else ""
         search = (f"deterministic search (population {self.population} per action, {self.iterations} "
-                  "renoise-denoise round(s), no wall-clock budget)" if self.time_budget == 0 else
+                  f"renoise-denoise round(s){seed}, no wall-clock budget)" if self.time_budget == 0 else
                   f"anytime search with a {self.time_budget * 1e3:.0f} ms wall-clock budget (population "
                   f"{self.population}, {self.iterations} round(s))")
         if not decisions:
@@ -121,6 +126,9 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
                        help=f"Diffusion-ES members per action (default {d.population})")
     group.add_argument("--iterations", type=int, default=d.iterations,
                        help=f"renoise-denoise rounds (default {d.iterations})")
+    group.add_argument("--search-seed", type=int, default=d.search_seed,
+                       help=f"seed of the Diffusion-ES search (default {d.search_seed}); another seed is another "
+                            "deterministic run, for results over several seeds")
     group.add_argument("--time-budget", type=float, default=d.time_budget,
                        help="wall-clock budget per planning call in s; 0 (default) = deterministic mode")
     group.add_argument("--autocast", choices=AUTOCASTS, default=d.autocast,
@@ -132,7 +140,8 @@ def stack_settings_from_args(args: argparse.Namespace, **other: Any) -> StackSet
     """StackSettings from the options of ``add_stack_arguments`` (and ``other`` fields, e.g. ``device``)."""
     return StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
                          decision_every=args.decision_every, population=args.population,
-                         iterations=args.iterations, time_budget=args.time_budget, autocast=args.autocast, **other)
+                         iterations=args.iterations, search_seed=args.search_seed, time_budget=args.time_budget,
+                         autocast=args.autocast, **other)
 
 
 _settings = StackSettings()
@@ -303,7 +312,8 @@ def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
     from luna_core.planning.diffusion_es import DiffusionESConfig
     from luna_core.planning.factory import make_planner
 
-    search = replace(DiffusionESConfig(), population=settings.population, iterations=settings.iterations)
+    search = replace(DiffusionESConfig(), population=settings.population, iterations=settings.iterations,
+                     seed=settings.search_seed)
     return make_planner("luna" if use_decisions else "diffusion-es", dict(
         search=search, gamma_p=settings.gamma_p,
         deterministic=settings.time_budget == 0, time_budget=settings.time_budget or 0.4,

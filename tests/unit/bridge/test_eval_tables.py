@@ -100,3 +100,30 @@ def test_standard_set_doc_leaves_running_rows_out_and_replaces_only_its_block(tm
     assert "**commonroad**: no runs in" in text
     assert "| pdm | 3.0 s / 0.20 | - | - |" in text
     assert (tmp_path / "fig" / "standard_synthetic-hard.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_run_spread_lists_the_runs_that_swing_between_variants(tmp_path: Path) -> None:
+    """benchmarks/run_spread.py: each variant's column on the shared runs, and the runs whose CLS spans more
+    than the threshold across the variants."""
+    import subprocess
+    import sys
+
+    from tests.benchmark_scripts import REPO
+
+    scores = {"a": {"p_1": 0.8, "q_1": 1.0, "r_1": 0.5}, "b": {"p_1": 0.0, "q_1": 0.9, "r_1": 0.5}}
+    for label, runs in scores.items():
+        for scenario, score in runs.items():
+            _run(tmp_path / label / "commonroad", "luna", "non_reactive", scenario, score)
+    _run(tmp_path / "a" / "commonroad", "luna", "non_reactive", "only_in_a", 0.0)  # not shared: left out
+    spread = load_benchmark("run_spread")
+    variants = {k: spread.scores(tmp_path / k, "luna", "commonroad") for k in scores}
+    lines = spread.spread_table(variants, 0.3)
+    assert "| a | 76.67 | - |" in lines and "| b | 46.67 | - |" in lines
+    assert "1 of 3 runs span more than 0.3 in CLS:" in lines and "| p_1 | NR | 0.80 | 0.00 |" in lines
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_spread.py"), f"a={tmp_path / 'a'}:luna",
+                          f"b={tmp_path / 'b'}:luna", "--min-range", "0.05"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "2 of 3 runs span more than 0.05 in CLS:" in out and "| q_1 | NR | 1.00 | 0.90 |" in out
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_spread.py"), f"a={tmp_path / 'a'}:pdm",
+                          f"b={tmp_path / 'b'}:luna"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no runs under" in bad.stderr

@@ -97,6 +97,20 @@ def test_diffusion_es_settings_ignore_the_decision_maker() -> None:
     assert s.for_planner("diffusion-es") == StackSettings(population=16)  # same runs whatever the student
 
 
+def test_the_search_seed_reaches_the_search_of_every_search_planner() -> None:
+    """--search-seed: the planners' Diffusion-ES draws from that seed (the oracle's and diffusion-es's too)."""
+    from luna_bridge.stack_planner import search_planner
+
+    settings = StackSettings(search_seed=3, population=8)
+    assert search_planner(True, settings).config.search.seed == 3
+    assert search_planner(False, settings.for_planner("diffusion-es")).config.search.seed == 3
+    assert settings.for_planner("luna-oracle").search_seed == 3
+    assert search_planner(True, StackSettings(population=8)).config.search.seed == 0
+    assert "search seed 3" in settings.describe() and "seed" not in StackSettings().describe()
+    with pytest.raises(StackConfigError, match="search_seed >= 0"):
+        StackSettings(search_seed=-1)
+
+
 def test_settings_are_validated() -> None:
     with pytest.raises(StackConfigError, match="population >= 4"):
         StackSettings(population=2)
@@ -119,11 +133,11 @@ def test_eval_and_reflect_read_the_stack_options_alike() -> None:
     assert defaults == StackSettings()
     assert stack_settings_from_args(_parsed(["reflect", "--suite", "x", "--out", "o"]), device="cpu") == defaults
     flags = ["--student", "s", "--memory-bank", "b", "--k", "1", "--decision-every", "10", "--population", "64",
-             "--iterations", "1", "--time-budget", "0.4", "--autocast", "bfloat16"]
+             "--iterations", "1", "--search-seed", "2", "--time-budget", "0.4", "--autocast", "bfloat16"]
     from_eval = stack_settings_from_args(_parsed(["eval", "--suite", "x", *flags]))
     reflect_args = _parsed(["reflect", "--suite", "x", "--out", "o", *flags, "--device", "cuda"])
     assert from_eval == StackSettings(student="s", memory_bank="b", k=1, decision_every=10, population=64,
-                                      iterations=1, time_budget=0.4, autocast="bfloat16")
+                                      iterations=1, search_seed=2, time_budget=0.4, autocast="bfloat16")
     assert stack_settings_from_args(reflect_args, device=reflect_args.device) == replace(from_eval, device="cuda")
     with pytest.raises(StackConfigError, match="population >= 4"):
         stack_settings_from_args(_parsed(["eval", "--suite", "x", "--population", "2"]))

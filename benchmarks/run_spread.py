@@ -1,0 +1,74 @@
+"""How far single runs swing between variants of one planner: the runs of a suite whose CLS spans more
+than ``--min-range`` across several evaluation folders, and each variant's column (mean CLS x 100) per
+mode. It tells how much of a "no loss" comparison a few knife-edge runs decide (docs/benchmarks.md,
+"Session 15"):
+
+    .venv/bin/python benchmarks/run_spread.py default=out/eval/std:luna bf16=out/eval/bf16:luna \
+        pop64=out/eval/pop64:luna --suite commonroad --min-range 0.3
+
+Each variant is LABEL=FOLDER:PLANNER, FOLDER holding ``<suite>/scenarios/<planner>/<mode>/*.json`` as
+``luna-bridge eval`` writes them. Only runs present in every variant count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+MODES = {"non_reactive": "NR", "reactive": "R"}
+
+
+def scores(folder: Path, planner: str, suite: str) -> dict[tuple[str, str], float]:
+    """(scenario, mode) -> CLS of one variant's runs."""
+    out = {}
+    for mode in MODES:
+        for f in sorted((folder / suite / "scenarios" / planner / mode).glob("*.json")):
+            out[(f.stem, mode)] = float(json.loads(f.read_text())["score"])
+    return out
+
+
+def spread_table(variants: dict[str, dict[tuple[str, str], float]], min_range: float) -> list[str]:
+    """Markdown: the column per variant and mode, then every run whose scores span more than min_range."""
+    labels = list(variants)
+    common = set.intersection(*(set(v) for v in variants.values()))
+    if not common:
+        raise SystemExit("run_spread: the variants share no run")
+    lines = ["| variant | " + " | ".join(f"{m} CLS" for m in MODES.values()) + " |",
+             "|---|" + "---:|" * len(MODES)]
+    for label in labels:
+        cols = []
+        for mode in MODES:
+            runs = [variants[label][k] for k in common if k[1] == mode]
+            cols.append(f"{100 * sum(runs) / len(runs):.2f}" if runs else "-")
+        lines.append(f"| {label} | " + " | ".join(cols) + " |")
+    swings = sorted(k for k in common if max(v[k] for v in variants.values()) - min(v[k] for v in variants.values())
+                    > min_range)
+    lines += ["", f"{len(swings)} of {len(common)} runs span more than {min_range} in CLS:", "",
+              "| run | mode | " + " | ".join(labels) + " |", "|---|---|" + "---:|" * len(labels)]
+    lines += [f"| {s} | {MODES[m]} | " + " | ".join(f"{variants[label][(s, m)]:.2f}" for label in labels) + " |"
+              for s, m in swings]
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variants", nargs="+", help="LABEL=FOLDER:PLANNER (at least two)")
+    p.add_argument("--suite", default="commonroad", help="suite folder name (default commonroad)")
+    p.add_argument("--min-range", type=float, default=0.3, help="list runs whose CLS spans more than this")
+    args = p.parse_args()
+    if len(args.variants) < 2:
+        p.error("give at least two variants")
+    variants = {}
+    for spec in args.variants:
+        label, sep, rest = spec.partition("=")
+        folder, sep2, planner = rest.rpartition(":")
+        if not (sep and sep2 and label and folder and planner):
+            p.error(f"{spec!r} is not LABEL=FOLDER:PLANNER")
+        variants[label] = scores(Path(folder), planner, args.suite)
+        if not variants[label]:
+            p.error(f"{spec!r}: no runs under {folder}/{args.suite}/scenarios/{planner}/")
+    print("\n".join(spread_table(variants, args.min_range)))
+
+
+if __name__ == "__main__":
+    main()
