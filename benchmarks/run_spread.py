@@ -12,19 +12,23 @@ Each variant is LABEL=FOLDER:PLANNER, FOLDER holding ``<suite>/scenarios/<planne
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_tables import load_runs  # noqa: E402 - benchmarks/ on sys.path
 
 MODES = {"non_reactive": "NR", "reactive": "R"}
 
 
 def scores(folder: Path, planner: str, suite: str) -> dict[tuple[str, str], float]:
-    """(scenario, mode) -> CLS of one variant's runs."""
-    out = {}
-    for mode in MODES:
-        for f in sorted((folder / suite / "scenarios" / planner / mode).glob("*.json")):
-            out[(f.stem, mode)] = float(json.loads(f.read_text())["score"])
-    return out
+    """(scenario, mode) -> CLS of one variant's runs (read as eval_tables reads an eval folder)."""
+    suite_folder = folder / suite
+    if not (suite_folder / "scenarios" / planner).is_dir():
+        return {}
+    runs, _ = load_runs([suite_folder])
+    return {(scenario, mode): float(record["score"])
+            for mode in MODES for scenario, record in runs.get((planner, mode), {}).items()}
 
 
 def spread_table(variants: dict[str, dict[tuple[str, str], float]], min_range: float) -> list[str]:

@@ -23,7 +23,8 @@ hindsight check), all actions in one batch:
    IDM speed reaches it, ``reachable_interval``: an action the traffic does not let the ego execute,
    such as cruising into a stalled car that IDM has to brake for, scores low), times
    ``1 - lane_change_cost`` for L / R (a lane change that gains nothing is not worth its risk with
-   agents that do not react to the ego), times nuPlan's making-progress multiplier where the caller knows how far the expert drove over the horizon (the teacher and the oracle: 0 when the
+   agents that do not react to the ego), times nuPlan's making-progress multiplier where the caller
+   knows how far the expert drove over the horizon (the teacher and the oracle: 0 when the
    rollout makes less than ``min_progress_ratio`` of the expert's progress, the expert moved at least
    ``min_expert_progress`` and another action makes enough; without it a stop where the expert drove
    on scores like a safe action, and the oracle stalls where the traffic lets the expert pass);
