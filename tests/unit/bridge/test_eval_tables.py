@@ -127,3 +127,29 @@ def test_run_spread_lists_the_runs_that_swing_between_variants(tmp_path: Path) -
     bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_spread.py"), f"a={tmp_path / 'a'}:pdm",
                           f"b={tmp_path / 'b'}:luna"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no runs under" in bad.stderr
+
+
+def test_seed_means_average_each_variant_over_its_seeds_on_the_shared_runs(tmp_path: Path) -> None:
+    """benchmarks/seed_means.py: a column per seed, their mean and range, the difference to the first
+    variant, all on the runs every seed of every variant has; a seed without the suite is refused."""
+    import subprocess
+    import sys
+
+    from tests.benchmark_scripts import REPO
+
+    seeds = {"d0": {"p_1": 1.0, "q_1": 0.5}, "d1": {"p_1": 0.0, "q_1": 0.5},
+             "c0": {"p_1": 1.0, "q_1": 1.0}}
+    for folder, runs in seeds.items():
+        for scenario, score in runs.items():
+            _run(tmp_path / folder / "commonroad", "luna", "reactive", scenario, score)
+    _run(tmp_path / "d0" / "commonroad", "luna", "reactive", "only_in_d0", 0.0)  # not shared: left out
+    script = [sys.executable, str(REPO / "benchmarks" / "seed_means.py"),
+              f"default={tmp_path / 'd0'}:luna,{tmp_path / 'd1'}:luna", f"cheap={tmp_path / 'c0'}:luna",
+              "--suite", "commonroad"]
+    out = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert "| default | 2 | - | - | 50.00 (50.00) | 75.00, 25.00 |" in out
+    assert "| cheap | 1 | - | - | 100.00 (0.00) | 100.00 |" in out
+    assert "| cheap - default | | - | | +50.00 | |" in out
+    assert "| default | 50.00 |" in out and "| cheap | 100.00 |" in out
+    bad = subprocess.run(script[:-2] + ["--suite", "synthetic-hard"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no runs under" in bad.stderr and "synthetic-hard" in bad.stderr
