@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from luna_core.types import ACTION_CODES, Action
 from luna_core.prompts.knowledge import (ACTION_SET_TAG, CONFIDENCE_TAG, DECISION_TAG, EXPLANATION_TAG,
@@ -167,49 +167,43 @@ def _tagged_lines(text: str, tag: str) -> list[str]:
     return values
 
 
+def _agreed_value(text: str, kind: str, tag: str, pattern: str, format_error: str, what: str,
+                  convert: Callable[[str], Any] = str) -> tuple[Any, str]:
+    """The one value on the lines starting with ``tag``: each must match ``pattern`` (the value is its
+    group 1, passed through ``convert``) and all must agree; also the last such line's value (for errors)."""
+    values = _tagged_lines(text, tag)
+    if not values:
+        raise MalformedModelOutput(kind, _missing_or_truncated(text), f"no line starting with {tag!r}",
+                                   text[-_EXCERPT_CHARS:])
+    found = set()
+    for value in values:
+        m = re.fullmatch(pattern, value)
+        if not m:
+            raise MalformedModelOutput(kind, "format", format_error, value)
+        found.add(convert(m.group(1)))
+    if len(found) > 1:
+        raise MalformedModelOutput(kind, "ambiguous", f"conflicting {what} {sorted(found)}", text[-_EXCERPT_CHARS:])
+    return found.pop(), values[-1]
+
+
 def parse_vote(text: str, allowed: Iterable[str] | None = None) -> str:
     """M_act: the action code on the answer's ``Decision:`` line(s); all such lines must agree."""
     kind = "vote"
     text = _check_text(text, kind)
     allowed_codes = _allowed_set(allowed)
-    values = _tagged_lines(text, DECISION_TAG)
-    if not values:
-        raise MalformedModelOutput(kind, _missing_or_truncated(text),
-                                   f"no line starting with {DECISION_TAG!r}", text[-_EXCERPT_CHARS:])
-    codes = set()
-    for value in values:
-        m = re.fullmatch(r"([A-Za-z]{2})\.?", value)
-        if not m:
-            raise MalformedModelOutput(kind, "format", f"{DECISION_TAG} must be followed by one code only",
-                                       value)
-        codes.add(m.group(1))
-    if len(codes) > 1:
-        raise MalformedModelOutput(kind, "ambiguous", f"conflicting decisions {sorted(codes)}",
-                                   text[-_EXCERPT_CHARS:])
-    return _check_code(codes.pop(), allowed_codes, kind, values[-1])
+    code, last = _agreed_value(text, kind, DECISION_TAG, r"([A-Za-z]{2})\.?",
+                               f"{DECISION_TAG} must be followed by one code only", "decisions")
+    return _check_code(code, allowed_codes, kind, last)
 
 
 def parse_confidence(text: str) -> float:
     """M_conf: the number on the answer's ``Confidence:`` line, required to lie in [0, 1]."""
     kind = "confidence"
     text = _check_text(text, kind)
-    values = _tagged_lines(text, CONFIDENCE_TAG)
-    if not values:
-        raise MalformedModelOutput(kind, _missing_or_truncated(text),
-                                   f"no line starting with {CONFIDENCE_TAG!r}", text[-_EXCERPT_CHARS:])
-    numbers = set()
-    for value in values:
-        m = re.fullmatch(r"([-+]?\d+(?:\.\d+)?|[-+]?\.\d+)\.?", value)
-        if not m:
-            raise MalformedModelOutput(kind, "format", f"{CONFIDENCE_TAG} must be followed by a plain number",
-                                       value)
-        numbers.add(float(m.group(1)))
-    if len(numbers) > 1:
-        raise MalformedModelOutput(kind, "ambiguous", f"conflicting confidences {sorted(numbers)}",
-                                   text[-_EXCERPT_CHARS:])
-    c = numbers.pop()
+    c, last = _agreed_value(text, kind, CONFIDENCE_TAG, r"([-+]?\d+(?:\.\d+)?|[-+]?\.\d+)\.?",
+                            f"{CONFIDENCE_TAG} must be followed by a plain number", "confidences", float)
     if not math.isfinite(c) or not 0.0 <= c <= 1.0:
-        raise MalformedModelOutput(kind, "out_of_range", f"confidence {c} is outside [0, 1]", values[-1])
+        raise MalformedModelOutput(kind, "out_of_range", f"confidence {c} is outside [0, 1]", last)
     return c
 
 
