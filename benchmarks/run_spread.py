@@ -31,6 +31,25 @@ def scores(folder: Path, planner: str, suite: str) -> dict[tuple[str, str], floa
             for mode in MODES for scenario, record in runs.get((planner, mode), {}).items()}
 
 
+def parse_variant(spec: str) -> tuple[str, list[tuple[Path, str]]]:
+    """LABEL=FOLDER:PLANNER[,FOLDER:PLANNER...] -> (label, [(folder, planner), ...])."""
+    label, sep, rest = spec.partition("=")
+    if not (sep and label and rest):
+        raise ValueError(f"{spec!r} is not LABEL=FOLDER:PLANNER[,FOLDER:PLANNER...]")
+    runs = []
+    for run in rest.split(","):
+        folder, sep2, planner = run.rpartition(":")
+        if not (sep2 and folder and planner):
+            raise ValueError(f"{spec!r}: {run!r} is not FOLDER:PLANNER")
+        runs.append((Path(folder), planner))
+    return label, runs
+
+
+def column(variant: dict[tuple[str, str], float], keys: list[tuple[str, str]]) -> float:
+    """CLS (100 x mean score) of one variant over the given (scenario, mode) runs."""
+    return 100 * sum(variant[k] for k in keys) / len(keys)
+
+
 def spread_table(variants: dict[str, dict[tuple[str, str], float]], min_range: float) -> list[str]:
     """Markdown: the column per variant and mode, then every run whose scores span more than min_range."""
     labels = list(variants)
@@ -42,8 +61,8 @@ def spread_table(variants: dict[str, dict[tuple[str, str], float]], min_range: f
     for label in labels:
         cols = []
         for mode in MODES:
-            runs = [variants[label][k] for k in common if k[1] == mode]
-            cols.append(f"{100 * sum(runs) / len(runs):.2f}" if runs else "-")
+            keys = [k for k in common if k[1] == mode]
+            cols.append(f"{column(variants[label], keys):.2f}" if keys else "-")
         lines.append(f"| {label} | " + " | ".join(cols) + " |")
     swings = sorted(k for k in common if max(v[k] for v in variants.values()) - min(v[k] for v in variants.values())
                     > min_range)
@@ -64,11 +83,14 @@ def main() -> None:
         p.error("give at least two variants")
     variants = {}
     for spec in args.variants:
-        label, sep, rest = spec.partition("=")
-        folder, sep2, planner = rest.rpartition(":")
-        if not (sep and sep2 and label and folder and planner):
-            p.error(f"{spec!r} is not LABEL=FOLDER:PLANNER")
-        variants[label] = scores(Path(folder), planner, args.suite)
+        try:
+            label, runs = parse_variant(spec)
+        except ValueError as exc:
+            p.error(str(exc))
+        if len(runs) != 1:
+            p.error(f"{spec!r}: one FOLDER:PLANNER per variant (several seeds: benchmarks/seed_means.py)")
+        (folder, planner), = runs
+        variants[label] = scores(folder, planner, args.suite)
         if not variants[label]:
             p.error(f"{spec!r}: no runs under {folder}/{args.suite}/scenarios/{planner}/")
     print("\n".join(spread_table(variants, args.min_range)))

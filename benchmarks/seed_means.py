@@ -19,7 +19,7 @@ from pathlib import Path
 from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_spread import MODES, scores  # noqa: E402 - benchmarks/ on sys.path
+from run_spread import MODES, column, parse_variant, scores  # noqa: E402 - benchmarks/ on sys.path
 
 SUITES = ("synthetic-hard", "synthetic-random", "commonroad")
 
@@ -33,7 +33,7 @@ def seed_columns(variants: dict[str, list[dict[tuple[str, str], float]]]) -> dic
         out[label] = {}
         for mode in MODES:
             keys = [k for k in common if k[1] == mode]
-            out[label][mode] = [100 * sum(s[k] for k in keys) / len(keys) for s in seeds] if keys else []
+            out[label][mode] = [column(s, keys) for s in seeds] if keys else []
     return out
 
 
@@ -66,19 +66,6 @@ def overall(tables: dict[str, dict[str, dict[str, list[float]]]]) -> list[str]:
         cols = [mean(tables[s][label][m]) for s in tables for m in MODES if tables[s][label][m]]
         lines.append(f"| {label} | {mean(cols):.2f} |")
     return lines
-
-
-def parse_variant(spec: str) -> tuple[str, list[tuple[Path, str]]]:
-    label, sep, rest = spec.partition("=")
-    if not (sep and label and rest):
-        raise ValueError(f"{spec!r} is not LABEL=FOLDER:PLANNER[,FOLDER:PLANNER...]")
-    runs = []
-    for run in rest.split(","):
-        folder, sep2, planner = run.rpartition(":")
-        if not (sep2 and folder and planner):
-            raise ValueError(f"{spec!r}: {run!r} is not FOLDER:PLANNER")
-        runs.append((Path(folder), planner))
-    return label, runs
 
 
 def main() -> None:
