@@ -153,3 +153,39 @@ def test_seed_means_average_each_variant_over_its_seeds_on_the_shared_runs(tmp_p
     assert "| default | 50.00 |" in out and "| cheap | 100.00 |" in out
     bad = subprocess.run(script[:-2] + ["--suite", "synthetic-hard"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no runs under" in bad.stderr and "synthetic-hard" in bad.stderr
+
+
+def test_run_decisions_prints_score_progress_and_decision_timeline_per_variant(tmp_path: Path) -> None:
+    """benchmarks/run_decisions.py: per variant the run's score, failing metrics, progress in metres and
+    the stored decision timeline; an old result file without a timeline shows its counts; a missing run
+    says so; a variant without the planner is refused."""
+    import subprocess
+    import sys
+
+    from tests.benchmark_scripts import REPO
+
+    def record(folder: Path, planner: str, score: float, decisions: dict) -> None:
+        path = folder / "commonroad" / "scenarios" / planner / "reactive" / "peach_1.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "planner": planner, "mode": "reactive", "scenario": "peach_1", "score": score, "decisions": decisions,
+            "metrics": {"ego_is_making_progress": {"score": 0.0 if score == 0 else 1.0},
+                        "ego_progress_along_expert_route": {"score": 0.1, "statistics": {
+                            "ego_progress": 1.43, "expert_progress": 12.59, "ratio": 0.11}}}}))
+
+    record(tmp_path / "new", "luna", 0.0, {"timeline": [{"stamp": 0.0, "top3": [["CK", 0.47], ["AK", 0.26],
+                                                                              ["SK", 0.16]]}]})
+    record(tmp_path / "old", "luna", 0.8, {"top_actions": {"CK": 2, "AK": 1}})
+    script = [sys.executable, str(REPO / "benchmarks" / "run_decisions.py"), f"new={tmp_path / 'new'}:luna",
+              f"old={tmp_path / 'old'}:luna", "--only", "peach_1"]
+    out = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert "peach_1 (R):" in out and "peach_1 (NR):" in out
+    assert ("new: score 0.00; failing: ego_is_making_progress, ego_progress_along_expert_route; "
+            "progress 1.4 m of the expert's 12.6 m") in out
+    assert "decisions: 0 s CK 0.47/AK 0.26/SK 0.16" in out
+    assert "old: score 0.80; failing: ego_progress_along_expert_route" in out
+    assert "decisions by top action: {'AK': 1, 'CK': 2} (no timeline)" in out
+    assert out.count("no such run") == 2  # neither folder has the NR run
+    bad = subprocess.run(script[:2] + [f"x={tmp_path / 'new'}:pdm", "--only", "peach_1"], capture_output=True,
+                         text=True)
+    assert bad.returncode != 0 and "no runs under" in bad.stderr

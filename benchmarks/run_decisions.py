@@ -1,0 +1,75 @@
+"""One scenario's runs side by side across evaluation folders: score, failing metrics, the ego's and the
+expert's progress along the route (m), and the decision timeline (the top three actions at each T_d)
+that the stack planners store in their result files. It is how docs/benchmarks.md reads a run that
+flips between seeds or differs from the oracle:
+
+    .venv/bin/python benchmarks/run_decisions.py s1=out/eval/seed1:luna s2=out/eval/seed2:luna \
+        oracle=out/eval/oracle:luna-oracle --suite commonroad --only USA_Peach-3_2_T-1
+
+Each variant is LABEL=FOLDER:PLANNER as for run_spread.py. Result files written before the timeline was
+stored (session 14) show only their decision counts.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_tables import load_runs  # noqa: E402 - benchmarks/ on sys.path
+from run_spread import MODES, parse_variant  # noqa: E402
+
+PROGRESS = "ego_progress_along_expert_route"
+
+
+def describe(record: dict[str, Any]) -> list[str]:
+    """Lines for one run: score, failing metrics, progress in metres, then the decisions."""
+    metrics = record.get("metrics", {})
+    failing = sorted(name for name, m in metrics.items() if m["score"] < 1.0)
+    stats = metrics.get(PROGRESS, {}).get("statistics", {})
+    progress = (f"; progress {stats['ego_progress']:.1f} m of the expert's {stats['expert_progress']:.1f} m"
+                if "ego_progress" in stats and "expert_progress" in stats else "")
+    lines = [f"score {record['score']:.2f}; failing: {', '.join(failing) or 'none'}{progress}"]
+    decisions = record.get("decisions") or {}
+    timeline = decisions.get("timeline")
+    if timeline:
+        lines.append("decisions: " + "  ".join(
+            f"{d['stamp']:.0f} s " + "/".join(f"{a} {p:.2f}" for a, p in d["top3"]) for d in timeline))
+    elif decisions.get("top_actions"):
+        lines.append(f"decisions by top action: {dict(sorted(decisions['top_actions'].items()))} (no timeline)")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variants", nargs="+", help="LABEL=FOLDER:PLANNER")
+    p.add_argument("--suite", default="commonroad", help="suite folder name (default commonroad)")
+    p.add_argument("--only", action="append", required=True, help="scenario name (repeatable)")
+    p.add_argument("--mode", choices=list(MODES), action="append", help="only this mode (default both)")
+    args = p.parse_args()
+    variants = []
+    for spec in args.variants:
+        try:
+            label, runs = parse_variant(spec)
+        except ValueError as exc:
+            p.error(str(exc))
+        if len(runs) != 1:
+            p.error(f"{spec!r}: one FOLDER:PLANNER per variant")
+        (folder, planner), = runs
+        if not (folder / args.suite / "scenarios" / planner).is_dir():
+            p.error(f"{spec!r}: no runs under {folder}/{args.suite}/scenarios/{planner}/")
+        variants.append((label, planner, load_runs([folder / args.suite])[0]))
+    for scenario in args.only:
+        for mode in args.mode or MODES:
+            print(f"{scenario} ({MODES[mode]}):")
+            for label, planner, runs in variants:
+                record = runs.get((planner, mode), {}).get(scenario)
+                lines = describe(record) if record else ["no such run"]
+                print(f"  {label}: {lines[0]}")
+                for line in lines[1:]:
+                    print(f"    {line}")
+
+
+if __name__ == "__main__":
+    main()
