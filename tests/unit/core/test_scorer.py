@@ -11,7 +11,7 @@ import pytest
 
 from luna_core.control import STATE_SIZE, StateIndex
 from luna_core.lanes import Polyline, lane_map, make_lane
-from luna_core.planning.scorer import (DRIVABLE_TOLERANCE, ObjectBoxes, ScorerWeights, ScoringContext, in_common_or_connected_lanes,
+from luna_core.planning.scorer import (ObjectBoxes, ScorerWeights, ScoringContext, in_common_or_connected_lanes,
                                        ego_corners, score_proposals)
 from luna_core.types import LaneGraph, VehicleParameters
 
@@ -89,19 +89,6 @@ def test_progress_normalised_by_best_valid_proposal_only() -> None:
     s = score_proposals(p, context())
     assert s.drivable_area.tolist() == [1.0, 0.0]
     assert s.progress[0] == 1.0 and s.total[1] == 0.0
-
-
-def test_drivable_area_allows_corners_a_few_centimetres_out() -> None:
-    # Drivable y in [-6, 6]; the Pacifica's left corners stick out by y + half width - 6.
-    half = VP.width / 2.0
-    clip, out = states(constant(5.0), y=6.0 - half + 0.1), states(constant(5.0), y=6.0 - half + 0.3)
-    p = np.stack([clip, out])
-    assert DRIVABLE_TOLERANCE == pytest.approx(0.15)
-    assert score_proposals(p, context()).drivable_area.tolist() == [1.0, 0.0]
-    strict = ScoringContext(lane_map(G), context().centerline, ObjectBoxes.empty(41), drivable_tolerance=0.0)
-    assert score_proposals(p, strict).drivable_area.tolist() == [0.0, 0.0]
-    with pytest.raises(ValueError, match="drivable_tolerance"):
-        ScoringContext(lane_map(G), context().centerline, ObjectBoxes.empty(41), drivable_tolerance=float("nan"))
 
 
 def test_stopped_vehicle_ahead_is_an_at_fault_collision_scoring_zero() -> None:

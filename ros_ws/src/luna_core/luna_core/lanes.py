@@ -368,25 +368,15 @@ class LaneMap:
         shapely.prepare(area)
         return area
 
-    def in_drivable_area(self, points: np.ndarray, tolerance: float = 0.0) -> np.ndarray:
-        """Boolean (...,) for points (..., 2): inside (or on the border of) the drivable area, or at
-        most ``tolerance`` m outside it (the area grown by ``tolerance``, rasterised once per value)."""
+    def in_drivable_area(self, points: np.ndarray) -> np.ndarray:
+        """Boolean (...,) for points (..., 2): inside (or on the border of) the drivable area."""
         pts = np.asarray(points, dtype=np.float64)
         flat = pts.reshape(-1, 2)
-        return self._drivable_raster(float(tolerance)).membership(flat[:, 0], flat[:, 1])[:, 0].reshape(pts.shape[:-1])
-
-    def _drivable_raster(self, tolerance: float) -> PolygonRaster:
-        if not (math.isfinite(tolerance) and tolerance >= 0.0):
-            raise ValueError(f"drivable-area tolerance must be finite and >= 0 m, got {tolerance}")
-        raster = self._drivable_rasters.get(tolerance)
-        if raster is None:
-            area = self.drivable_area if tolerance == 0.0 else shapely.buffer(self.drivable_area, tolerance)
-            raster = self._drivable_rasters[tolerance] = PolygonRaster([area])
-        return raster
+        return self._drivable_raster.membership(flat[:, 0], flat[:, 1])[:, 0].reshape(pts.shape[:-1])
 
     @cached_property
-    def _drivable_rasters(self) -> dict[float, PolygonRaster]:
-        return {}
+    def _drivable_raster(self) -> PolygonRaster:
+        return PolygonRaster([self.drivable_area])
 
     def distance_to_drivable_area(self, points: np.ndarray) -> np.ndarray:
         """(...,) distance (m) of points (..., 2) outside the drivable area; 0 inside."""

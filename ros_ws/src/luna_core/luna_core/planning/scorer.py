@@ -9,8 +9,8 @@ from now. They are scored against a ``ScoringContext``: forecast object boxes on
 Per proposal (PDM-Closed, tuplan_garage; nuPlan's at-fault rules):
 
 * multiplicative: ``no_at_fault_collision`` (1; 0 for an at-fault collision with an agent or a red
-  light, 0.5 if the worst is a static object), ``drivable_area`` (0 if any footprint corner is more
-  than ``ScoringContext.drivable_tolerance`` outside the lanes at any step), ``driving_direction`` (oncoming progress over any 1 s window: 1 below
+  light, 0.5 if the worst is a static object), ``drivable_area`` (0 if any footprint corner leaves
+  the lanes at any step), ``driving_direction`` (oncoming progress over any 1 s window: 1 below
   2 m, 0.5 below 6 m, else 0);
 * weighted: ``progress`` 5 (along the centreline, normalised by the best proposal that passes the
   multiplicative terms; all 1 if that best is <= 0.1 m; if none passes, by the best of all),
@@ -33,7 +33,6 @@ Everything is vectorised over proposals; boxes overlap via ``luna_core.geometry`
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -225,13 +224,6 @@ class ObjectBoxes:
                            self.static[keep], self.red_light[keep])
 
 
-# Lane polygons are the painted lane edges, and real maps are coarse at corners: leaving a driveway in
-# USA_Peach-3, every moving proposal clipped them by 0.05 m, so a strict test left standing still as
-# the only feasible plan. nuPlan's drivable_area_compliance allows 0.3 m; half of that keeps a margin
-# for the tracker.
-DRIVABLE_TOLERANCE = 0.15  # m
-
-
 @dataclass
 class ScoringContext:
     lanes: LaneMap
@@ -240,11 +232,6 @@ class ScoringContext:
     speed_limit: float = 0.0  # m/s; 0 = unknown (no speed-limit term)
     vehicle: VehicleParameters = VehicleParameters()
     dt: float = 0.1
-    drivable_tolerance: float = DRIVABLE_TOLERANCE  # m a footprint corner may lie outside the lanes
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.drivable_tolerance) and self.drivable_tolerance >= 0.0):
-            raise ValueError(f"ScoringContext.drivable_tolerance must be finite and >= 0 m, got {self.drivable_tolerance}")
 
 
 @dataclass(frozen=True)
@@ -432,8 +419,7 @@ def _score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWei
 
     multi_lane = ~in_common_or_connected_lanes(ctx.lanes, corners)  # (P, T+1)
     no_collision, t_fault, collided = _collisions(states, corners, ctx, multi_lane)
-    drivable = np.all(ctx.lanes.in_drivable_area(corners[:, 1:], ctx.drivable_tolerance),
-                      axis=(1, 2)).astype(np.float64)
+    drivable = np.all(ctx.lanes.in_drivable_area(corners[:, 1:]), axis=(1, 2)).astype(np.float64)
     direction = _driving_direction(states, ctx)
     multiplicative = no_collision * drivable * direction
 
