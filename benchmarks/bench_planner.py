@@ -76,8 +76,10 @@ def commonroad_scene(probs: dict[str, float], name: str = "USA_Lanker-1_10_T-1",
     from luna_bridge.scenarios import suite_refs
     from luna_bridge.scenarios.registry import load_entry
 
-    ref = next(r for r in suite_refs(suite) if r[0] == name)
-    sc = load_entry(ref[1], ref[2])
+    refs = [r for r in suite_refs(suite) if r[0] == name]
+    if not refs:
+        raise ValueError(f"no scenario {name!r} in suite {suite!r}")
+    sc = load_entry(refs[0][1], refs[0][2])
     p = np.zeros(10)
     for code, v in probs.items():
         p[ACTION_INDEX[code]] = v

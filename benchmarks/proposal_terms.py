@@ -13,26 +13,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-import numpy as np
+from pathlib import Path
 
 from luna_core.planning.context import build_planning_context
 from luna_core.planning.proposals import idm_proposals
 from luna_core.planning.scorer import ego_corners, score_proposals
-from luna_core.types import DecisionDistribution, PlannerInput
+from luna_core.types import PlannerInput
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_planner import commonroad_scene  # noqa: E402 - benchmarks/ on sys.path
 
 
 def scenario_input(name: str, suite: str) -> PlannerInput:
-    """The planner input of a suite scenario at t = 0, as the simulator builds it (no decision)."""
-    from luna_bridge.scenarios import suite_refs
-    from luna_bridge.scenarios.registry import load_entry
-
-    refs = [r for r in suite_refs(suite) if r[0] == name]
-    if not refs:
-        raise SystemExit(f"no scenario {name!r} in suite {suite!r}")
-    sc = load_entry(refs[0][1], refs[0][2])
-    return PlannerInput(0.0, [sc.ego_initial], sc.objects_at(0.0), sc.lights_at(0.0), sc.lane_graph, sc.route,
-                        DecisionDistribution(-0.2, np.eye(10)[0], []), sc.vehicle)
+    """The planner input of a suite scenario at t = 0, as the simulator builds it (the decision is not
+    read: the proposals follow the current lane)."""
+    return commonroad_scene({"CK": 1.0}, name, suite)
 
 
 def proposal_table(pi: PlannerInput, speeds: list[float]) -> list[str]:

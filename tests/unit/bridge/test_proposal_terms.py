@@ -19,5 +19,5 @@ def test_lane_proposals_on_a_synthetic_road_stay_inside_and_rank_by_progress() -
 
 def test_unknown_scenario_is_named_in_the_error() -> None:
     script = load_benchmark("proposal_terms")
-    with pytest.raises(SystemExit, match="no scenario 'nope'"):
+    with pytest.raises(ValueError, match="no scenario 'nope'"):
         script.scenario_input("nope", "synthetic-hard")
