@@ -1,8 +1,8 @@
 """Device side of stage2_distill.sh: the dequantised base there must hold the same tensor values as here.
 
-``python check_base.py BASE_TENSORS_JSON OUT``. Another transformers version serialises the converted
-folder differently (config.json names its version), so the file hash that ``student_meta.json`` records
-differs although every weight is equal. With equal values, the --init student's meta is pointed at the
+``python check_base.py BASE_TENSORS_JSON OUT``. Another transformers version may write the converted
+folder differently; ``base_model_hash`` ignores config.json's version stamp (since session 17), but if
+the hash still differs while every weight is equal, the --init student's meta is pointed at the
 device's hash and ``OUT/base_hash_patch.json`` records both, so the distilled student's meta can be set
 back to this machine's hash (docs/student.md, "Stage 2 on an H100"); differing values stop the run.
 Write BASE_TENSORS_JSON here with ``python check_base.py --write BASE_TENSORS_JSON``.

@@ -11,6 +11,7 @@ import torch
 
 from luna_core.student import (BaseModelMismatchError, ContextOverflowError, DualHeadStudent,
                                StudentConfig, StudentConfigError, StudentModelFileError)
+from luna_core import model_cache
 from luna_core.student import files
 from luna_core.student.context import PromptEncoder, with_example_objects
 from luna_core.types import ACTION_CODES
@@ -208,6 +209,11 @@ def test_save_and_load_round_trip_and_bad_files(student, tmp_path):
     (out / files.HEAD_FILE).write_bytes(head)
 
     meta = json.loads((out / files.META_FILE).read_text())
+    base = model_cache.resolve(student.config.base_model)
+    assert meta["base_model_hash"] == files.base_model_hash(base)
+    meta["base_model_hash"] = files.base_model_hash(base, legacy=True)  # a meta written before session 17
+    (out / files.META_FILE).write_text(json.dumps(meta))
+    np.testing.assert_allclose(DualHeadStudent.from_pretrained(out, PROMPTS).predict(q, ex)[0], p, atol=1e-6)
     meta["base_model_hash"] = "0" * 64  # as if trained on another base
     (out / files.META_FILE).write_text(json.dumps(meta))
     with pytest.raises(BaseModelMismatchError, match="hash"):
@@ -217,6 +223,23 @@ def test_save_and_load_round_trip_and_bad_files(student, tmp_path):
         DualHeadStudent.from_pretrained(out, PROMPTS)
     with pytest.raises(StudentModelFileError, match="not a directory"):
         DualHeadStudent.from_pretrained(tmp_path / "nowhere", PROMPTS)
+
+
+def test_base_model_hash_ignores_the_writers_version_only(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"weights")
+    config = {"hidden_size": 576, "transformers_version": "5.23.0"}
+    (base / "config.json").write_text(json.dumps(config))
+    h, legacy = files.base_model_hash(base), files.base_model_hash(base, legacy=True)
+    (base / "config.json").write_text(json.dumps({**config, "transformers_version": "5.17.0"}, indent=2))
+    assert files.base_model_hash(base) == h  # another writer, the same model
+    assert files.base_model_hash(base, legacy=True) != legacy
+    (base / "config.json").write_text(json.dumps({**config, "hidden_size": 512}))
+    assert files.base_model_hash(base) != h
+    (base / "config.json").write_text("[1, 2]")
+    with pytest.raises(StudentModelFileError, match="not a JSON object"):
+        files.base_model_hash(base)
 
 
 def test_config_validation_names_the_field():

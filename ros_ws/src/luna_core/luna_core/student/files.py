@@ -31,8 +31,16 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def base_model_hash(folder: Path) -> str:
-    """SHA-256 over the base model's config and weight files (memoised per file size and mtime)."""
+# Keys of a base model's config.json that say who wrote it, not what the model is: the same weights
+# converted under another transformers version (a vehicle's, a GPU machine's) must hash alike.
+WRITER_KEYS = ("transformers_version",)
+
+
+def base_model_hash(folder: Path, legacy: bool = False) -> str:
+    """SHA-256 over the base model's config and weight files (weights memoised per file size and mtime).
+
+    config.json counts as its JSON without ``WRITER_KEYS``; ``legacy=True`` hashes its raw bytes, as
+    metas written before session 17 did (still accepted on load)."""
     folder = Path(folder)
     files = sorted(p for p in folder.iterdir()
                    if p.name == "config.json" or p.suffix in (".safetensors", ".bin", ".gguf"))
@@ -40,12 +48,27 @@ def base_model_hash(folder: Path) -> str:
         raise StudentModelFileError(f"base model folder {folder} has no weight files")
     h = hashlib.sha256()
     for p in files:
-        st = p.stat()
-        key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-        if key not in _HASH_CACHE:
-            _HASH_CACHE[key] = file_sha256(p)
-        h.update(f"{p.name}:{_HASH_CACHE[key]}\n".encode())
+        if p.name == "config.json" and not legacy:
+            digest = hashlib.sha256(_model_config_bytes(p)).hexdigest()
+        else:
+            st = p.stat()
+            key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+            if key not in _HASH_CACHE:
+                _HASH_CACHE[key] = file_sha256(p)
+            digest = _HASH_CACHE[key]
+        h.update(f"{p.name}:{digest}\n".encode())
     return h.hexdigest()
+
+
+def _model_config_bytes(path: Path) -> bytes:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StudentModelFileError(f"{path}: unreadable JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise StudentModelFileError(f"{path}: not a JSON object")
+    kept = {k: v for k, v in config.items() if k not in WRITER_KEYS}
+    return json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()
 
 
 def read_meta(directory: Path) -> dict:

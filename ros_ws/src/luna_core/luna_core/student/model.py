@@ -275,7 +275,7 @@ class DualHeadStudent(nn.Module):
         head_path = files.check_file(directory, files.HEAD_FILE, meta)
         folder = model_cache.resolve(config.base_model)
         base_hash = files.base_model_hash(folder)
-        if base_hash != meta["base_model_hash"]:
+        if meta["base_model_hash"] not in (base_hash, files.base_model_hash(folder, legacy=True)):
             raise BaseModelMismatchError(
                 f"{directory} was trained on a base model with hash {meta['base_model_hash'][:16]}..., but "
                 f"{config.base_model!r} ({folder}) has hash {base_hash[:16]}...")
