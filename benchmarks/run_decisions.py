@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eval_tables import load_runs  # noqa: E402 - benchmarks/ on sys.path
-from run_spread import MODES, parse_variant  # noqa: E402
+from run_spread import MODES, parse_single_variant  # noqa: E402
 
 PROGRESS = "ego_progress_along_expert_route"
 
@@ -51,14 +51,9 @@ def main() -> None:
     variants = []
     for spec in args.variants:
         try:
-            label, runs = parse_variant(spec)
+            label, folder, planner = parse_single_variant(spec, args.suite)
         except ValueError as exc:
             p.error(str(exc))
-        if len(runs) != 1:
-            p.error(f"{spec!r}: one FOLDER:PLANNER per variant")
-        (folder, planner), = runs
-        if not (folder / args.suite / "scenarios" / planner).is_dir():
-            p.error(f"{spec!r}: no runs under {folder}/{args.suite}/scenarios/{planner}/")
         variants.append((label, planner, load_runs([folder / args.suite])[0]))
     for scenario in args.only:
         for mode in args.mode or MODES:

@@ -45,6 +45,17 @@ def parse_variant(spec: str) -> tuple[str, list[tuple[Path, str]]]:
     return label, runs
 
 
+def parse_single_variant(spec: str, suite: str) -> tuple[str, Path, str]:
+    """LABEL=FOLDER:PLANNER with exactly one run that has results in ``suite`` -> (label, folder, planner)."""
+    label, runs = parse_variant(spec)
+    if len(runs) != 1:
+        raise ValueError(f"{spec!r}: one FOLDER:PLANNER per variant (several seeds: benchmarks/seed_means.py)")
+    (folder, planner), = runs
+    if not (folder / suite / "scenarios" / planner).is_dir():
+        raise ValueError(f"{spec!r}: no runs under {folder}/{suite}/scenarios/{planner}/")
+    return label, folder, planner
+
+
 def column(variant: dict[tuple[str, str], float], keys: list[tuple[str, str]]) -> float:
     """CLS (100 x mean score) of one variant over the given (scenario, mode) runs."""
     return 100 * sum(variant[k] for k in keys) / len(keys)
@@ -84,12 +95,9 @@ def main() -> None:
     variants = {}
     for spec in args.variants:
         try:
-            label, runs = parse_variant(spec)
+            label, folder, planner = parse_single_variant(spec, args.suite)
         except ValueError as exc:
             p.error(str(exc))
-        if len(runs) != 1:
-            p.error(f"{spec!r}: one FOLDER:PLANNER per variant (several seeds: benchmarks/seed_means.py)")
-        (folder, planner), = runs
         variants[label] = scores(folder, planner, args.suite)
         if not variants[label]:
             p.error(f"{spec!r}: no runs under {folder}/{args.suite}/scenarios/{planner}/")
