@@ -11,7 +11,8 @@ reason. This module only turns the log into the boxes those rollouts meet (``log
 expert's state (``expert_state``) and progress over the horizon (``expert_progress``, for the
 making-progress multiplier).
 
-``make_scorer`` is the factory for ``luna-offline collect --scorer luna_bridge.action_scorer:make_scorer``.
+``make_scorer`` is the factory for ``luna-offline collect --scorer luna_bridge.action_scorer:make_scorer``;
+``make_bundled_bank_scorer`` the teacher of the bundled memory bank (before the reachable A band).
 """
 
 from __future__ import annotations
@@ -176,3 +177,11 @@ class SimulationActionScorer:
 def make_scorer() -> SimulationActionScorer:
     """Factory for ``luna-offline collect --scorer luna_bridge.action_scorer:make_scorer``."""
     return SimulationActionScorer()
+
+
+def make_bundled_bank_scorer() -> SimulationActionScorer:
+    """The teacher the bundled ``models/memory_bank`` was labelled with (Eq. 5's A band from the first step,
+    ``ActionScorerConfig.reachable_accelerate``): it gives that bank's frames their stored distributions
+    again, so items added to the bank's training data (on-policy frames, DAgger) carry the same labels.
+    ``luna-offline collect --scorer luna_bridge.action_scorer:make_bundled_bank_scorer``."""
+    return SimulationActionScorer(ActionScorerConfig(reachable_accelerate=False))

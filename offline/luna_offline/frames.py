@@ -452,6 +452,14 @@ def run(args: argparse.Namespace) -> int:
 
     if not (args.suite or args.scenario or args.bag):
         raise SystemExit("luna-offline frames: give --suite NAME, --scenario FILE and/or --bag DIR")
+    if args.threads < 1:
+        raise SystemExit(f"luna-offline frames: --threads must be at least 1, got {args.threads}")
+    if args.on_policy:
+        import torch
+
+        # torch's default of one thread per core, in two commands side by side on 2 cores, made each
+        # closed-loop run ~20x slower (200 s instead of 10 s per scenario): its threads spin against each other.
+        torch.set_num_threads(args.threads)
     if args.on_policy and (args.student or args.k is not None):
         from luna_bridge.stack_planner import StackSettings, use_settings
 
@@ -502,6 +510,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--student", default="", help="--on-policy with a stack planner: the student folder (default: "
                    "models/student)")
     p.add_argument("--k", type=int, default=None, help="--on-policy with a stack planner: retrieved items per decision")
+    p.add_argument("--threads", type=int, default=1, help="--on-policy: torch CPU threads of the closed-loop runs "
+                   "(1 lets two commands, e.g. on two halves of a suite, share 2 cores)")
     p.add_argument("--every", type=int, default=1, help="every N-th scenario of each --suite (sorted; an even subset "
                    "over scenario types)")
     p.add_argument("--out", type=Path, required=True,

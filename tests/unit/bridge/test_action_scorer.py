@@ -13,7 +13,7 @@ from luna_core.memory import MemoryBank, SceneVectorEmbedder
 from luna_core.planning.objectives import ObjectiveConfig
 from luna_core.types import ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, ObjectClass, Route
 from luna_core.teacher import ScoredVoterPool, Teacher
-from luna_bridge.action_scorer import ActionScorerError, SimulationActionScorer, make_scorer
+from luna_bridge.action_scorer import ActionScorerError, SimulationActionScorer, make_bundled_bank_scorer, make_scorer
 from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
 from luna_bridge.scenarios.format import save_scenario
 from luna_offline.collect import collect
@@ -76,6 +76,13 @@ def test_free_road_below_the_limit_accelerating_scores_best_and_stopping_below_k
     assert max(out, key=lambda a: out[a].score) == "AK"
     assert out["CK"].reason.startswith("makes 60 m of progress in 6 s, ending at 10.0 m/s")
     assert out["SK"].progress < 35.0 and not out["SK"].collision
+
+
+def test_the_bundled_banks_teacher_holds_accelerating_to_eq5_from_the_first_step():
+    # make_bundled_bank_scorer (the labels of models/memory_bank): on the same free road below the limit,
+    # A loses J_dec to its own ramp and keeping speed scores best, as that bank says.
+    out = make_bundled_bank_scorer().score_scenario(two_lane_road([]), 0.0, ACTIONS)
+    assert out["AK"].j_dec < 0.95 and max(out, key=lambda a: out[a].score) == "CK"
 
 
 def test_at_the_speed_limit_keeping_speed_scores_best_and_accelerating_cannot_be_executed(scorer):

@@ -119,6 +119,8 @@ def test_frames_command_from_scenario_files_and_suites(tmp_path, capsys):
     assert len(read_frames(out)) == 2 * 7  # s-one once: a second copy would repeat frame ids
     err = capsys.readouterr().err
     assert "skipped " + str(suite / "s-zero.json") in err and "'s-one' already taken" in err
+    with pytest.raises(SystemExit, match="--threads must be at least 1, got 0"):
+        main(["frames", *single, "--threads", "0", "--out", str(out)])
 
 
 def test_frames_command_resumes_an_interrupted_run_and_takes_every_nth_scenario(tmp_path, capsys):

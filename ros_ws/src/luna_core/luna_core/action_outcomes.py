@@ -91,6 +91,10 @@ class ActionScorerConfig:
     min_progress_ratio: float = 0.2
     min_expert_progress: float = 2.0
     cache_size: int = 4  # scenarios kept loaded (frames come sorted by scenario)
+    # A's band as a comfortable ramp reaches it (``reachable_interval``). False: Eq. 5's band from the first
+    # step, the teacher ``models/memory_bank`` was labelled with (before 5bbf0d1): new items labelled so
+    # (e.g. on-policy frames, ``make_bundled_bank_scorer``) agree with that bank's labels.
+    reachable_accelerate: bool = True
 
     @property
     def steps(self) -> int:
@@ -375,7 +379,8 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
         offsets = paths[lateral].lateral_offset(roll.states[r, 1:, :2])
         changed = roll.on_target_lane[r, 1:]
         kept = offsets if lateral == "K" or not changed.any() else offsets[changed]
-        lo, hi = reachable_interval(a, ego.velocity, roll.free_velocity[r, 1:], obj_cfg)
+        lo, hi = (reachable_interval(a, ego.velocity, roll.free_velocity[r, 1:], obj_cfg) if cfg.reachable_accelerate
+                  else speed_interval(a, ego.velocity, obj_cfg))
         speed = roll.states[r, 1:, StateIndex.VELOCITY]
         j_dec = float(lane_following(kept[None], obj_cfg)[0] * speed_following(speed[None], lo, hi, obj_cfg)[0])
         # Executed as asked: J_dec high and the speed ends inside the action's band (an "accelerate"
