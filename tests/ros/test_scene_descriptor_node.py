@@ -93,6 +93,27 @@ def test_a_new_route_starts_a_new_mission_without_the_last_ones_recent_decisions
     probe.wait(lambda: latest_recent() == [], 20.0, "a scene of the new mission without recent decisions")
 
 
+@pytest.mark.parametrize("sim_scene_node", [0.2], indirect=True, ids=["input_sync_timeout 0.2 s"])
+def test_lock_step_acceleration_publisher_that_stays_silent_is_given_up_and_diagnosed(sim_scene_node):
+    """A publisher on localization/acceleration that never sends: the first instant waits its
+    input_sync_timeout, then is described with the fallback (the speed's finite difference, 0 here), the
+    node says so in /diagnostics and later instants no longer wait for it."""
+    _, probe = sim_scene_node
+    diags = probe.diagnostics("scene_descriptor")
+    scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+    pubs, clock = _lock_step_inputs(probe)
+    wait_for_subscribers(probe.publisher(AccelWithCovarianceStamped, "localization/acceleration", qos.STATE))
+    first = BAG_EPOCH * 1_000_000_000
+    for k in range(2):
+        ns = first + k * 100_000_000
+        clock.publish(Clock(clock=_stamp(ns)))
+        pubs["odom"].publish(_odometry_at(ns))
+        probe.wait(lambda: _scene_at(scenes, ns) is not None, 30.0, f"the scene of {ns} ns")
+        assert C.msg_to_scene(_scene_at(scenes, ns)).ego_acceleration == 0.0
+    probe.wait(lambda: any("acceleration topic has a publisher that sent nothing" in d.message for d in diags),
+               20.0, "diagnostics naming the silent acceleration publisher")
+
+
 def test_bad_odometry_is_rejected_and_diagnosed_node_stays_up(scene_node):
     proc, probe = scene_node
     diags = probe.diagnostics("scene_descriptor")
@@ -208,20 +229,23 @@ def _acceleration_at(ns: int, value: float) -> AccelWithCovarianceStamped:
 def test_lock_step_scene_carries_the_reported_acceleration_of_its_instant(sim_scene_node):
     """ego_acceleration is the acceleration the simulator reports for the instant (as in evaluation and
     as the planner pairs it), in either arrival order; not a finite difference of the speed (the
-    speed here is constant: a difference would give 0)."""
+    speed here is constant: a difference would give 0). The first instant's acceleration comes after its
+    odometry: the topic has a publisher, so it is waited for before anything was heard on it."""
     _, probe = sim_scene_node
     scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
     pubs, clock = _lock_step_inputs(probe)
     accel = probe.publisher(AccelWithCovarianceStamped, "localization/acceleration", qos.STATE)
     wait_for_subscribers(accel)
     first = BAG_EPOCH * 1_000_000_000
-    for k, (value, accel_first) in enumerate([(1.5, True), (-0.75, False), (0.25, False)]):
+    for k, (value, accel_first) in enumerate([(1.5, False), (-0.75, True), (0.25, False)]):
         ns = first + k * 100_000_000
         clock.publish(Clock(clock=_stamp(ns)))
         if accel_first:
             accel.publish(_acceleration_at(ns, value))
         pubs["odom"].publish(_odometry_at(ns))
-        if not accel_first:  # after its odometry: the instant waits for it (the topic has been heard)
+        if not accel_first:  # after its odometry: the instant waits for it
+            probe.spin_for(0.5)
+            assert _scene_at(scenes, ns) is None, f"instant {k} described before its acceleration came"
             accel.publish(_acceleration_at(ns, value))
         probe.wait(lambda: _scene_at(scenes, ns) is not None, 30.0 if k == 0 else 15.0, f"the scene of {ns} ns")
         assert C.msg_to_scene(_scene_at(scenes, ns)).ego_acceleration == pytest.approx(value), k

@@ -72,6 +72,21 @@ def test_the_state_of_an_instant_and_whether_its_inputs_are_in():
     assert heard_at(None, 5.0) and heard_at(5.0 - 1e-9, 5.0) and not heard_at(4.9, 5.0)
 
 
+def test_an_expected_source_is_waited_for_before_its_first_report():
+    """A node that sees a publisher on the acceleration topic waits for the first report too: it may
+    come after the first odometry (DDS does not order topics), and without the wait the first scene
+    would carry a finite difference (0) instead of the reported value."""
+    h = EgoHistory()
+    h.accelerations.expected = True
+    h.add_state(state(1.0))
+    assert not h.complete_at(1.0), "a publisher exists: its first report is waited for"
+    h.add_acceleration(1.0, 1.5)
+    assert h.complete_at(1.0) and h.latest.acceleration == 1.5
+    h.accelerations.expected = False
+    h.add_state(state(1.1))
+    assert not h.complete_at(1.1), "once heard, the instant's report is waited for whatever the flag says"
+
+
 def test_steering_angle_is_paired_by_stamp_and_unknown_without_reports():
     h = EgoHistory()
     assert h.add_state(state(1.0)).steering_angle is None, "never reported: not measured (planning estimates it)"

@@ -17,7 +17,9 @@ without the topic) gets a smoothed finite difference of the speed, in every node
 Pairing: an acceleration stamped like an odometry state is that state's; a state whose own
 acceleration has not arrived yet takes the latest reported one and is corrected when its own arrives
 (states are updated in place, so a scene or plan built afterwards sees the paired value). Under sim
-time a node waits for the instant's acceleration (``complete_at``) once the topic has been heard.
+time a node waits for the instant's acceleration (``complete_at``) once the topic has been heard, or
+once the node has seen a publisher on it (``ReportedValues.expected``): the first acceleration of a run
+may arrive after the first odometry, since DDS does not order topics.
 
 **The steering angle** (``vehicle/status/steering_status``, luna_msgs/SteeringReport) is paired the same
 way, for the planner, whose tracker starts from it; a state without a report keeps None (not measured)
@@ -62,12 +64,21 @@ class ReportedValues:
 
     what: str  # for messages: "acceleration", "steering angle"
     kept: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=REPORTS_KEPT))
+    # Set by a node that sees a publisher on the topic: its first report is then waited for like a later
+    # one, although nothing has been heard yet.
+    expected: bool = False
 
     @property
     def stamp(self) -> float | None:
         """Stamp of the latest report; None until the topic has been heard."""
         kept = tuple(self.kept)
         return kept[-1][0] if kept else None
+
+    def heard_at(self, now: float) -> bool:
+        """Whether the report of instant ``now`` is in, or nothing is to be waited for (never heard, not
+        expected)."""
+        stamp = self.stamp
+        return not self.expected if stamp is None else heard_at(stamp, now)
 
     def for_stamp(self, stamp: float) -> float | None:
         """The value reported for ``stamp``, else the latest one (provisional until its own arrives);
@@ -145,10 +156,10 @@ class EgoHistory:
 
     def complete_at(self, now: float) -> bool:
         """Whether the odometry of instant ``now`` is in, with its acceleration and steering angle where
-        those topics are heard."""
+        those topics are heard or expected."""
         last = self.latest
-        return (last is not None and last.stamp >= now - SAME_INSTANT and heard_at(self.accelerations.stamp, now)
-                and heard_at(self.steering_angles.stamp, now))
+        return (last is not None and last.stamp >= now - SAME_INSTANT and self.accelerations.heard_at(now)
+                and self.steering_angles.heard_at(now))
 
     def _acceleration_for(self, ego: EgoState, last: EgoState | None) -> float:
         reported = self.accelerations.for_stamp(ego.stamp)

@@ -29,6 +29,7 @@ from rclpy.lifecycle import LifecycleNode
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock as Clock_
 
+from luna_core.ego_history import ReportedValues
 from luna_core.types import TrackedObjects, usable_objects
 from luna_msgs_py import convert, qos
 from luna_nodes.params import (NodeInterface, ParameterError, ParamSpec, check_runtime_change,
@@ -156,6 +157,7 @@ class LunaNodeMixin:
         self.params = declare_parameters(self, interface.params)
         self.diagnostics = Diagnostics(self)
         self._last_rejection_log = 0.0
+        self._silent_reports: set[str] = set()  # reported topics with a publisher that sent nothing (await_instant)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
     # -- run-time parameters ------------------------------------------------------------------------
@@ -264,17 +266,33 @@ class LunaNodeMixin:
         else:
             self.diagnostics.clear("clock")
 
-    def await_instant(self, now: float, ready: Callable[[], bool], timeout: float) -> bool:
+    def await_instant(self, now: float, ready: Callable[[], bool], timeout: float,
+                      reports: Sequence[tuple[ReportedValues, Any]] = ()) -> bool:
         """Lock step (sim time): wait up to ``timeout`` s of wall time until ``ready()`` says the inputs of
         the instant ``now`` are in. A miss goes on with the latest inputs, so its result depends on how
         loaded the machine is: it is counted (``input_sync_timeouts``) and raised as the "lock step"
-        WARN until an instant's inputs are complete again (``luna demo`` reports the count)."""
+        WARN until an instant's inputs are complete again (``luna demo`` reports the count).
+
+        ``reports`` pairs the ego history's reported values (acceleration, steering angle) with their
+        subscriptions: a topic with a publisher is waited for from its first report on (that report may
+        come after the first odometry: DDS does not order topics). A publisher that has sent nothing
+        within ``timeout`` is not waited for again (WARN "<what> silent"; the fallback applies)."""
+        for values, subscription in reports:
+            if values.stamp is None and values.what not in self._silent_reports:
+                values.expected = subscription.get_publisher_count() > 0
         if self.wait_until(ready, timeout):
             self.diagnostics.clear("lock step")
             return True
         self.diagnostics.increment("input_sync_timeouts")
         self.diagnostics.set_condition("lock step", WARN, f"inputs of t={now:.2f} s incomplete after "
                                                           f"input_sync_timeout ({timeout:g} s): went on with the latest")
+        for values, _ in reports:
+            if values.expected and values.stamp is None:
+                values.expected = False
+                self._silent_reports.add(values.what)
+                self.diagnostics.set_condition(f"{values.what} silent", WARN,
+                                               f"the {values.what} topic has a publisher that sent nothing "
+                                               f"within input_sync_timeout: no longer waited for")
         return False
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:

@@ -127,8 +127,11 @@ class PlannerNode(LunaLifecycleNode):
         # Odometry has a group of its own: a huge objects message must not hold it up (issue 17).
         self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.STATE,
                                callback_group=MutuallyExclusiveCallbackGroup())
-        sub(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration, qos.STATE)
-        sub(lm.SteeringReport, "vehicle/status/steering_status", self.on_steering, qos.STATE)
+        # Waited for under lock step from their first report on once they have a publisher (await_instant).
+        self.reports = ((self.ego.accelerations,
+                         sub(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration, qos.STATE)),
+                        (self.ego.steering_angles,
+                         sub(lm.SteeringReport, "vehicle/status/steering_status", self.on_steering, qos.STATE)))
         sub(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
         sub(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
         sub(lm.LaneGraph, "map/lane_graph", self.on_lane_graph, qos.LATCHED)
@@ -248,7 +251,7 @@ class PlannerNode(LunaLifecycleNode):
             if self.ego.latest is None:  # nothing could be published: worth waiting for (a loaded start-up)
                 self.wait_until(lambda: self.ego.latest is not None, FIRST_ODOMETRY_WAIT)
             self.await_instant(now, lambda: instant_complete(self.ego, self.inputs_at(now), self.policy()),
-                               self.params["input_sync_timeout"])
+                               self.params["input_sync_timeout"], self.reports)
         # The degraded modes are luna_core's (planning.cycle); this node maps the outcome to its topics.
         out = plan_cycle(self.planner, self.inputs_at(now), self.policy())
         for key, condition in out.conditions.items():

@@ -6,7 +6,8 @@ in closed loop, as in evaluation) paired with the odometry by stamp, the planner
 finite difference of the speed, in both nodes alike.
 
 Under ``use_sim_time`` the scene of instant t waits (``input_sync_timeout`` of wall time) for the
-odometry, acceleration, objects and lights stamped t (each once it has been heard), as the planner does: DDS does not
+odometry, acceleration, objects and lights stamped t (each once it has been heard; the acceleration
+also before that, once its topic has a publisher), as the planner does: DDS does not
 order topics, and a lock-step simulator's ``/clock`` may overtake the inputs it published before it. It
 is built from the latest inputs stamped at or before t (a tick that runs late, after the clock moved
 on, still describes its own instant), so a lock-step run gives the same scenes however loaded the
@@ -95,8 +96,9 @@ class SceneDescriptorNode(LunaNode):
         # Odometry has a group of its own: a huge objects message must not hold it up (issue 17).
         self.luna_subscription(Odometry, "localization/kinematic_state", self.on_odometry, qos.STATE,
                                callback_group=MutuallyExclusiveCallbackGroup())
-        self.luna_subscription(AccelWithCovarianceStamped, "localization/acceleration", self.on_acceleration,
-                               qos.STATE)
+        acceleration = self.luna_subscription(AccelWithCovarianceStamped, "localization/acceleration",
+                                              self.on_acceleration, qos.STATE)
+        self.reports = ((self.ego.accelerations, acceleration),)  # waited for under lock step (await_instant)
         self.luna_subscription(lm.TrackedObjects, "perception/objects", self.on_objects, qos.SENSOR)
         self.luna_subscription(lm.TrafficLightStateArray, "perception/traffic_lights", self.on_lights, qos.SENSOR)
         self.luna_subscription(lm.Route, "planning/route", self.on_route, qos.LATCHED)
@@ -168,7 +170,8 @@ class SceneDescriptorNode(LunaNode):
         if self.sim_time():
             if ego is None:  # the first instant of a lock-step run: its odometry may still be on the way
                 self.wait_until(lambda: self.ego.latest is not None, FIRST_ODOMETRY_WAIT)
-            if not self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"]):
+            if not self.await_instant(now, lambda: self._has_inputs_of(now), self.params["input_sync_timeout"],
+                                      self.reports):
                 # Without fresh odometry the instant gets no scene at all. A lock-step driver (luna replay,
                 # a simulator) holds its clock at the instant until the stack answers, so odometry that is
                 # merely late (a starved node) will come: wait for it while the clock stands here; once the
