@@ -511,7 +511,7 @@ def register(subparsers: Any) -> None:
                    "models/student)")
     p.add_argument("--k", type=int, default=None, help="--on-policy with a stack planner: retrieved items per decision")
     p.add_argument("--threads", type=int, default=1, help="--on-policy: torch CPU threads of the closed-loop runs "
-                   "(1 lets two commands, e.g. on two halves of a suite, share 2 cores)")
+                   "(1: two commands side by side, e.g. on two folders of a suite, share 2 cores)")
     p.add_argument("--every", type=int, default=1, help="every N-th scenario of each --suite (sorted; an even subset "
                    "over scenario types)")
     p.add_argument("--out", type=Path, required=True,
