@@ -160,10 +160,25 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
+def closed_loop_run(scenario: Scenario, planner: str, reactive: bool, replan_every: int,
+                    stack: StackSettings | None) -> tuple[Any, Any]:
+    """One closed-loop run of the eval planner ``planner`` (a name of ``make_eval_planner``): the simulation
+    log and the planner's decision source (None for planners without one). A stack planner decides every
+    T_d = ``stack.decision_every`` steps, as in evaluation (``luna-offline frames --on-policy`` uses this too,
+    so its states are the evaluated stack's)."""
+    from luna_bridge.sim import SimulationConfig, simulate
+
+    instance = make_eval_planner(planner, scenario)
+    source = getattr(instance, "decision_source", None)  # the stack decides every T_d
+    decision_every = stack.decision_every if stack is not None else 5
+    log = simulate(scenario, instance, reactive=reactive, decision_source=source,
+                   config=SimulationConfig(replan_every=replan_every, decision_every=decision_every))
+    return log, source
+
+
 def run_job(job: Job) -> dict[str, Any]:
     """Load, simulate, score (and render) one run; always writes a result, whatever fails."""
     from luna_bridge.scenarios.registry import load_entry
-    from luna_bridge.sim import SimulationConfig, simulate
 
     started, cpu_started = time.perf_counter(), time.process_time()
     head = {"scenario": job.ref.name, "source": job.ref.source, "planner": job.planner,
@@ -178,11 +193,8 @@ def run_job(job: Job) -> dict[str, Any]:
                   "error": f"{type(exc).__name__}: {exc}", "metrics": {}}
     else:
         try:
-            planner = make_eval_planner(planner_spec(job.planner)[0], scenario)
-            source = getattr(planner, "decision_source", None)  # the stack decides every T_d
-            decision_every = job.stack.decision_every if job.stack is not None else 5
-            sim_log = simulate(scenario, planner, reactive=job.reactive, decision_source=source,
-                               config=SimulationConfig(replan_every=job.replan_every, decision_every=decision_every))
+            sim_log, source = closed_loop_run(scenario, planner_spec(job.planner)[0], job.reactive, job.replan_every,
+                                              job.stack)
             score: ScenarioScore = score_log(sim_log)
             result = {**head, **score.to_json(), "status": STATUS_OK if not score.error else STATUS_CRASHED,
                       "planner_failures": sim_log.planner_failures, "steps": len(sim_log.ego)}

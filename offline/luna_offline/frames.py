@@ -147,14 +147,15 @@ def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dic
     """
     from dataclasses import asdict
 
-    from luna_bridge.baselines import make_eval_planner
+    from luna_bridge.evaluate import closed_loop_run
     from luna_bridge.scenario import SIM_DT
-    from luna_bridge.sim import SimulationConfig, simulate
+    from luna_bridge.stack_planner import current_settings
 
     if not rate > 0.0:
         raise FrameError(f"frame rate must be positive, got {rate}")
-    log = simulate(scenario, make_eval_planner(planner, scenario), reactive=False,
-                   config=SimulationConfig(replan_every=replan_every))
+    # As evaluated: a stack planner's student decides every T_d (without its decision source the planner
+    # would search without decisions, and the frames would not be the stack's states).
+    log, _ = closed_loop_run(scenario, planner, False, replan_every, current_settings())
     if log.error:
         raise FrameError(f"{scenario.name}: the {planner} run failed: {log.error}")
     interval = 1.0 / rate

@@ -215,3 +215,22 @@ def test_on_policy_frames_carry_the_closed_loop_state_and_the_teacher_labels_fro
     out = tmp_path / "frames.jsonl"
     assert main(["frames", "--scenario", str(path), "--on-policy", "idm", "--rate", "0.5", "--out", str(out)]) == 0
     assert [f.id for f in read_frames(out)] == [f.id for f in frames]
+
+
+def test_a_stack_planners_closed_loop_run_decides_every_t_d_as_in_evaluation():
+    """``closed_loop_run`` (evaluation's runs and ``frames --on-policy``) gives a stack planner its decision
+    source: without it the planner would search without decisions, and on-policy frames would not be the
+    evaluated stack's states (they were not, before session 18). A small search keeps it cheap."""
+    from luna_bridge.evaluate import closed_loop_run
+    from luna_bridge.stack_planner import StackSettings, current_settings, use_settings
+
+    road = two_lane_road([_track("v3", np.full(STEPS, 45.0), 0.0, 0.0)], name="stalled")
+    before = current_settings()
+    settings = StackSettings(population=8, iterations=0)
+    use_settings(settings)
+    try:
+        log, source = closed_loop_run(road, "luna-oracle", False, 5, settings)
+    finally:
+        use_settings(before)
+    assert source is not None
+    assert [t for t, _ in log.decisions] == pytest.approx([2.0 * n for n in range(int(DURATION / 2.0))])  # none at the last step
