@@ -459,7 +459,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         # torch's default of one thread per core, in two commands side by side on 2 cores, made each
-        # closed-loop run ~20x slower (200 s instead of 10 s per scenario): its threads spin against each other.
+        # closed-loop run ~20x slower: its threads spin against each other.
         torch.set_num_threads(args.threads)
     if args.on_policy and (args.student or args.k is not None):
         from luna_bridge.stack_planner import StackSettings, use_settings
