@@ -3,7 +3,8 @@
 A vehicle becomes reactive the first time it is present within ``radius`` of the ego (100 m, as in
 nuPlan); until then, and for pedestrians, bicycles, static objects and vehicles that reverse in their
 log, the log is replayed (open loop). A reactive vehicle keeps to the path it drove in its log
-(its lanes, including any lane change it made), and IDM sets its speed along that path, with
+(its lanes, including any lane change it made; the logged positions that move it forward: see
+``driven_path``), and IDM sets its speed along that path, with
 target velocity = its highest logged speed (so an unobstructed agent keeps its logged pace and a
 parked one stays parked). Leaders are the ego and every other object whose centre lies ahead on
 that path within the two half-widths; a red light on a lane the path enters is a stopped leader at
@@ -26,6 +27,7 @@ from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
 
 LOOKAHEAD = 60.0  # m of path searched for a leader
 _MIN_PATH = 1.0  # m; logs shorter than this are parked vehicles: replayed
+PATH_STEP = 0.1  # m: the least forward move between two points of a driven path
 
 
 @dataclass
@@ -43,6 +45,25 @@ def _reverses(track: AgentTrack) -> bool:
     ok = np.isfinite(track.x)
     along = track.vx[ok] * np.cos(track.heading[ok]) + track.vy[ok] * np.sin(track.heading[ok])
     return bool(np.any(along < -0.3))
+
+
+def driven_path(track: AgentTrack, step: float = PATH_STEP) -> Polyline | None:
+    """The path a vehicle drove: its logged positions in order, each kept only if it lies at least
+    ``step`` metres ahead of the last kept one along its logged heading; None for fewer than two.
+
+    Recorded positions jitter by centimetres around a standstill, sometimes backwards (19 of the 27
+    CommonRoad files). On the raw points such a step reverses the path's heading, and past the path's
+    end IDM extrapolates along the last segment: an agent whose log ended with one drove backwards into
+    the traffic behind it (USA_US101-4_1_T-1, reactive: two agents turned round)."""
+    ok = np.isfinite(track.x)
+    xy = np.column_stack([track.x[ok], track.y[ok]])
+    heading = track.heading[ok]
+    kept = [0]
+    for i in range(1, len(xy)):
+        d = xy[i] - xy[kept[-1]]
+        if d[0] * math.cos(heading[i]) + d[1] * math.sin(heading[i]) >= step:
+            kept.append(i)
+    return Polyline(xy[kept]) if len(kept) > 1 else None
 
 
 def _stop_lines(path: Polyline, graph: LaneGraph, light_lanes: set[str]) -> list[tuple[str, float]]:
@@ -69,10 +90,10 @@ class ReactiveAgents:
         for track in scenario.agents:
             if track.object_class is not ObjectClass.VEHICLE or _reverses(track):
                 continue
-            ok = np.isfinite(track.x)
-            path = Polyline(np.column_stack([track.x[ok], track.y[ok]]))
-            if path.length < _MIN_PATH:
+            path = driven_path(track)
+            if path is None or path.length < _MIN_PATH:
                 continue
+            ok = np.isfinite(track.x)
             speeds = np.hypot(track.vx[ok], track.vy[ok])
             self._agents[track.id] = _IDMAgent(track, path, float(speeds.max()),
                                                _stop_lines(path, scenario.lane_graph, light_lanes))

@@ -117,6 +117,26 @@ def test_reactive_agent_stops_behind_a_stopped_ego_where_the_log_drives_through(
     assert r.objects[-1].objects[0].speed < 0.5
 
 
+def test_reactive_agent_never_turns_round_on_a_log_that_jitters_back_at_its_end() -> None:
+    # A recorded car drives 3 m/s for 2 s and stands for 6 s, its position jittering 1 cm back and forth
+    # (as recorded CommonRoad tracks do); the last logged step is a backward one.
+    n = 81
+    x = 20.0 + np.minimum(np.arange(n), 20) * 0.3
+    x[21:] += np.where(np.arange(n - 21) % 2 == 0, -0.01, 0.0)
+    v = np.where(np.arange(n) < 20, 3.0, 0.0)
+    car = _track("car", 0.0, x, 0.0, v)
+    from luna_bridge.sim.agents import driven_path
+
+    path = driven_path(car)
+    assert np.all(np.diff(path.points[:, 0]) >= 0.1 - 1e-9) and path.points[-1, 0] == pytest.approx(26.0)
+    sc = straight_scenario(ego_speed=0.0, agents=[car], duration=8.0)
+    r = simulate(sc, LogReplayPlanner(sc), reactive=True)
+    states = [o.objects[0] for o in r.objects if o.objects]
+    # IDM drives it on past its logged stop (nothing holds it there); forward, never back towards the ego.
+    assert np.all(np.diff([o.x for o in states]) >= -1e-9) and states[-1].x > 30.0
+    assert max(abs(o.heading) for o in states) < 1e-6
+
+
 def test_reactive_agent_stops_for_a_red_light() -> None:
     g_sc = straight_scenario(ego_speed=8.0)
     # A car ahead of the ego in the other lane; its lane's successor is controlled by a red light.
