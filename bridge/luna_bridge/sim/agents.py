@@ -21,13 +21,15 @@ import numpy as np
 from luna_core.idm import NUPLAN_AGENT, IDMParameters, idm_step
 from luna_core.lanes import Polyline
 from luna_core.types import (LaneGraph, ObjectClass, TrackedObject, TrafficLightPhase, TrafficLights,
-                             VehicleParameters)
+                             VehicleParameters, wrap_angle)
 
 from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
 
 LOOKAHEAD = 60.0  # m of path searched for a leader
 _MIN_PATH = 1.0  # m; logs shorter than this are parked vehicles: replayed
-PATH_STEP = 0.1  # m: the least forward move between two points of a driven path
+PATH_MIN_STEP = 1e-3  # m: the least forward move between two kept points of a driven path
+END_CHORD = 0.5  # m: the path's end heading is taken over at least this much of it
+END_TOLERANCE = math.radians(10.0)  # a last segment further off that heading is jitter
 
 
 @dataclass
@@ -40,6 +42,19 @@ class _IDMAgent:
     v: float = 0.0
     active: bool = False
 
+    def __post_init__(self) -> None:
+        self.end_heading = end_heading(self.path)
+
+    def pose(self) -> tuple[float, float, float]:
+        """(x, y, heading) at ``s``; past the path's end straight on (along ``end_heading`` where set)."""
+        beyond = self.s - self.path.length
+        if beyond <= 0.0 or self.end_heading is None:
+            x, y, h = self.path.interpolate(self.s)
+            return float(x), float(y), float(h)
+        x, y = self.path.points[-1]
+        h = self.end_heading
+        return float(x + beyond * math.cos(h)), float(y + beyond * math.sin(h)), h
+
 
 def _reverses(track: AgentTrack) -> bool:
     ok = np.isfinite(track.x)
@@ -47,23 +62,36 @@ def _reverses(track: AgentTrack) -> bool:
     return bool(np.any(along < -0.3))
 
 
-def driven_path(track: AgentTrack, step: float = PATH_STEP) -> Polyline | None:
+def driven_path(track: AgentTrack, min_step: float = PATH_MIN_STEP) -> Polyline | None:
     """The path a vehicle drove: its logged positions in order, each kept only if it lies at least
-    ``step`` metres ahead of the last kept one along its logged heading; None for fewer than two.
+    ``min_step`` metres ahead of the last kept one along its logged heading; None for fewer than two.
 
     Recorded positions jitter by centimetres around a standstill, sometimes backwards (19 of the 27
     CommonRoad files). On the raw points such a step reverses the path's heading, and past the path's
-    end IDM extrapolates along the last segment: an agent whose log ended with one drove backwards into
-    the traffic behind it (USA_US101-4_1_T-1, reactive: two agents turned round)."""
+    end IDM extrapolates along the last segment: an agent whose log ended on one drove backwards into
+    the traffic behind it (USA_US101-4_1_T-1, reactive: two agents turned round). A driven log moves
+    forward at every step, so its points all stay (the synthetic suites' paths are unchanged)."""
     ok = np.isfinite(track.x)
     xy = np.column_stack([track.x[ok], track.y[ok]])
     heading = track.heading[ok]
     kept = [0]
     for i in range(1, len(xy)):
         d = xy[i] - xy[kept[-1]]
-        if d[0] * math.cos(heading[i]) + d[1] * math.sin(heading[i]) >= step:
+        if d[0] * math.cos(heading[i]) + d[1] * math.sin(heading[i]) >= min_step:
             kept.append(i)
     return Polyline(xy[kept]) if len(kept) > 1 else None
+
+
+def end_heading(path: Polyline, chord: float = END_CHORD, tolerance: float = END_TOLERANCE) -> float | None:
+    """The direction to drive on past the path's end (rad) where its last segment does not give it:
+    that of the chord from the last vertex at least ``chord`` metres before the end (or the start),
+    if the last segment deviates from it by more than ``tolerance`` rad (after a stop, a centimetre
+    step of jitter that may point sideways); None where the last segment's own extrapolation is right."""
+    back = int(np.searchsorted(path.s, path.length - chord, side="right")) - 1
+    d = path.points[-1] - path.points[max(back, 0)]
+    along = math.atan2(d[1], d[0])
+    last = path.points[-1] - path.points[-2]
+    return along if abs(wrap_angle(math.atan2(last[1], last[0]) - along)) > tolerance else None
 
 
 def _stop_lines(path: Polyline, graph: LaneGraph, light_lanes: set[str]) -> list[tuple[str, float]]:
@@ -123,8 +151,8 @@ class ReactiveAgents:
                 agent.s = float(agent.path.project(np.array([state.x, state.y])).s)
                 agent.v = state.speed
             if agent.active:
-                x, y, h = agent.path.interpolate(agent.s)
-                current[agent_id] = TrackedObject(agent_id, ObjectClass.VEHICLE, float(x), float(y), float(h),
+                x, y, h = agent.pose()
+                current[agent_id] = TrackedObject(agent_id, ObjectClass.VEHICLE, x, y, h,
                                                   agent.v * math.cos(h), agent.v * math.sin(h),
                                                   agent.track.length, agent.track.width)
             elif state is not None:

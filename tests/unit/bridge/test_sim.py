@@ -10,6 +10,7 @@ from luna_core.types import (ACTION_CODES, DecisionDistribution, EgoState, LaneG
                              Route, Trajectory, TrafficLightPhase)
 from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario, TrafficLightTimeline
 from luna_bridge.sim import LogReplayPlanner, SimulationConfig, simulate
+from luna_bridge.sim.agents import _IDMAgent, driven_path, end_heading
 
 
 def _track(track_id: str, t0: float, x: np.ndarray, y: float, v: np.ndarray, cls=ObjectClass.VEHICLE,
@@ -125,16 +126,28 @@ def test_reactive_agent_never_turns_round_on_a_log_that_jitters_back_at_its_end(
     x[21:] += np.where(np.arange(n - 21) % 2 == 0, -0.01, 0.0)
     v = np.where(np.arange(n) < 20, 3.0, 0.0)
     car = _track("car", 0.0, x, 0.0, v)
-    from luna_bridge.sim.agents import driven_path
-
     path = driven_path(car)
-    assert np.all(np.diff(path.points[:, 0]) >= 0.1 - 1e-9) and path.points[-1, 0] == pytest.approx(26.0)
+    assert np.all(np.diff(path.points[:, 0]) > 0.0) and path.points[-1, 0] == pytest.approx(26.0)
     sc = straight_scenario(ego_speed=0.0, agents=[car], duration=8.0)
     r = simulate(sc, LogReplayPlanner(sc), reactive=True)
     states = [o.objects[0] for o in r.objects if o.objects]
     # IDM drives it on past its logged stop (nothing holds it there); forward, never back towards the ego.
     assert np.all(np.diff([o.x for o in states]) >= -1e-9) and states[-1].x > 30.0
     assert max(abs(o.heading) for o in states) < 1e-6
+
+
+def test_past_its_path_an_agent_drives_on_along_the_path_not_along_a_sideways_last_step() -> None:
+    from luna_core.lanes import Polyline
+
+    straight = Polyline(np.column_stack([np.arange(0.0, 5.01, 0.3), np.zeros(17)]))
+    assert end_heading(straight) is None  # its last segment extrapolates as it should
+    # A stop's last step: 5 mm forward, 1 cm to the left (63 deg off the path).
+    jitter = Polyline(np.vstack([straight.points, straight.points[-1] + [0.005, 0.01]]))
+    assert abs(end_heading(jitter)) < 0.03  # the chord over the last 0.5 m or more
+    car = _track("car", 0.0, np.zeros(2), 0.0, np.zeros(2))
+    agent = _IDMAgent(car, jitter, 3.0, [], s=jitter.length + 10.0)
+    x, y, h = agent.pose()
+    assert x == pytest.approx(jitter.points[-1, 0] + 10.0, abs=0.01) and abs(y) < 0.3 and abs(h) < 0.03
 
 
 def test_reactive_agent_stops_for_a_red_light() -> None:
