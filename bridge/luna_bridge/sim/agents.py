@@ -28,7 +28,7 @@ from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
 LOOKAHEAD = 60.0  # m of path searched for a leader
 _MIN_PATH = 1.0  # m; logs shorter than this are parked vehicles: replayed
 PATH_MIN_STEP = 1e-3  # m: the least forward move between two kept points of a driven path
-END_CHORD = 0.5  # m: the path's end heading is taken over at least this much of it
+END_CHORD = 0.5  # m: a path's last segment follows its chord over at least this much of it
 END_TOLERANCE = math.radians(10.0)  # a last segment further off that heading is jitter
 
 
@@ -42,19 +42,6 @@ class _IDMAgent:
     v: float = 0.0
     active: bool = False
 
-    def __post_init__(self) -> None:
-        self.end_heading = end_heading(self.path)
-
-    def pose(self) -> tuple[float, float, float]:
-        """(x, y, heading) at ``s``; past the path's end straight on (along ``end_heading`` where set)."""
-        beyond = self.s - self.path.length
-        if beyond <= 0.0 or self.end_heading is None:
-            x, y, h = self.path.interpolate(self.s)
-            return float(x), float(y), float(h)
-        x, y = self.path.points[-1]
-        h = self.end_heading
-        return float(x + beyond * math.cos(h)), float(y + beyond * math.sin(h)), h
-
 
 def _reverses(track: AgentTrack) -> bool:
     ok = np.isfinite(track.x)
@@ -63,14 +50,16 @@ def _reverses(track: AgentTrack) -> bool:
 
 
 def driven_path(track: AgentTrack, min_step: float = PATH_MIN_STEP) -> Polyline | None:
-    """The path a vehicle drove: its logged positions in order, each kept only if it lies at least
-    ``min_step`` metres ahead of the last kept one along its logged heading; None for fewer than two.
+    """The path a vehicle drove, or None for a parked one (less than ``_MIN_PATH``): its logged
+    positions in order, each kept only if it lies at least ``min_step`` metres ahead of the last kept
+    one along its logged heading, and its end straightened (``straight_end``).
 
-    Recorded positions jitter by centimetres around a standstill, sometimes backwards (19 of the 27
-    CommonRoad files). On the raw points such a step reverses the path's heading, and past the path's
-    end IDM extrapolates along the last segment: an agent whose log ended on one drove backwards into
-    the traffic behind it (USA_US101-4_1_T-1, reactive: two agents turned round). A driven log moves
-    forward at every step, so its points all stay (the synthetic suites' paths are unchanged)."""
+    Recorded positions jitter by centimetres around a standstill, sometimes backwards or sideways (19
+    of the 27 CommonRoad files step backwards). On the raw points such a step turns the path round, and
+    past the path's end IDM extrapolates along the last segment: an agent whose log ended on one drove
+    backwards into the traffic behind it (USA_US101-4_1_T-1, reactive: two agents turned round). A
+    driven log moves forward at every step and ends straight, so its points all stay (the synthetic
+    suites' paths are unchanged, bit for bit)."""
     ok = np.isfinite(track.x)
     xy = np.column_stack([track.x[ok], track.y[ok]])
     heading = track.heading[ok]
@@ -79,19 +68,23 @@ def driven_path(track: AgentTrack, min_step: float = PATH_MIN_STEP) -> Polyline 
         d = xy[i] - xy[kept[-1]]
         if d[0] * math.cos(heading[i]) + d[1] * math.sin(heading[i]) >= min_step:
             kept.append(i)
-    return Polyline(xy[kept]) if len(kept) > 1 else None
+    if len(kept) < 2:
+        return None
+    path = straight_end(Polyline(xy[kept]))
+    return path if path.length >= _MIN_PATH else None
 
 
-def end_heading(path: Polyline, chord: float = END_CHORD, tolerance: float = END_TOLERANCE) -> float | None:
-    """The direction to drive on past the path's end (rad) where its last segment does not give it:
-    that of the chord from the last vertex at least ``chord`` metres before the end (or the start),
-    if the last segment deviates from it by more than ``tolerance`` rad (after a stop, a centimetre
-    step of jitter that may point sideways); None where the last segment's own extrapolation is right."""
-    back = int(np.searchsorted(path.s, path.length - chord, side="right")) - 1
-    d = path.points[-1] - path.points[max(back, 0)]
-    along = math.atan2(d[1], d[0])
+def straight_end(path: Polyline, chord: float = END_CHORD, tolerance: float = END_TOLERANCE) -> Polyline:
+    """``path`` with its last vertices dropped back to the last one at least ``chord`` metres before the
+    end where the last segment deviates from that chord by more than ``tolerance`` rad: a stop's
+    centimetre step of jitter, which would set the heading past the end (extrapolation follows the last
+    segment). A path whose last segment follows its chord is returned as it is."""
+    back = max(int(np.searchsorted(path.s, path.length - chord, side="right")) - 1, 0)
+    d = path.points[-1] - path.points[back]
     last = path.points[-1] - path.points[-2]
-    return along if abs(wrap_angle(math.atan2(last[1], last[0]) - along)) > tolerance else None
+    if abs(wrap_angle(math.atan2(last[1], last[0]) - math.atan2(d[1], d[0]))) <= tolerance:
+        return path
+    return Polyline(np.vstack([path.points[:back + 1], path.points[-1:]]))
 
 
 def _stop_lines(path: Polyline, graph: LaneGraph, light_lanes: set[str]) -> list[tuple[str, float]]:
@@ -119,7 +112,7 @@ class ReactiveAgents:
             if track.object_class is not ObjectClass.VEHICLE or _reverses(track):
                 continue
             path = driven_path(track)
-            if path is None or path.length < _MIN_PATH:
+            if path is None:
                 continue
             ok = np.isfinite(track.x)
             speeds = np.hypot(track.vx[ok], track.vy[ok])
@@ -151,8 +144,8 @@ class ReactiveAgents:
                 agent.s = float(agent.path.project(np.array([state.x, state.y])).s)
                 agent.v = state.speed
             if agent.active:
-                x, y, h = agent.pose()
-                current[agent_id] = TrackedObject(agent_id, ObjectClass.VEHICLE, x, y, h,
+                x, y, h = agent.path.interpolate(agent.s)
+                current[agent_id] = TrackedObject(agent_id, ObjectClass.VEHICLE, float(x), float(y), float(h),
                                                   agent.v * math.cos(h), agent.v * math.sin(h),
                                                   agent.track.length, agent.track.width)
             elif state is not None:

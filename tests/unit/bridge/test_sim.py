@@ -10,7 +10,7 @@ from luna_core.types import (ACTION_CODES, DecisionDistribution, EgoState, LaneG
                              Route, Trajectory, TrafficLightPhase)
 from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario, TrafficLightTimeline
 from luna_bridge.sim import LogReplayPlanner, SimulationConfig, simulate
-from luna_bridge.sim.agents import _IDMAgent, driven_path, end_heading
+from luna_bridge.sim.agents import driven_path, straight_end
 
 
 def _track(track_id: str, t0: float, x: np.ndarray, y: float, v: np.ndarray, cls=ObjectClass.VEHICLE,
@@ -140,14 +140,14 @@ def test_past_its_path_an_agent_drives_on_along_the_path_not_along_a_sideways_la
     from luna_core.lanes import Polyline
 
     straight = Polyline(np.column_stack([np.arange(0.0, 5.01, 0.3), np.zeros(17)]))
-    assert end_heading(straight) is None  # its last segment extrapolates as it should
+    assert straight_end(straight) is straight  # its last segment extrapolates as it should
     # A stop's last step: 5 mm forward, 1 cm to the left (63 deg off the path).
     jitter = Polyline(np.vstack([straight.points, straight.points[-1] + [0.005, 0.01]]))
-    assert abs(end_heading(jitter)) < 0.03  # the chord over the last 0.5 m or more
-    car = _track("car", 0.0, np.zeros(2), 0.0, np.zeros(2))
-    agent = _IDMAgent(car, jitter, 3.0, [], s=jitter.length + 10.0)
-    x, y, h = agent.pose()
-    assert x == pytest.approx(jitter.points[-1, 0] + 10.0, abs=0.01) and abs(y) < 0.3 and abs(h) < 0.03
+    fixed = straight_end(jitter)
+    np.testing.assert_array_equal(fixed.points[-1], jitter.points[-1])  # it still ends where the log did
+    x, y, h = fixed.interpolate(fixed.length + 10.0)  # and drives on along the road
+    assert x == pytest.approx(fixed.points[-1, 0] + 10.0, abs=0.01) and abs(y) < 0.3 and abs(h) < 0.03
+    assert abs(jitter.interpolate(jitter.length + 10.0)[2]) > 1.0  # the raw path turned it 63 deg
 
 
 def test_reactive_agent_stops_for_a_red_light() -> None:
