@@ -17,11 +17,9 @@ import hashlib
 import numpy as np
 from tqdm import tqdm
 
+from luna_bridge.evaluate import EVALUATION_SETS
 from luna_bridge.scenarios.registry import load_entry, suite_refs
 from luna_bridge.sim import LogReplayPlanner, simulate
-
-STANDARD = (("synthetic-hard", 5), ("synthetic-random", 5), ("commonroad", 1))  # (suite, every n-th)
-
 
 def fingerprint(log) -> str:
     h = hashlib.sha256()
@@ -34,7 +32,7 @@ def fingerprint(log) -> str:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    refs = [(suite, ref) for suite, every in STANDARD for ref in sorted(suite_refs(suite))[::every]]
+    refs = [(suite, ref) for suite, every, _ in EVALUATION_SETS["standard"] for ref in suite_refs(suite)[::every]]
     for suite, (name, source, loader) in tqdm(refs, desc="scenarios", unit="scn"):
         scenario = load_entry(source, loader)
         print(suite, name, fingerprint(simulate(scenario, LogReplayPlanner(scenario), reactive=True)), flush=True)

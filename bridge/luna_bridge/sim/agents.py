@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from luna_core.idm import NUPLAN_AGENT, IDMParameters, idm_step
-from luna_core.lanes import Polyline
+from luna_core.lanes import MIN_SEGMENT, Polyline
 from luna_core.types import (LaneGraph, ObjectClass, TrackedObject, TrafficLightPhase, TrafficLights,
                              VehicleParameters, wrap_angle)
 
@@ -27,7 +27,6 @@ from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
 
 LOOKAHEAD = 60.0  # m of path searched for a leader
 _MIN_PATH = 1.0  # m; logs shorter than this are parked vehicles: replayed
-PATH_MIN_STEP = 1e-3  # m: the least forward move between two kept points of a driven path
 END_CHORD = 0.5  # m: a path's last segment follows its chord over at least this much of it
 END_TOLERANCE = math.radians(10.0)  # a last segment further off that heading is jitter
 
@@ -49,7 +48,7 @@ def _reverses(track: AgentTrack) -> bool:
     return bool(np.any(along < -0.3))
 
 
-def driven_path(track: AgentTrack, min_step: float = PATH_MIN_STEP) -> Polyline | None:
+def driven_path(track: AgentTrack, min_step: float = MIN_SEGMENT) -> Polyline | None:
     """The path a vehicle drove, or None for a parked one (less than ``_MIN_PATH``): its logged
     positions in order, each kept only if it lies at least ``min_step`` metres ahead of the last kept
     one along its logged heading, and its end straightened (``straight_end``).
