@@ -139,7 +139,7 @@ def test_warm_starts_never_exceed_the_speed_limit(prior) -> None:
 def _scores(raw_progress: list[float], multiplicative: list[float]) -> ProposalScores:
     m = len(raw_progress)
     ones = np.ones(m)
-    return ProposalScores(ones, ones, ones, ones, np.array(raw_progress), ones, ones, ones,
+    return ProposalScores(ones, ones, ones, ones, ones, np.array(raw_progress), ones, ones, ones,
                           np.array(multiplicative), ones, ones, np.full(m, np.inf))
 
 

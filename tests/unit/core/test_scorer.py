@@ -213,3 +213,18 @@ def test_ttc_counts_a_car_converging_from_the_side_only_in_a_junction() -> None:
     ctx = ScoringContext(lane_map(junction), Polyline(np.column_stack([xs, np.zeros_like(xs)])), objects(car), 0.0,
                          VP, DT)
     assert score_proposals(p, ctx).ttc.tolist() == [0.0]
+
+
+def test_a_proposal_that_drives_backwards_is_infeasible_and_waiting_is_not() -> None:
+    # From standstill: one proposal waits, one creeps back within nuPlan's stopped-speed threshold, one
+    # rolls back at 1 m/s (a Diffusion-ES member whose waypoints fall back along the heading).
+    wait = states(np.zeros(41), v=0.0)
+    creep = states(-0.04 * np.arange(41) * DT, v=np.r_[0.0, np.full(40, -0.04)])
+    reverse = states(-1.0 * np.arange(41) * DT, v=np.r_[0.0, np.full(40, -1.0)])
+    s = score_proposals(np.stack([wait, creep, reverse]), context())
+    assert s.no_reversing.tolist() == [1.0, 1.0, 0.0]
+    assert s.total[2] == 0.0 and s.total[0] > 0.0
+    # An ego already rolling back at 0.5 m/s may brake out of it, not roll back faster.
+    brake = states(-0.5 * np.arange(41) * DT, v=np.linspace(-0.5, 0.0, 41))
+    faster = states(-0.5 * np.arange(41) * DT, v=np.linspace(-0.5, -1.0, 41))
+    assert score_proposals(np.stack([brake, faster]), context()).no_reversing.tolist() == [1.0, 0.0]

@@ -298,6 +298,8 @@ def outcome_reason(action: str, r: int, roll: Rollouts, scores: ProposalScores, 
         return f"leaves the drivable area within {horizon}", "leaves the road"
     if scores.driving_direction[r] < 1.0:
         return f"drives against the traffic flow within {horizon}", "drives against traffic"
+    if scores.no_reversing[r] < 1.0:
+        return f"drives backwards within {horizon}", "reverses"
     v = roll.states[r, :, StateIndex.VELOCITY]
     parts = [f"makes {max(float(scores.raw_progress[r]), 0.0):.0f} m of progress in {horizon}, "
              f"ending at {float(v[-1]):.1f} m/s"]

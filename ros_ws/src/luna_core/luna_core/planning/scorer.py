@@ -52,6 +52,9 @@ PROGRESS_EPSILON = 0.1  # m: if the best progress is below this, everybody gets 
 DIRECTION_HORIZON = 1.0  # s
 DIRECTION_COMPLIANCE = 2.0  # m of oncoming progress fully tolerated
 DIRECTION_VIOLATION = 6.0  # m beyond which the proposal scores 0
+# m/s: a proposal whose simulated ego runs backwards faster than this (or faster than it already does) is
+# infeasible. nuPlan's stopped-speed threshold: below it the at-fault rules count the ego as stopped.
+REVERSING_TOLERANCE = 0.05
 MAX_OVERSPEED = 2.23  # m/s
 
 # nuPlan's comfort bounds (also used by luna_bridge.metrics for ego_is_comfortable).
@@ -259,6 +262,7 @@ class ProposalScores:
     no_at_fault_collision: np.ndarray
     drivable_area: np.ndarray
     driving_direction: np.ndarray
+    no_reversing: np.ndarray  # 1 where the ego never drives backwards (``_no_reversing``), else 0
     progress: np.ndarray  # normalised
     raw_progress: np.ndarray  # m along the centreline
     ttc: np.ndarray
@@ -398,6 +402,17 @@ def _driving_direction(states: np.ndarray, ctx: ScoringContext) -> np.ndarray:
     return np.where(worst < DIRECTION_COMPLIANCE, 1.0, np.where(worst < DIRECTION_VIOLATION, 0.5, 0.0))
 
 
+def _no_reversing(states: np.ndarray) -> np.ndarray:
+    """1 for a proposal whose simulated velocity never falls below ``-REVERSING_TOLERANCE`` (nor below the
+    current velocity, for an ego already rolling back), else 0. The tracker follows the poses it is given,
+    backwards too: a Diffusion-ES member whose waypoints fall back along the heading reversed the ego at up
+    to 1 m/s into traffic behind and beside it (docs/benchmarks.md, "Session 20"). A car on the road waits
+    instead; PDM-Closed's IDM proposals never reverse, so this term is a multiplier it always passes."""
+    v = states[..., StateIndex.VELOCITY]
+    floor = np.minimum(v[:, 0], 0.0) - REVERSING_TOLERANCE
+    return np.all(v[:, 1:] >= floor[:, None], axis=1).astype(np.float64)
+
+
 def score_proposals(states: np.ndarray, ctx: ScoringContext,
                     weights: ScorerWeights = PDM_WEIGHTS) -> ProposalScores:
     """Score simulated proposals ``(P, T+1, 8)`` (``[:, 0]`` = the current state)."""
@@ -421,7 +436,8 @@ def _score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWei
     no_collision, t_fault, collided = _collisions(states, corners, ctx, multi_lane)
     drivable = np.all(ctx.lanes.in_drivable_area(corners[:, 1:]), axis=(1, 2)).astype(np.float64)
     direction = _driving_direction(states, ctx)
-    multiplicative = no_collision * drivable * direction
+    forward = _no_reversing(states)
+    multiplicative = no_collision * drivable * direction * forward
 
     ends = ctx.centerline.project(states[:, [0, -1], :2]).s  # (P, 2): progress needs the ends only
     raw_progress = ends[:, 1] - ends[:, 0]
@@ -444,5 +460,5 @@ def _score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWei
         speed = np.ones(p)
     weighted = (weights.progress * progress + weights.ttc * ttc + weights.comfort * comfort
                 + weights.speed_limit * speed) / weights.total
-    return ProposalScores(no_collision, drivable, direction, progress, raw_progress, ttc, comfort, speed,
+    return ProposalScores(no_collision, drivable, direction, forward, progress, raw_progress, ttc, comfort, speed,
                           multiplicative, weighted, multiplicative * weighted, t_fault)
