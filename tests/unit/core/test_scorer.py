@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from luna_core.control import STATE_SIZE, StateIndex
+from luna_core.control import STATE_SIZE, StateIndex, simulate_proposals
 from luna_core.lanes import Polyline, lane_map, make_lane
 from luna_core.planning.scorer import (ObjectBoxes, ScorerWeights, ScoringContext, in_common_or_connected_lanes,
                                        ego_corners, score_proposals)
@@ -224,7 +224,27 @@ def test_a_proposal_that_drives_backwards_is_infeasible_and_waiting_is_not() -> 
     s = score_proposals(np.stack([wait, creep, reverse]), context())
     assert s.no_reversing.tolist() == [1.0, 1.0, 0.0]
     assert s.total[2] == 0.0 and s.total[0] > 0.0
+    # When nothing is feasible, the least-bad ranking still puts a forward proposal first, however much
+    # better the reversing one scores otherwise.
+    key = s.least_bad_key(np.array([0.0, 0.0, 1.0]))
+    assert key[0] > key[2] > 0.0 and key[1] > key[2]
     # An ego already rolling back at 0.5 m/s may brake out of it, not roll back faster.
     brake = states(-0.5 * np.arange(41) * DT, v=np.linspace(-0.5, 0.0, 41))
     faster = states(-0.5 * np.arange(41) * DT, v=np.linspace(-0.5, -1.0, 41))
     assert score_proposals(np.stack([brake, faster]), context()).no_reversing.tolist() == [1.0, 0.0]
+
+
+def test_the_roll_back_of_a_hard_stop_is_the_ego_s_own_not_the_plan_s() -> None:
+    # An ego at 0.4 m/s braking at 3 m/s^2: the actuator lag carries it past zero under any plan (here
+    # the tracker following poses that stop, to -0.2 m/s). That plan stays feasible; a member whose
+    # waypoints run back at 1 m/s does not.
+    ego = np.zeros(STATE_SIZE)
+    ego[StateIndex.VELOCITY], ego[StateIndex.ACCELERATION] = 0.4, -3.0
+    t = np.arange(41) * DT
+    stop = np.zeros((41, 3))
+    stop[:, 0] = np.maximum.accumulate(np.minimum(0.4 * t - 1.5 * t ** 2, 0.4 ** 2 / 6.0))
+    back = np.zeros((41, 3))
+    back[:, 0] = -1.0 * t
+    tracked = simulate_proposals(ego, np.stack([stop, back]))
+    assert tracked[0, :, StateIndex.VELOCITY].min() < -0.1  # rolls back more than the tolerance
+    assert score_proposals(tracked, context()).no_reversing.tolist() == [1.0, 0.0]

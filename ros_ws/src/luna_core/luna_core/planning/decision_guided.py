@@ -330,15 +330,16 @@ class PlannerObjective:
         return self._speed_caps[group]
 
     def least_bad(self) -> tuple[np.ndarray, float, float] | None:
-        """PDM-Closed's pick when nothing is feasible, among the searched members: the one with the best
-        weighted score among those without an at-fault collision (a static object counts half), as
-        (ego-frame waypoints, its key no_at_fault x (1 + weighted), time in s to its first at-fault
-        collision, inf if none); None if every member has an at-fault collision with an agent."""
+        """PDM-Closed's pick when nothing is feasible, among the searched members: the best by
+        ``ProposalScores.least_bad_key`` (no at-fault collision, a static object counting half; then not
+        driving backwards; then the weighted score), as (ego-frame waypoints, its key, time in s to its
+        first at-fault collision, inf if none); None if every member has an at-fault collision with an
+        agent."""
         best: tuple[float, ScoredBatch, int] | None = None
         for batch in self.batches:
             if batch.scores is None:
                 continue
-            key = batch.scores.no_at_fault_collision * (1.0 + self.weighted(batch.scores))
+            key = batch.scores.least_bad_key(self.weighted(batch.scores))
             k = int(np.argmax(key))
             if key[k] > 0.0 and (best is None or key[k] > best[0]):
                 best = (float(key[k]), batch, k)
@@ -651,9 +652,9 @@ class DecisionGuidedPlanner:
                   candidates: list[CandidateResult], start: float, budget: float, stamp: float | None,
                   search: ESResult, vehicle: VehicleParameters) -> PlanResult:
         """PDM-Closed's answer when nothing is feasible: the least-bad trajectory among the searched members
-        and PDM-Closed's proposals (no at-fault collision, best weighted score; if everything collides,
-        PDM-Closed's own pick among its proposals), and its emergency brake for an imminent at-fault
-        collision at low speed."""
+        and PDM-Closed's proposals (no at-fault collision, not driving backwards, best weighted score; if
+        everything collides, PDM-Closed's own pick among its proposals), and its emergency brake for an
+        imminent at-fault collision at low speed."""
         c = self.config
         keep = paths["K"]
         proposals = idm_proposals(ego, keep.centerline, forecast, offsets=c.fallback_offsets,
@@ -661,14 +662,14 @@ class DecisionGuidedPlanner:
                                   steps=len(t) - 1, simulate_steps=c.objective.horizon_steps, dt=c.objective.dt,
                                   vehicle=vehicle)
         scores = score_proposals(proposals.states, objective.ctx, c.scorer_weights)
-        proposal_keys = scores.no_at_fault_collision * (1.0 + objective.weighted(scores))
+        proposal_keys = scores.least_bad_key(objective.weighted(scores))
         k = int(np.argmax(proposal_keys))
         least = objective.least_bad()
         if least is not None and least[1] > proposal_keys[k]:
             waypoints, _, t_fault = least
             poses = objective.map_poses(waypoints[None], len(t) - 1)[0]
             traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), keep, forecast, vehicle)
-            what = "the least-bad searched trajectory (no at-fault collision, best weighted score)"
+            what = "the least-bad searched trajectory (no at-fault collision, forward, best weighted score)"
         else:
             if proposal_keys[k] <= 0.0:
                 k = scores.best  # every trajectory collides at fault: PDM-Closed's own choice

@@ -40,7 +40,7 @@ import numpy as np
 
 from luna_core.blas import single_threaded_blas
 from luna_core.collision_kinds import BEHIND_ANGLE, STOPPED_SPEED
-from luna_core.control import StateIndex
+from luna_core.control import BicycleParameters, StateIndex
 from luna_core.geometry import proposals_vs_objects
 from luna_core.lanes import LaneMap, Polyline
 from luna_core.types import VehicleParameters, box_corners, wrap_angle
@@ -52,8 +52,8 @@ PROGRESS_EPSILON = 0.1  # m: if the best progress is below this, everybody gets 
 DIRECTION_HORIZON = 1.0  # s
 DIRECTION_COMPLIANCE = 2.0  # m of oncoming progress fully tolerated
 DIRECTION_VIOLATION = 6.0  # m beyond which the proposal scores 0
-# m/s: a proposal whose simulated ego runs backwards faster than this (or faster than it already does) is
-# infeasible. nuPlan's stopped-speed threshold: below it the at-fault rules count the ego as stopped.
+# m/s: a proposal whose simulated ego runs backwards faster than this (beyond what its braking carries, see
+# ``_no_reversing``) is infeasible. nuPlan's stopped-speed threshold: below it the at-fault rules count the ego as stopped.
 REVERSING_TOLERANCE = 0.05
 MAX_OVERSPEED = 2.23  # m/s
 
@@ -275,12 +275,20 @@ class ProposalScores:
 
     @property
     def best(self) -> int:
-        """argmax of ``total``; when every total is 0, the best weighted score among proposals
-        without an at-fault collision (e.g. every proposal clips the drivable area in a tight
-        turn: the least bad one, not proposal 0)."""
+        """argmax of ``total``; when every total is 0, the argmax of ``least_bad_key`` (e.g. every
+        proposal clips the drivable area in a tight turn: the least bad one, not proposal 0)."""
         if np.max(self.total) > 0.0:
             return int(np.argmax(self.total))
-        return int(np.argmax(self.no_at_fault_collision * (1.0 + self.weighted)))
+        return int(np.argmax(self.least_bad_key()))
+
+    def least_bad_key(self, weighted: np.ndarray | None = None) -> np.ndarray:
+        """PDM-Closed's ranking when nothing is feasible, the larger the better: 0 with an at-fault
+        collision; otherwise a proposal that does not drive backwards before one that does, then the
+        weighted score (``weighted`` in [0, 1], default ``self.weighted``). Without the reversing rank a
+        least-bad pick backed the ego into the traffic behind it (Session 21); IDM proposals never
+        reverse, so PDM-Closed's own picks are unchanged."""
+        w = self.weighted if weighted is None else weighted
+        return self.no_at_fault_collision * (1.0 + 2.0 * self.no_reversing + w)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -402,14 +410,21 @@ def _driving_direction(states: np.ndarray, ctx: ScoringContext) -> np.ndarray:
     return np.where(worst < DIRECTION_COMPLIANCE, 1.0, np.where(worst < DIRECTION_VIOLATION, 0.5, 0.0))
 
 
-def _no_reversing(states: np.ndarray) -> np.ndarray:
-    """1 for a proposal whose simulated velocity never falls below ``-REVERSING_TOLERANCE`` (nor below the
-    current velocity, for an ego already rolling back), else 0. The tracker follows the poses it is given,
-    backwards too: a Diffusion-ES member whose waypoints fall back along the heading reversed the ego at up
-    to 1 m/s into traffic behind and beside it (docs/benchmarks.md, "Session 20"). A car on the road waits
-    instead; PDM-Closed's IDM proposals never reverse, so this term is a multiplier it always passes."""
+def _no_reversing(states: np.ndarray, accel_time_constant: float = BicycleParameters.accel_time_constant
+                  ) -> np.ndarray:
+    """1 for a proposal whose simulated velocity never falls more than ``REVERSING_TOLERANCE`` below zero,
+    or below where the ego's own braking carries it whatever is commanded, else 0. The tracker follows
+    the poses it is given, backwards too: a Diffusion-ES member whose waypoints fall back along the heading
+    reversed the ego at up to 1 m/s into traffic behind and beside it (docs/benchmarks.md, "Session 20").
+    A car on the road waits instead; PDM-Closed's IDM proposals never reverse, so this term is a
+    multiplier it always passes. The carried part: the bicycle's first-order actuator lag (time constant
+    tau) lets a braking ego (acceleration a0 < 0) lose a further |a0| tau of speed after a zero command,
+    so an ego stopping hard rolls back a little under nearly every plan; counting that against the plan
+    made every proposal of such cycles infeasible, and the planner fell back to its least-bad pick or
+    the emergency brake (Session 21)."""
     v = states[..., StateIndex.VELOCITY]
-    floor = np.minimum(v[:, 0], 0.0) - REVERSING_TOLERANCE
+    carried = v[:, 0] + np.minimum(states[:, 0, StateIndex.ACCELERATION], 0.0) * accel_time_constant
+    floor = np.minimum(carried, 0.0) - REVERSING_TOLERANCE
     return np.all(v[:, 1:] >= floor[:, None], axis=1).astype(np.float64)
 
 
