@@ -232,6 +232,11 @@ def test_a_proposal_that_drives_backwards_is_infeasible_and_waiting_is_not() -> 
     brake = states(-0.5 * np.arange(41) * DT, v=np.linspace(-0.5, 0.0, 41))
     faster = states(-0.5 * np.arange(41) * DT, v=np.linspace(-0.5, -1.0, 41))
     assert score_proposals(np.stack([brake, faster]), context()).no_reversing.tolist() == [1.0, 0.0]
+    # Rolling back at 0.04 m/s (within the tolerance), a plan may not take it to 0.08 m/s: the tolerance is
+    # not granted again on top of a roll-back, or the ego creeps back a little faster every cycle.
+    hold = states(-0.04 * np.arange(41) * DT, v=np.full(41, -0.04))
+    creep_on = states(-0.06 * np.arange(41) * DT, v=np.linspace(-0.04, -0.08, 41))
+    assert score_proposals(np.stack([hold, creep_on]), context()).no_reversing.tolist() == [1.0, 0.0]
 
 
 def test_the_roll_back_of_a_hard_stop_is_the_ego_s_own_not_the_plan_s() -> None:

@@ -52,7 +52,7 @@ PROGRESS_EPSILON = 0.1  # m: if the best progress is below this, everybody gets 
 DIRECTION_HORIZON = 1.0  # s
 DIRECTION_COMPLIANCE = 2.0  # m of oncoming progress fully tolerated
 DIRECTION_VIOLATION = 6.0  # m beyond which the proposal scores 0
-# m/s: a proposal whose simulated ego runs backwards faster than this (beyond what its braking carries, see
+# m/s: a proposal whose simulated ego runs backwards faster than this (beyond what its own state carries, see
 # ``_no_reversing``) is infeasible. nuPlan's stopped-speed threshold: below it the at-fault rules count the ego as stopped.
 REVERSING_TOLERANCE = 0.05
 MAX_OVERSPEED = 2.23  # m/s
@@ -412,19 +412,23 @@ def _driving_direction(states: np.ndarray, ctx: ScoringContext) -> np.ndarray:
 
 def _no_reversing(states: np.ndarray, accel_time_constant: float = BicycleParameters.accel_time_constant
                   ) -> np.ndarray:
-    """1 for a proposal whose simulated velocity never falls more than ``REVERSING_TOLERANCE`` below zero,
-    or below where the ego's own braking carries it whatever is commanded, else 0. The tracker follows
-    the poses it is given, backwards too: a Diffusion-ES member whose waypoints fall back along the heading
-    reversed the ego at up to 1 m/s into traffic behind and beside it (docs/benchmarks.md, "Session 20").
-    A car on the road waits instead; PDM-Closed's IDM proposals never reverse, so this term is a
-    multiplier it always passes. The carried part: the bicycle's first-order actuator lag (time constant
-    tau) lets a braking ego (acceleration a0 < 0) lose a further |a0| tau of speed after a zero command,
-    so an ego stopping hard rolls back a little under nearly every plan; counting that against the plan
-    made every proposal of such cycles infeasible, and the planner fell back to its least-bad pick or
-    the emergency brake (Session 21)."""
+    """1 for a proposal whose simulated velocity never falls below the floor below, else 0. The tracker
+    follows the poses it is given, backwards too: a Diffusion-ES member whose waypoints fall back along
+    the heading reversed the ego at up to 1 m/s into traffic behind and beside it (docs/benchmarks.md,
+    "Session 20"). A car on the road waits instead; PDM-Closed's IDM proposals never reverse, so this
+    term is a multiplier it always passes.
+
+    The floor is what the ego's own state carries it to: the bicycle's first-order actuator lag (time
+    constant tau) lets a braking ego (acceleration a0 < 0) lose a further |a0| tau of speed after a zero
+    command, so an ego stopping hard rolls back a little under nearly every plan (counting that against
+    the plan made every proposal of such cycles infeasible). An ego not yet rolling back is granted
+    ``REVERSING_TOLERANCE`` below that; one already rolling back is not, or each cycle's plan could roll
+    it back a little faster than the last (a creep seen at 0.11 m/s, Session 21)."""
     v = states[..., StateIndex.VELOCITY]
-    carried = v[:, 0] + np.minimum(states[:, 0, StateIndex.ACCELERATION], 0.0) * accel_time_constant
-    floor = np.minimum(carried, 0.0) - REVERSING_TOLERANCE
+    v0 = v[:, 0]
+    carried = v0 + np.minimum(states[:, 0, StateIndex.ACCELERATION], 0.0) * accel_time_constant
+    floor = np.where(v0 >= 0.0, np.minimum(carried, 0.0) - REVERSING_TOLERANCE,
+                     np.minimum(carried, -REVERSING_TOLERANCE))
     return np.all(v[:, 1:] >= floor[:, None], axis=1).astype(np.float64)
 
 
