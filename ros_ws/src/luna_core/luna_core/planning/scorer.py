@@ -52,8 +52,9 @@ PROGRESS_EPSILON = 0.1  # m: if the best progress is below this, everybody gets 
 DIRECTION_HORIZON = 1.0  # s
 DIRECTION_COMPLIANCE = 2.0  # m of oncoming progress fully tolerated
 DIRECTION_VIOLATION = 6.0  # m beyond which the proposal scores 0
-# m/s: a proposal whose simulated ego runs backwards faster than this (beyond what its own state carries, see
-# ``_no_reversing``) is infeasible. nuPlan's stopped-speed threshold: below it the at-fault rules count the ego as stopped.
+# m/s: a proposal whose simulated ego runs backwards faster than this (beyond what its own state carries,
+# see ``_no_reversing``) is infeasible. nuPlan's stopped-speed threshold: below it the at-fault rules count
+# the ego as stopped.
 REVERSING_TOLERANCE = 0.05
 MAX_OVERSPEED = 2.23  # m/s
 
@@ -420,8 +421,8 @@ def _no_reversing(states: np.ndarray, accel_time_constant: float = BicycleParame
 
     The floor is what the ego's own state carries it to: the bicycle's first-order actuator lag (time
     constant tau) lets a braking ego (acceleration a0 < 0) lose a further |a0| tau of speed after a zero
-    command, so an ego stopping hard rolls back a little under nearly every plan (counting that against
-    the plan made every proposal of such cycles infeasible). An ego not yet rolling back is granted
+    command, so an ego stopping hard rolls back a little even under a plan that stops (counted against
+    the plan, that plan would be infeasible). An ego not yet rolling back is granted
     ``REVERSING_TOLERANCE`` below that; one already rolling back is not, or each cycle's plan could roll
     it back a little faster than the last (a creep seen at 0.11 m/s, Session 21)."""
     v = states[..., StateIndex.VELOCITY]
