@@ -8,22 +8,28 @@ statistic ``min_progress_in_horizon`` (m of progress within 1 s; negative = back
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_tables import MODES, load_runs  # noqa: E402 - benchmarks/ on sys.path
 
 
 def reversing_runs(folder: Path, planner: str, below: float) -> tuple[int, list[tuple[float, float, str, str]]]:
-    """(runs read, [(min progress in 1 s (m), score, scenario, mode)] of those below ``below``, sorted)."""
+    """(runs read, [(min progress in 1 s (m), score, scenario, mode)] of those below ``below``, sorted), over
+    every suite folder of ``folder`` that has runs of ``planner`` (read as eval_tables reads them)."""
     runs, found = 0, []
-    for path in sorted(folder.glob(f"*/scenarios/{planner}/*/*.json")):
-        result = json.loads(path.read_text())
-        stats = result.get("metrics", {}).get("driving_direction_compliance", {}).get("statistics", {})
-        if "min_progress_in_horizon" not in stats:
-            continue
-        runs += 1
-        progress = stats["min_progress_in_horizon"]
-        if progress is not None and progress < below:
-            found.append((float(progress), float(result["score"]), result["scenario"], result["mode"]))
+    for suite_folder in sorted(p.parent.parent for p in folder.glob(f"*/scenarios/{planner}")):
+        records, _ = load_runs([suite_folder])
+        for mode, _label in MODES:
+            for record in records.get((planner, mode), {}).values():
+                stats = record.get("metrics", {}).get("driving_direction_compliance", {}).get("statistics", {})
+                if "min_progress_in_horizon" not in stats:
+                    continue
+                runs += 1
+                progress = stats["min_progress_in_horizon"]
+                if progress is not None and progress < below:
+                    found.append((float(progress), float(record["score"]), record["scenario"], mode))
     return runs, sorted(found)
 
 

@@ -8,7 +8,7 @@ from tests.benchmark_scripts import load_benchmark
 def _result(folder, scenario, mode, progress, score):
     path = folder / "commonroad" / "scenarios" / "luna" / mode / f"{scenario}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"scenario": scenario, "mode": mode, "score": score, "metrics": {
+    path.write_text(json.dumps({"planner": "luna", "scenario": scenario, "mode": mode, "score": score, "metrics": {
         "driving_direction_compliance": {"statistics": {"min_progress_in_horizon": progress}}}}))
 
 

@@ -240,8 +240,8 @@ def test_a_proposal_that_drives_backwards_is_infeasible_and_waiting_is_not() -> 
 
 
 def test_the_roll_back_of_a_hard_stop_is_the_ego_s_own_not_the_plan_s() -> None:
-    # An ego at 0.4 m/s braking at 3 m/s^2: the actuator lag carries it past zero under any plan (here
-    # the tracker following poses that stop, to -0.2 m/s). That plan stays feasible; a member whose
+    # An ego at 0.4 m/s braking at 3 m/s^2: the actuator lag carries it past zero even under a plan that
+    # stops (the tracker following its poses reaches -0.2 m/s). That plan stays feasible; a member whose
     # waypoints run back at 1 m/s does not.
     ego = np.zeros(STATE_SIZE)
     ego[StateIndex.VELOCITY], ego[StateIndex.ACCELERATION] = 0.4, -3.0

@@ -289,6 +289,7 @@ class ProposalScores:
         least-bad pick backed the ego into the traffic behind it (Session 21); IDM proposals never
         reverse, so PDM-Closed's own picks are unchanged."""
         w = self.weighted if weighted is None else weighted
+        # forward keys lie in [3, 4], reversing ones in [1, 2]: the weighted score never crosses the rank
         return self.no_at_fault_collision * (1.0 + 2.0 * self.no_reversing + w)
 
 
