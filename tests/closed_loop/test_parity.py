@@ -159,6 +159,9 @@ def _over_ros(tmp_path: Path, ros_context, settings: StackSettings, missions: in
                 bridge.close()
     finally:
         outputs = [stop_process(p, timeout=30.0) for p in procs]
+        for p, out in zip(procs, outputs):
+            # pytest shows captured output only for a failing test: the nodes' logs come with any failure.
+            print(f"--- {Path(p.args[0]).name} (exit {p.returncode}) ---\n{out}")
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, f"{p.args[0]} exited with {p.returncode}:\n{out}"
     return runs
@@ -189,7 +192,8 @@ def _assert_same(ours: Run, theirs: Run, bank: str, where: str) -> None:
         assert a.query == b.query, f"{at}: the scene queries differ:\n--- in process\n{a.query}\n--- over ROS\n{b.query}"
         assert a.retrieved_ids == b.retrieved_ids, at
         assert np.allclose(a.probabilities, b.probabilities, rtol=0.0, atol=PROB_ATOL), \
-            f"{at}: {a.probabilities} vs {b.probabilities}"
+            f"{at}: probabilities differ by up to {np.abs(a.probabilities - b.probabilities).max():.3g}\n" \
+            f"in process {a.probabilities.tolist()}\nover ROS   {b.probabilities.tolist()}"
         assert a.candidate_set == b.candidate_set, at
         assert a.scene_stamp == pytest.approx(b.scene_stamp, abs=STAMP_ATOL), at
 
