@@ -93,7 +93,10 @@ def test_standard_set_doc_leaves_running_rows_out_and_replaces_only_its_block(tm
     doc.write_text("# B\n\nbefore\n<!-- standard-set:begin -->\nold\n<!-- standard-set:end -->\nafter\n")
     assert doc_script.main([str(out), "--doc", str(doc), "--figures", str(tmp_path / "fig")]) == 0
     text = doc.read_text()
-    assert text.startswith("# B\n\nbefore\n<!-- standard-set:begin -->\n**synthetic-hard** (scenarios: NR 2)")
+    assert text.startswith("# B\n\nbefore\n<!-- standard-set:begin -->\n**All suites** (CLS;")
+    # The overview: pdm's hard NR; no mean without all six columns; the running luna row left out.
+    assert "| pdm | 50.00 | - | - | - | - | - | - |" in text
+    assert "\n**synthetic-hard** (scenarios: NR 2)" in text
     assert text.endswith("<!-- standard-set:end -->\nafter\n") and "\nold\n" not in text
     assert "| pdm | 50.00 | 100.00 | - | - |" in text and "| luna |" not in text
     assert "Still running (left out of this table until complete): `luna` NR 1 of 2." in text
