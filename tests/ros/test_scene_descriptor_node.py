@@ -202,9 +202,11 @@ def test_lock_step_describes_every_instant_of_an_epoch_clock(sim_scene_node):
 def test_lock_step_instant_waits_for_its_late_odometry(sim_scene_node):
     """The clock holds at an instant whose odometry comes 1.5 s (wall) late, long after
     input_sync_timeout, while the newest odometry before it is older than max_input_age: the instant is
-    described once its odometry is in (a starved node's inputs are late, not lost), not given up as stale."""
+    described once its odometry is in (a starved node's inputs are late, not lost), not given up as stale.
+    The missed sync names what was missing, with the latest stamp heard."""
     _, probe = sim_scene_node
     scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+    diags = probe.diagnostics("scene_descriptor")
     pubs, clock = _lock_step_inputs(probe)
     first = BAG_EPOCH * 1_000_000_000
     clock.publish(Clock(clock=_stamp(first)))
@@ -214,6 +216,8 @@ def test_lock_step_instant_waits_for_its_late_odometry(sim_scene_node):
     clock.publish(Clock(clock=_stamp(held)))
     probe.spin_for(1.5)
     assert _scene_at(scenes, held) is None, "a scene of the held instant before its odometry was published"
+    probe.wait(lambda: any(f"missing odometry (latest {BAG_EPOCH:.2f} s)" in d.message for d in diags), 10.0,
+               "the lock-step WARN naming the missing odometry and its latest stamp")
     pubs["odom"].publish(_odometry_at(held))
     probe.wait(lambda: _scene_at(scenes, held) is not None, 10.0, "the scene of the held instant")
 

@@ -59,16 +59,16 @@ def test_history_keeps_its_duration_and_refuses_bad_states():
 
 def test_the_state_of_an_instant_and_whether_its_inputs_are_in():
     h = EgoHistory()
-    assert h.latest is None and h.at_or_before(1.0) is None and not h.complete_at(1.0)
+    assert h.latest is None and h.at_or_before(1.0) is None and h.missing_at(1.0) == ["odometry (latest never)"]
     for t in (1.0, 1.1, 1.2):
         h.add_state(state(t))
     assert h.at_or_before(1.15).stamp == 1.1 and h.at_or_before(0.5).stamp == 1.0
-    assert h.complete_at(1.2), "no acceleration source heard: nothing to wait for"
-    assert not h.complete_at(1.3), "odometry of 1.3 not in"
+    assert h.missing_at(1.2) == [], "no acceleration source heard: nothing to wait for"
+    assert h.missing_at(1.3) == ["odometry (latest 1.20 s)"]
     h.add_acceleration(1.1, 0.0)
-    assert not h.complete_at(1.2), "the source is heard: wait for the instant's acceleration"
+    assert h.missing_at(1.2) == ["acceleration (latest 1.10 s)"], "the source is heard: wait for the instant's"
     h.add_acceleration(1.2, 0.0)
-    assert h.complete_at(1.2)
+    assert h.missing_at(1.2) == []
     assert heard_at(None, 5.0) and heard_at(5.0 - 1e-9, 5.0) and not heard_at(4.9, 5.0)
 
 
@@ -79,25 +79,25 @@ def test_an_expected_source_is_waited_for_before_its_first_report():
     h = EgoHistory()
     h.accelerations.expected = True
     h.add_state(state(1.0))
-    assert not h.complete_at(1.0), "a publisher exists: its first report is waited for"
+    assert h.missing_at(1.0) == ["acceleration (latest never)"], "a publisher exists: its first report is waited for"
     h.add_acceleration(1.0, 1.5)
-    assert h.complete_at(1.0) and h.latest.acceleration == 1.5
+    assert h.missing_at(1.0) == [] and h.latest.acceleration == 1.5
     h.accelerations.expected = False
     h.add_state(state(1.1))
-    assert not h.complete_at(1.1), "once heard, the instant's report is waited for whatever the flag says"
+    assert h.missing_at(1.1) == ["acceleration (latest 1.00 s)"], "once heard, the instant's report is waited for whatever the flag says"
 
 
 def test_steering_angle_is_paired_by_stamp_and_unknown_without_reports():
     h = EgoHistory()
     assert h.add_state(state(1.0)).steering_angle is None, "never reported: not measured (planning estimates it)"
-    assert h.complete_at(1.0), "no steering source heard: nothing to wait for"
+    assert h.missing_at(1.0) == [], "no steering source heard: nothing to wait for"
     h.add_steering_angle(1.1, 0.25)  # its own arrived first
     assert h.add_state(state(1.1)).steering_angle == 0.25
     provisional = h.add_state(state(1.2))
     assert provisional.steering_angle == 0.25, "its own not in yet: the latest reported, until it comes"
-    assert not h.complete_at(1.2), "the source is heard: wait for the instant's angle"
+    assert h.missing_at(1.2) == ["steering angle (latest 1.10 s)"], "the source is heard: wait for the instant's angle"
     h.add_steering_angle(1.2, -0.3)
-    assert provisional.steering_angle == -0.3 and h.complete_at(1.2)
+    assert provisional.steering_angle == -0.3 and h.missing_at(1.2) == []
     assert [s.steering_angle for s in h.states] == [None, 0.25, -0.3]
     assert [s.acceleration for s in h.states] == [0.0, 0.0, 0.0], "the acceleration is not touched"
     with pytest.raises(EgoHistoryError, match="steering angle nan at stamp 1.3 is not finite"):

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from luna_core.decision import DecisionTiming
-from luna_core.planning.cycle import ERROR, WARN, Condition, CycleInputs, CyclePolicy, instant_complete, plan_cycle
+from luna_core.planning.cycle import ERROR, WARN, Condition, CycleInputs, CyclePolicy, instant_missing, plan_cycle
 from luna_core.planning.factory import make_planner
 from luna_core.types import EgoState, LaneGraph, PlannerInput, Route, Trajectory, VehicleParameters
 from tests import samples
@@ -108,15 +108,19 @@ def test_an_instant_is_complete_with_its_odometry_acceleration_inputs_and_decisi
         ego.add_state(state)
     at = inputs(now=4.0, history=[], objects=TrackedObjects(4.0), lights=None)
     waiting = CyclePolicy(1.0, DecisionTiming(period=2.0), follows_decisions=True)
-    assert not instant_complete(ego, at, waiting), "4.0 is a decision instant (T_d = 2 s): its decision is due"
-    assert instant_complete(ego, inputs(now=4.0, objects=TrackedObjects(4.0), decision=samples.decision()),
-                            waiting), "a decision stamped after the instant counts as in"
+    assert instant_missing(ego, at, waiting) == ["decision (latest never)"], \
+        "4.0 is a decision instant (T_d = 2 s): its decision is due"
+    assert instant_missing(ego, inputs(now=4.0, objects=TrackedObjects(4.0), decision=samples.decision()),
+                           waiting) == [], "a decision stamped after the instant counts as in"
     no_decisions = CyclePolicy(1.0, DecisionTiming(period=2.0), follows_decisions=False)
-    assert instant_complete(ego, at, no_decisions)
-    assert not instant_complete(ego, inputs(now=4.0, lights=TrafficLights(3.9)), no_decisions), "lights of 3.9"
-    assert not instant_complete(ego, inputs(now=4.0, route=None), no_decisions)
+    assert instant_missing(ego, at, no_decisions) == []
+    assert instant_missing(ego, inputs(now=4.0, lights=TrafficLights(3.9)), no_decisions) == \
+        ["lights (latest 3.90 s)"]
+    assert instant_missing(ego, inputs(now=4.0, route=None), no_decisions) == ["route"]
     ego.add_acceleration(3.9, 0.0)  # the acceleration topic is heard: the instant's own is awaited
-    assert not instant_complete(ego, at, no_decisions)
+    assert instant_missing(ego, at, no_decisions) == ["acceleration (latest 3.90 s)"]
     ego.add_acceleration(4.0, 0.0)
-    assert instant_complete(ego, at, no_decisions)
-    assert not instant_complete(ego, inputs(now=4.1), no_decisions), "odometry of 4.1 not in"
+    assert instant_missing(ego, at, no_decisions) == []
+    assert instant_missing(ego, inputs(now=4.1), no_decisions) == ["odometry (latest 4.00 s)",
+                                                                   "acceleration (latest 4.00 s)"], \
+        "odometry of 4.1 not in, nor its acceleration"

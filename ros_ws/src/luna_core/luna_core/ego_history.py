@@ -17,7 +17,7 @@ without the topic) gets a smoothed finite difference of the speed, in every node
 Pairing: an acceleration stamped like an odometry state is that state's; a state whose own
 acceleration has not arrived yet takes the latest reported one and is corrected when its own arrives
 (states are updated in place, so a scene or plan built afterwards sees the paired value). Under sim
-time a node waits for the instant's acceleration (``complete_at``) once the topic has been heard, or
+time a node waits for the instant's acceleration (``missing_at``) once the topic has been heard, or
 once the node has seen a publisher on it (``ReportedValues.expected``): the first acceleration of a run
 may arrive after the first odometry, since DDS does not order topics.
 
@@ -55,6 +55,11 @@ def heard_at(stamp: float | None, now: float) -> bool:
     """Whether an input last stamped ``stamp`` has reached instant ``now``; None = never heard (a
     source this run does not have, e.g. in some bags): nothing to wait for."""
     return stamp is None or stamp >= now - SAME_INSTANT
+
+
+def unheard(what: str, stamp: float | None) -> str:
+    """How a lock-step wait names an input that has not reached its instant: what and its latest stamp."""
+    return f"{what} (latest {'never' if stamp is None else f'{stamp:.2f} s'})"
 
 
 @dataclass
@@ -154,12 +159,14 @@ class EgoHistory:
                 return ego
         return states[0] if states else None
 
-    def complete_at(self, now: float) -> bool:
-        """Whether the odometry of instant ``now`` is in, with its acceleration and steering angle where
-        those topics are heard or expected."""
+    def missing_at(self, now: float) -> list[str]:
+        """What of instant ``now`` is not in yet (empty: complete): the odometry, and its acceleration and
+        steering angle where those topics are heard or expected (``unheard`` names each)."""
         last = self.latest
-        return (last is not None and last.stamp >= now - SAME_INSTANT and self.accelerations.heard_at(now)
-                and self.steering_angles.heard_at(now))
+        missing = [] if last is not None and heard_at(last.stamp, now) else \
+            [unheard("odometry", last.stamp if last is not None else None)]
+        return missing + [unheard(r.what, r.stamp) for r in (self.accelerations, self.steering_angles)
+                          if not r.heard_at(now)]
 
     def _acceleration_for(self, ego: EgoState, last: EgoState | None) -> float:
         reported = self.accelerations.for_stamp(ego.stamp)

@@ -266,12 +266,13 @@ class LunaNodeMixin:
         else:
             self.diagnostics.clear("clock")
 
-    def await_instant(self, now: float, ready: Callable[[], bool], timeout: float,
+    def await_instant(self, now: float, missing: Callable[[], list[str]], timeout: float,
                       reports: Sequence[tuple[ReportedValues, Any]] = ()) -> bool:
-        """Lock step (sim time): wait up to ``timeout`` s of wall time until ``ready()`` says the inputs of
-        the instant ``now`` are in. A miss goes on with the latest inputs, so its result depends on how
-        loaded the machine is: it is counted (``input_sync_timeouts``) and raised as the "lock step"
-        WARN until an instant's inputs are complete again (``luna demo`` reports the count).
+        """Lock step (sim time): wait up to ``timeout`` s of wall time until ``missing()`` (what of the
+        instant ``now`` is not in yet, named with its latest stamp) is empty. A miss goes on with the
+        latest inputs, so its result depends on how loaded the machine is: it is counted
+        (``input_sync_timeouts``) and raised as the "lock step" WARN, naming what was missing, until an
+        instant's inputs are complete again (``luna demo`` reports the count).
 
         ``reports`` pairs the ego history's reported values (acceleration, steering angle) with their
         subscriptions: a topic with a publisher is waited for from its first report on (that report may
@@ -280,12 +281,14 @@ class LunaNodeMixin:
         for values, subscription in reports:
             if values.stamp is None and values.what not in self._silent_reports:
                 values.expected = subscription.get_publisher_count() > 0
-        if self.wait_until(ready, timeout):
+        if self.wait_until(lambda: not missing(), timeout):
             self.diagnostics.clear("lock step")
             return True
         self.diagnostics.increment("input_sync_timeouts")
         self.diagnostics.set_condition("lock step", WARN, f"inputs of t={now:.2f} s incomplete after "
-                                                          f"input_sync_timeout ({timeout:g} s): went on with the latest")
+                                                          f"input_sync_timeout ({timeout:g} s), missing "
+                                                          f"{', '.join(missing()) or 'nothing by now'}: "
+                                                          "went on with the latest")
         for values, _ in reports:
             if values.expected and values.stamp is None:
                 values.expected = False

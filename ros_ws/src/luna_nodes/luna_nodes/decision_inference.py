@@ -20,6 +20,7 @@ import luna_msgs.msg as lm
 from rclpy.lifecycle import TransitionCallbackReturn
 from std_msgs.msg import UInt64
 
+from luna_core.ego_history import heard_at, unheard
 from luna_core.heuristic import HeuristicSystem, check_scene
 from luna_core.types import DecisionDistribution, Route
 from luna_msgs_py import convert, qos
@@ -169,7 +170,7 @@ class DecisionInference(LunaLifecycleNode):
             if self.sim_time():
                 if not self.scenes:  # worth waiting for (lock step: the first instant of a replay)
                     self.wait_until(lambda: bool(self.scenes), FIRST_SCENE_WAIT)
-                self.await_instant(now, lambda: bool(self.scenes) and self.scenes[-1].stamp >= now - 1e-6,
+                self.await_instant(now, lambda: self._missing_scene_of(now),
                                    self.params["input_sync_timeout"])
             scene = self.usable_scene(now)
             if scene is None:
@@ -212,6 +213,11 @@ class DecisionInference(LunaLifecycleNode):
                 self.busy = following is not None and not self.closing.is_set()
             if self.busy:
                 self.worker.submit(self._decide, following)
+
+    def _missing_scene_of(self, now: float) -> list[str]:
+        """The scene of instant ``now``, named with the latest one's stamp, while it is not in (lock step)."""
+        latest = self.scenes[-1].stamp if self.scenes else None
+        return [] if latest is not None and heard_at(latest, now) else [unheard("luna/scene", latest)]
 
     def scene_for(self, now: float):
         """The scene to decide on at ``now``: the latest; under sim time the latest one not after ``now``

@@ -40,7 +40,7 @@ from luna_core.decision import DEFAULT_DECISION_PERIOD, DEFAULT_GAMMA_P, Decisio
 from luna_core.ego_history import EgoHistory
 from luna_core.planning.factory import PlannerConfigError, make_planner, planner_names
 from luna_core.planning.cycle import ERROR as CYCLE_ERROR
-from luna_core.planning.cycle import CycleInputs, CyclePolicy, instant_complete, plan_cycle
+from luna_core.planning.cycle import CycleInputs, CyclePolicy, instant_missing, plan_cycle
 from luna_core.types import DecisionDistribution, LaneGraph, Route, TrackedObjects, TrafficLights
 from luna_msgs_py import convert, qos
 from luna_nodes import markers
@@ -250,7 +250,7 @@ class PlannerNode(LunaLifecycleNode):
             # decision) of this very instant.
             if self.ego.latest is None:  # nothing could be published: worth waiting for (a loaded start-up)
                 self.wait_until(lambda: self.ego.latest is not None, FIRST_ODOMETRY_WAIT)
-            self.await_instant(now, lambda: instant_complete(self.ego, self.inputs_at(now), self.policy()),
+            self.await_instant(now, lambda: instant_missing(self.ego, self.inputs_at(now), self.policy()),
                                self.params["input_sync_timeout"], self.reports)
         # The degraded modes are luna_core's (planning.cycle); this node maps the outcome to its topics.
         out = plan_cycle(self.planner, self.inputs_at(now), self.policy())

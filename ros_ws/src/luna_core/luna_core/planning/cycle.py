@@ -11,8 +11,8 @@ The planner node runs this every replan period and only maps the outcome to its 
 * planner exception, or a non-finite or one-point trajectory: a comfortable stop along the route;
 * the planner's own degraded modes (its ``degraded_reason`` and ``cycle_info``) are passed on.
 
-Under sim time the node first waits for the inputs of its instant (``instant_complete``): the odometry
-and acceleration (``EgoHistory.complete_at``), objects and lights once heard, and at a decision instant
+Under sim time the node first waits for the inputs of its instant (``instant_missing``): the odometry
+and acceleration (``EgoHistory.missing_at``), objects and lights once heard, and at a decision instant
 of T_d (``DecisionTiming.due``) the decision, for a planner that follows decisions.
 
 Conditions are keyed as the node's diagnostics: ``inputs``, ``decision``, ``planning``; a key set to
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from luna_core.decision import DecisionTiming
-from luna_core.ego_history import EgoHistory, heard_at
+from luna_core.ego_history import EgoHistory, heard_at, unheard
 from luna_core.planning.fallback import comfortable_stop
 from luna_core.types import (DecisionDistribution, EgoState, LaneGraph, PlannerInput, Route, TrackedObjects,
                              Trajectory, TrafficLights, VehicleParameters)
@@ -69,17 +69,20 @@ class CycleOutcome:
     counts: list[str] = field(default_factory=list)  # counters to increment
 
 
-def instant_complete(ego: EgoHistory, inputs: CycleInputs, policy: CyclePolicy) -> bool:
-    """Whether every input of instant ``inputs.now`` is in (``inputs.history`` is not read: ``ego`` is
-    the live history, whose acceleration stamps tell whether the instant's acceleration came)."""
+def instant_missing(ego: EgoHistory, inputs: CycleInputs, policy: CyclePolicy) -> list[str]:
+    """What of instant ``inputs.now`` is not in yet, each named with its latest stamp (empty: complete).
+    ``inputs.history`` is not read: ``ego`` is the live history, whose acceleration stamps tell whether
+    the instant's acceleration came."""
     now = inputs.now
-    if inputs.graph is None or inputs.route is None or not ego.complete_at(now):
-        return False
-    if not all(heard_at(m.stamp if m is not None else None, now) for m in (inputs.objects, inputs.lights)):
-        return False
+    missing = [what for what, value in (("lane graph", inputs.graph), ("route", inputs.route)) if value is None]
+    missing += ego.missing_at(now)
+    missing += [unheard(what, m.stamp) for what, m in (("objects", inputs.objects), ("lights", inputs.lights))
+                if m is not None and not heard_at(m.stamp, now)]
     if policy.follows_decisions and policy.timing.due(now):
-        return inputs.decision is not None and heard_at(inputs.decision.stamp, now)
-    return True
+        decision = inputs.decision
+        if decision is None or not heard_at(decision.stamp, now):
+            missing.append(unheard("decision", decision.stamp if decision is not None else None))
+    return missing
 
 
 def planner_input(inputs: CycleInputs, policy: CyclePolicy,
