@@ -85,21 +85,24 @@ def run_realtime(args: argparse.Namespace) -> int:
                             start_timeout=args.start_timeout)
     reports, scores = [], {}
     rclpy.init()
+    bridge = None
     try:
         for path in args.scenario:
             scenario = load_any_scenario(path)
-            bridge = RealtimeStackPlanner(scenario, config)
-            try:
-                log = simulate(scenario, bridge, reactive=args.mode == "reactive",
-                               config=lockstep_simulation_config(args.replan_period), decision_source=bridge)
-            finally:
-                bridge.close()
+            # One bridge node for every scenario (RosStackPlanner.drive_next): the stack's readers match
+            # its publishers once.
+            bridge = bridge or RealtimeStackPlanner(scenario, config)
+            bridge.drive_next(scenario)
+            log = simulate(scenario, bridge, reactive=args.mode == "reactive",
+                           config=lockstep_simulation_config(args.replan_period), decision_source=bridge)
             score = score_log(log)
             scores[scenario.name] = score.to_json()
             reports.append(report(scenario.name, bridge.record, config, score.score))
             print(f"{scenario.name} ({args.mode}, real time x{args.rate:g}): CLS {score.score:.3f}, "
                   f"missed deadlines {reports[-1]['missed_deadlines']}, planner failures {log.planner_failures}")
     finally:
+        if bridge is not None:
+            bridge.close()
         rclpy.try_shutdown()
     text = markdown(reports)
     print(text)

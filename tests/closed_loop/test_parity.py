@@ -140,24 +140,25 @@ def _over_ros(tmp_path: Path, ros_context, settings: StackSettings, missions: in
     procs = _start_stack(tmp_path, settings)
     runs: list[Run] = []
     outputs: list[str] = []
+    bridge = None
     try:
+        # One bridge node drives every mission, as `luna demo` does (RosStackPlanner.drive_next). Wall-time
+        # bounds only (lock step waits for every answer): the student loads in the decision process before
+        # the first instant can be decided, on a loaded 2-core machine.
+        config = LockstepConfig(replan_period=REPLAN, timeout=180.0, connect_timeout=180.0,
+                                time_offset=TIME_OFFSET, expect_decisions=True)
+        bridge = RosStackPlanner(lead_vehicle_scenario(DURATION), config, context=ros_context)
         for m in range(missions):
-            # Wall-time bounds only (lock step waits for every answer): the student loads in the decision
-            # process before the first instant can be decided, on a loaded 2-core machine.
-            config = LockstepConfig(replan_period=REPLAN, timeout=180.0, connect_timeout=180.0,
-                                    time_offset=TIME_OFFSET + m * MISSION_GAP, expect_decisions=True)
-            bridge = RosStackPlanner(lead_vehicle_scenario(DURATION), config, context=ros_context,
-                                     node_name=f"luna_bridge_{m}")
+            bridge.drive_next(lead_vehicle_scenario(DURATION), TIME_OFFSET + m * MISSION_GAP)
             plans: list[tuple[float, Trajectory]] = []
-            try:
-                log = simulate(bridge.scenario, RecordingPlanner(bridge, plans), reactive=False,
-                               config=lockstep_simulation_config(REPLAN))
-                last_instant = (bridge.scenario.num_steps - 2) * SIM_DT  # the last planned step
-                bridge.await_decisions(settings.decision_period, last_instant, timeout=30.0)
-                runs.append(Run(log, sorted(bridge.decisions, key=lambda d: d.stamp), plans))
-            finally:
-                bridge.close()
+            log = simulate(bridge.scenario, RecordingPlanner(bridge, plans), reactive=False,
+                           config=lockstep_simulation_config(REPLAN))
+            last_instant = (bridge.scenario.num_steps - 2) * SIM_DT  # the last planned step
+            bridge.await_decisions(settings.decision_period, last_instant, timeout=30.0)
+            runs.append(Run(log, sorted(bridge.decisions, key=lambda d: d.stamp), plans))
     finally:
+        if bridge is not None:
+            bridge.close()
         outputs = [stop_process(p, timeout=30.0) for p in procs]
         for p, out in zip(procs, outputs):
             # pytest shows captured output only for a failing test: the nodes' logs come with any failure.

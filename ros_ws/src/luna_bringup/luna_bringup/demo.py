@@ -263,17 +263,20 @@ def _drive(wanted: list[str], out: Path, nodes: list[str], planner: str, with_de
     rows = []
     offset = TIME_OFFSET  # a multiple of T_d: each scenario starts on a decision instant
     watch = StackWatch(nodes)
+    bridge = None
     try:
         not_ready = watch.readiness.wait(LOCKSTEP_WAIT, threading.Event())
         if not_ready:
             print(f"  not ready after {LOCKSTEP_WAIT:.0f} s: {', '.join(not_ready)}; driving anyway", flush=True)
         for i, name in enumerate(wanted):
             scenario = load_entry(*refs[name])
-            # One running stack drives every scenario: its clock must keep moving forwards.
-            bridge = RosStackPlanner(scenario, LockstepConfig(REPLAN_PERIOD, timeout=BRIDGE_WAIT,
-                                                              connect_timeout=300.0, time_offset=offset,
-                                                              expect_decisions=with_decisions),
-                                     node_name=f"luna_bridge_{i}")
+            # One bridge node drives every scenario on the one running stack (RosStackPlanner.drive_next),
+            # whose clock must keep moving forwards.
+            if bridge is None:
+                bridge = RosStackPlanner(scenario, LockstepConfig(REPLAN_PERIOD, timeout=BRIDGE_WAIT,
+                                                                  connect_timeout=300.0, time_offset=offset,
+                                                                  expect_decisions=with_decisions))
+            bridge.drive_next(scenario, offset)
             offset += math.ceil((scenario.duration + SCENARIO_GAP) / period) * period
             started = time.monotonic()
             print(f"[{i + 1}/{len(wanted)}] {name} ({scenario.scenario_type}, {scenario.duration:.0f} s) ...",
@@ -286,8 +289,6 @@ def _drive(wanted: list[str], out: Path, nodes: list[str], planner: str, with_de
                 error = ""
             except PlannerTimeout as exc:
                 log, error = None, str(exc)
-            finally:
-                bridge.close()
             row = {"scenario": name, "type": scenario.scenario_type, "wall_s": time.monotonic() - started,
                    "error": error}
             if log is not None:
@@ -312,6 +313,8 @@ def _drive(wanted: list[str], out: Path, nodes: list[str], planner: str, with_de
         health = {"input_sync_timeouts": watch.counter("input_sync_timeouts"),
                   "restarts": list(supervisor.events)}
     finally:
+        if bridge is not None:
+            bridge.close()
         watch.close()
         rclpy.try_shutdown()
     return rows, health
