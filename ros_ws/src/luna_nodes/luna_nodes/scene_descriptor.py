@@ -30,7 +30,8 @@ import luna_msgs.msg as lm
 from geometry_msgs.msg import AccelWithCovarianceStamped
 from nav_msgs.msg import Odometry
 
-from luna_core.ego_history import EgoHistory, heard_at, unheard
+from luna_core.ego_history import EgoHistory
+from luna_core.planning.cycle import inputs_missing
 from luna_core.scene import SceneConfig, SceneInputError
 from luna_core.stack import SceneDescriber
 from luna_core.types import LaneGraph, Route, TrackedObjects, TrafficLights
@@ -145,14 +146,6 @@ class SceneDescriptorNode(LunaNode):
         return [name for name, value in (("odometry", self.ego.latest), ("route", self.route),
                                          ("lane graph", self.graph)) if value is None]
 
-    def _missing_inputs_of(self, now: float) -> list[str]:
-        """What of instant ``now`` is not in yet: odometry with (once heard) its acceleration, objects and
-        lights of this instant."""
-        missing = [what for what, value in (("lane graph", self.graph), ("route", self.route)) if value is None]
-        return missing + self.ego.missing_at(now) + [
-            unheard(what, m.stamp) for what, m in (("objects", self.objects), ("lights", self.lights))
-            if m is not None and not heard_at(m.stamp, now)]
-
     def _fresh_odometry_of(self, now: float) -> bool:
         ego = self.ego.at_or_before(now)
         return ego is not None and now - ego.stamp <= self.params["max_input_age"]
@@ -171,8 +164,9 @@ class SceneDescriptorNode(LunaNode):
         if self.sim_time():
             if ego is None:  # the first instant of a lock-step run: its odometry may still be on the way
                 self.wait_until(lambda: self.ego.latest is not None, FIRST_ODOMETRY_WAIT)
-            if not self.await_instant(now, lambda: self._missing_inputs_of(now), self.params["input_sync_timeout"],
-                                      self.reports):
+            def missing() -> list[str]:
+                return inputs_missing(self.ego, now, self.graph, self.route, self.objects, self.lights)
+            if not self.await_instant(now, missing, self.params["input_sync_timeout"], self.reports):
                 # Without fresh odometry the instant gets no scene at all. A lock-step driver (luna replay,
                 # a simulator) holds its clock at the instant until the stack answers, so odometry that is
                 # merely late (a starved node) will come: wait for it while the clock stands here; once the

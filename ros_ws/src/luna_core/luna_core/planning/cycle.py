@@ -69,15 +69,23 @@ class CycleOutcome:
     counts: list[str] = field(default_factory=list)  # counters to increment
 
 
+def inputs_missing(ego: EgoHistory, now: float, graph: LaneGraph | None, route: Route | None,
+                   objects: TrackedObjects | None, lights: TrafficLights | None) -> list[str]:
+    """What a lock-step instant ``now`` waits for and is not in yet, each named with its latest stamp (empty:
+    complete): the lane graph and route, the odometry with its reported values (``EgoHistory.missing_at``),
+    and the objects and lights once heard. The planner node and the scene descriptor both wait on this."""
+    missing = [what for what, value in (("lane graph", graph), ("route", route)) if value is None]
+    missing += ego.missing_at(now)
+    return missing + [unheard(what, m.stamp) for what, m in (("objects", objects), ("lights", lights))
+                      if m is not None and not heard_at(m.stamp, now)]
+
+
 def instant_missing(ego: EgoHistory, inputs: CycleInputs, policy: CyclePolicy) -> list[str]:
-    """What of instant ``inputs.now`` is not in yet, each named with its latest stamp (empty: complete).
+    """``inputs_missing`` for the planner's instant ``inputs.now``, and at a decision instant the decision.
     ``inputs.history`` is not read: ``ego`` is the live history, whose acceleration stamps tell whether
     the instant's acceleration came."""
     now = inputs.now
-    missing = [what for what, value in (("lane graph", inputs.graph), ("route", inputs.route)) if value is None]
-    missing += ego.missing_at(now)
-    missing += [unheard(what, m.stamp) for what, m in (("objects", inputs.objects), ("lights", inputs.lights))
-                if m is not None and not heard_at(m.stamp, now)]
+    missing = inputs_missing(ego, now, inputs.graph, inputs.route, inputs.objects, inputs.lights)
     if policy.follows_decisions and policy.timing.due(now):
         decision = inputs.decision
         if decision is None or not heard_at(decision.stamp, now):
