@@ -222,6 +222,25 @@ def test_lock_step_instant_waits_for_its_late_odometry(sim_scene_node):
     probe.wait(lambda: _scene_at(scenes, held) is not None, 10.0, "the scene of the held instant")
 
 
+@pytest.mark.parametrize("sim_scene_node", [120.0], indirect=True, ids=["input_sync_timeout 120 s"])
+def test_sigint_ends_a_lock_step_wait_and_the_node_exits_cleanly(sim_scene_node):
+    """SIGINT while an instant waits for its odometry (input_sync_timeout 120 s): the wait ends with the
+    context and the node exits with 0 within stop_process's 15 s, not killed after it (a node that outlived
+    its stop bound once failed the parity test with exit -9)."""
+    proc, probe = sim_scene_node
+    scenes = probe.collect(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
+    pubs, clock = _lock_step_inputs(probe)
+    first = BAG_EPOCH * 1_000_000_000
+    clock.publish(Clock(clock=_stamp(first)))
+    pubs["odom"].publish(_odometry_at(first))
+    probe.wait(lambda: _scene_at(scenes, first) is not None, 30.0, "the scene of the first instant")
+    clock.publish(Clock(clock=_stamp(first + 100_000_000)))  # its odometry never comes: the tick waits
+    probe.spin_for(2.0)
+    assert _scene_at(scenes, first + 100_000_000) is None, "the instant was described without its odometry"
+    out = stop_process(proc)
+    assert "did not stop on SIGINT" not in out and proc.returncode == 0, out
+
+
 def _acceleration_at(ns: int, value: float) -> AccelWithCovarianceStamped:
     msg = AccelWithCovarianceStamped()
     msg.header.stamp = _stamp(ns)

@@ -284,6 +284,8 @@ class LunaNodeMixin:
         if self.wait_until(lambda: not missing(), timeout):
             self.diagnostics.clear("lock step")
             return True
+        if not self.context.ok():
+            return False  # shutting down: nothing was late
         self.diagnostics.increment("input_sync_timeouts")
         self.diagnostics.set_condition("lock step", WARN, f"inputs of t={now:.2f} s incomplete after "
                                                           f"input_sync_timeout ({timeout:g} s), missing "
@@ -299,10 +301,12 @@ class LunaNodeMixin:
         return False
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Poll ``predicate`` for up to ``timeout`` s of wall time (inputs arrive on other threads)."""
+        """Poll ``predicate`` for up to ``timeout`` s of wall time (inputs arrive on other threads). False at
+        once when the node's context shuts down (SIGINT): the executor's threads must end for the process to
+        exit, and a lock-step wait runs up to input_sync_timeout (once held a stop past its 30 s bound)."""
         deadline = time.monotonic() + timeout
         while not predicate():
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or not self.context.ok():
                 return False
             time.sleep(0.002)
         return True
