@@ -61,10 +61,10 @@ class RosStackPlanner:
     name = "ros-stack"
 
     def __init__(self, scenario: Scenario, config: LockstepConfig = LockstepConfig(),
-                 context: rclpy.Context | None = None, node_name: str = "luna_bridge") -> None:
+                 context: rclpy.Context | None = None) -> None:
         self.scenario = scenario
         self.config = config
-        self.node = Node(node_name, context=context)
+        self.node = Node("luna_bridge", context=context)  # one per running stack: see drive_next
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         n = self.node

@@ -63,11 +63,10 @@ class RealtimeStackPlanner(RosStackPlanner):
 
     name = "ros-stack-realtime"
 
-    def __init__(self, scenario: Scenario, config: RealtimeConfig = RealtimeConfig(), context=None,
-                 node_name: str = "luna_bridge") -> None:
+    def __init__(self, scenario: Scenario, config: RealtimeConfig = RealtimeConfig(), context=None) -> None:
         super().__init__(scenario, LockstepConfig(config.replan_period, config.start_timeout,
                                                   config.connect_timeout, time_offset=time.time()),
-                         context=context, node_name=node_name)
+                         context=context)
         self.realtime = config
         self.record = RealtimeRecord()
         self.wall_zero: float | None = None  # monotonic wall time of simulation time 0
