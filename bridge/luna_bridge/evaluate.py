@@ -42,7 +42,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from tqdm import tqdm
 
@@ -161,14 +161,24 @@ def _dumps(obj: Any) -> str:
 
 
 def closed_loop_run(scenario: Scenario, planner: str, reactive: bool, replan_every: int,
-                    stack: StackSettings | None) -> tuple[Any, Any]:
+                    stack: StackSettings | None, observe: Callable[[Any, Any], None] | None = None
+                    ) -> tuple[Any, Any]:
     """One closed-loop run of the eval planner ``planner`` (a name of ``make_eval_planner``): the simulation
     log and the planner's decision source (None for planners without one). A stack planner decides every
     T_d = ``stack.decision_every`` steps, as in evaluation (``luna-offline frames --on-policy`` uses this too,
-    so its states are the evaluated stack's)."""
+    so its states are the evaluated stack's). ``observe(planner_input, planner)``, if given, is called after
+    every planner call (the traces in benchmarks/ read the planner's last cycle there)."""
     from luna_bridge.sim import SimulationConfig, simulate
 
     instance = make_eval_planner(planner, scenario)
+    if observe is not None:
+        plan = instance.plan
+
+        def observed(planner_input):
+            trajectory = plan(planner_input)
+            observe(planner_input, instance)
+            return trajectory
+        instance.plan = observed
     source = getattr(instance, "decision_source", None)  # the stack decides every T_d
     decision_every = stack.decision_every if stack is not None else 5
     log = simulate(scenario, instance, reactive=reactive, decision_source=source,
