@@ -1,6 +1,6 @@
 """Helpers for tests over real DDS: isolated environment, and waiting on the graph, never sleeping.
 
-Every test process gets its own ROS domain (from its pid), discovery limited to localhost, and the
+Every test process (each pytest-xdist worker) gets its own ROS domain, discovery limited to localhost, and the
 project's fast-discovery Fast DDS profile, so parallel test runs never cross-talk and a subscriber
 in another process matches in ~0.1 s instead of ~2.5 s.
 """
@@ -19,10 +19,16 @@ FASTDDS_PROFILE = REPO / "ros_ws/src/luna_bringup/config/fastdds_fast_discovery.
 
 
 def domain_id() -> int:
-    # $LUNA_TEST_ROS_DOMAIN pins it (several checkouts testing side by side on one machine); else
-    # 1..100: away from 0 (the default domain people run by hand), one per test process.
+    # One domain per test process, so pytest-xdist's workers never share one: $LUNA_TEST_ROS_DOMAIN
+    # pins the first (several checkouts testing side by side on one machine) and worker i takes
+    # pinned + i; else 1..100 from the pid (away from 0, the default domain people run by hand), the
+    # worker index as its residue so that concurrent workers differ.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     pinned = os.environ.get("LUNA_TEST_ROS_DOMAIN")
-    return int(pinned) if pinned else 1 + os.getpid() % 100
+    if pinned:
+        return int(pinned) + worker
+    return 1 + (os.getpid() % (100 // workers)) * workers + worker
 
 
 def ros_env(extra: dict[str, str] | None = None) -> dict[str, str]:
