@@ -97,12 +97,14 @@ def per_type(runs: dict[tuple[str, str], dict[str, dict[str, Any]]], planners: l
 
 def run_facts(runs: dict, planner: str, common: dict[str, list[str]]) -> list[str]:
     """One line per planner: runs over the speed limit, planner cycles by mode (fallbacks, emergency
-    brakes) with the flips of a* per minute, and for the stack its decisions by top action."""
+    brakes) with the flips of a* per minute and how often Eq. 22 chose a candidate other than the most
+    likely (runs written since session 24 record it), and for the stack its decisions by top action."""
     sel = [runs[(planner, mode)][s] for mode in common for s in common[mode] if s in runs.get((planner, mode), {})]
     over = sum(1 for r in sel if r.get("metrics", {}).get("speed_limit_compliance", {}).get("score", 1.0) < 1.0)
     top: dict[str, int] = defaultdict(int)
     modes: dict[str, int] = defaultdict(int)
     flips, minutes = 0, 0.0
+    beside, decided_cycles = 0, 0  # over the runs that record picks beside the argmax
     for r in sel:
         for action, n in (r.get("decisions") or {}).get("top_actions", {}).items():
             top[action] += n
@@ -110,9 +112,14 @@ def run_facts(runs: dict, planner: str, common: dict[str, list[str]]) -> list[st
         for mode, n in cycles.get("modes", {}).items():
             modes[mode] += n
         flips += cycles.get("flips", 0)
+        if "picks_beside_argmax" in cycles:
+            beside += cycles["picks_beside_argmax"]
+            decided_cycles += cycles.get("modes", {}).get("decision", 0)
         minutes += r.get("steps", 0) * 0.1 / 60.0
     cycled = (f"; planner cycles by mode: {dict(sorted(modes.items()))}, a* flips per minute: "
               f"{flips / minutes if minutes else 0.0:.2f}") if modes else ""
+    if decided_cycles:
+        cycled += f", a* not the most likely candidate in {beside} of {decided_cycles} decision cycles"
     decided = f"; decisions by top action: {dict(sorted(top.items()))}" if top else ""
     return [f"- {planner}: {over} of {len(sel)} runs with speed-limit compliance below 1{cycled}{decided}"]
 

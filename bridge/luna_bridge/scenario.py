@@ -129,8 +129,9 @@ class SimulationLog:
     plan_info: list[dict[str, object]] = field(default_factory=list)
 
     def cycle_statistics(self) -> dict[str, object]:
-        """Planner cycles by mode and the flips of a* under one decision (count and per minute of
-        simulated time); empty when the planner reports nothing."""
+        """Planner cycles by mode, the flips of a* under one decision (count and per minute of
+        simulated time) and the decision cycles whose a* was not the most likely candidate; empty when
+        the planner reports nothing."""
         if not self.plan_info:
             return {}
         modes: dict[str, int] = {}
@@ -139,8 +140,9 @@ class SimulationLog:
             modes[mode] = modes.get(mode, 0) + 1
         flips = sum(1 for info in self.plan_info if info.get("flip"))
         minutes = max(float(self.t[-1] - self.t[0]), SIM_DT) / 60.0 if len(self.t) else 1.0
+        beside = sum(1 for info in self.plan_info if info.get("beside_argmax"))
         return {"cycles": len(self.plan_info), "modes": dict(sorted(modes.items())), "flips": flips,
-                "flips_per_minute": round(flips / minutes, 6)}
+                "flips_per_minute": round(flips / minutes, 6), "picks_beside_argmax": beside}
 
     def ego_array(self) -> np.ndarray:
         """(N, 6) of x, y, heading, velocity, acceleration, yaw_rate."""

@@ -166,9 +166,12 @@ def test_eval_runs_the_stack_variants_deterministically(artifacts, tmp_path: Pat
         assert entry["stamp"] == 0.0 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.001
         assert entry["top3"][0][0] in d["top_actions"], p
         assert results[p]["stack"]["population"] == 8 and results[p]["planner_failures"] == 0
+        cycles = results[p]["planner_cycles"]
+        assert 0 <= cycles["picks_beside_argmax"] <= cycles["modes"].get("decision", 0), p
     assert results["luna"]["decisions"]["using_reflection_items"] == 1
     assert results["luna-no-reflection"]["decisions"]["using_reflection_items"] == 0
     assert "decisions" not in results["diffusion-es"] and "stack" not in results["idm"]
+    assert results["diffusion-es"]["planner_cycles"]["picks_beside_argmax"] == 0
     md = (tmp_path / "out/summary.md").read_text()
     assert "deterministic search (population 8 per action, 1 renoise-denoise round(s)" in md
     # Deterministic mode: a rerun in a fresh folder gives byte-identical result files.

@@ -90,6 +90,9 @@ def test_it_is_a_planner_and_follows_eq22(prior) -> None:
     best = max(res.candidates, key=lambda c: c.selection_score)
     assert res.action == best.action
     assert res.trajectory is best.trajectory
+    # Evaluation counts the cycles whose Eq. 22 pick is not the most likely candidate (CK here).
+    assert pl.cycle_info() == {"mode": MODE_DECISION, "action": best.action, "flip": False,
+                               "beside_argmax": best.action != "CK"}
     assert_valid(res.trajectory, pi.ego)
     # Left lane change candidates end up in the left lane; the lane keepers stay in theirs.
     cl = next(c for c in res.candidates if c.action == "CL").trajectory
@@ -103,6 +106,7 @@ def test_without_decisions_is_the_diffusion_es_baseline(prior) -> None:
     assert pl.name == "diffusion_es"
     res = pl.plan_detailed(make_input(dec=decision({"AL": 1.0})))
     assert res.mode == MODE_NO_DECISION and res.action is None
+    assert pl.cycle_info() == {"mode": MODE_NO_DECISION, "action": "", "flip": False}
     assert [c.action for c in res.candidates] == [""]
     assert res.candidates[0].j_gen > 0.5
     assert_valid(res.trajectory, make_input().ego)

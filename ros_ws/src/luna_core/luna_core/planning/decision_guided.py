@@ -419,11 +419,15 @@ class DecisionGuidedPlanner:
         return self.plan_detailed(planner_input, context=context).trajectory
 
     def cycle_info(self) -> dict[str, object]:
-        """How the last cycle ended, for evaluation statistics (mode, a*, whether a* flipped)."""
+        """How the last cycle ended, for evaluation statistics (mode, a*, whether a* flipped and, in
+        the decision mode, whether Eq. 22 chose a candidate other than the most likely one searched)."""
         last = self.last
         if last is None:
             return {}
-        return {"mode": last.mode, "action": last.action or "", "flip": last.flipped}
+        info: dict[str, object] = {"mode": last.mode, "action": last.action or "", "flip": last.flipped}
+        if last.mode == MODE_DECISION and last.candidates:
+            info["beside_argmax"] = last.action != max(last.candidates, key=lambda c: c.probability).action
+        return info
 
     def debug_candidates(self) -> list[tuple[str, Trajectory, float, bool]]:
         """The last cycle's candidates for markers: (action code, X*_a, Eq. 22 score, chosen); the
