@@ -48,6 +48,7 @@ def _value(statuses: list, key: str) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 def test_decisions_from_scenes_and_explanation_on_failure(artifacts, tmp_path, ros_context):
     student, bank, ids = artifacts
     # T_d far below a CPU forward pass: every decision overruns it, and the explanation must still come
@@ -99,6 +100,7 @@ def crowded_scene(stamp: float, n_objects: int) -> T.SceneDescriptor:
     return scene
 
 
+@pytest.mark.slow
 def test_bad_scenes_are_diagnosed_and_the_node_keeps_deciding(artifacts, tmp_path, ros_context):
     student, bank, _ = artifacts
     proc = _start(tmp_path, student, bank, max_context_tokens=1024)  # 40 objects do not fit
@@ -194,6 +196,7 @@ def test_bad_model_files_keep_node_up_and_diagnosed(artifacts, tmp_path, ros_con
     assert proc.returncode == 0, out
 
 
+@pytest.mark.slow
 def test_an_explainer_that_cannot_start_leaves_decisions_running(artifacts, tmp_path, ros_context):
     # Issue 17: non-critical nodes never take critical ones down; the explainer shares the process.
     student, bank, _ = artifacts
@@ -218,6 +221,7 @@ def test_an_explainer_that_cannot_start_leaves_decisions_running(artifacts, tmp_
     assert "a non-critical node was not started" in out and "max_queue" in out, out
 
 
+@pytest.mark.slow
 def test_lock_step_instant_is_decided_on_a_late_scene(artifacts, tmp_path, ros_context):
     """Sim time, the clock held at a decision instant (luna replay's lock step): the only scene there is
     older than max_scene_age (the scene node starved) and the instant's scene comes 1.5 s (wall) later,

@@ -125,6 +125,7 @@ def test_reset_forgets_the_previous_items(system):
     assert ids(fast) == [item.id for item, _ in system.bank.retrieve(system.prompts.decision_query(fast), 2)] != first
 
 
+@pytest.mark.slow
 def test_explanation_ends_at_a_sentence_names_no_action_wrongly_and_reports_its_latency(system):
     from luna_core.prompts.parsers import action_name_errors
 
