@@ -51,13 +51,16 @@ def test_a_dying_non_critical_process_is_restarted_with_backoff_then_left_down_t
         reflection = sup.processes[1]
         wait_until(lambda: reflection.given_up)
         assert len(reflection.restarts) == 3
+        # Each gap is the process's own run time plus the back-off (0.1 s, 0.2 s, 0.4 s): the run time
+        # varies with the machine's load, so the gaps are checked against the delays, not each other.
         gaps = [b - a for a, b in zip(reflection.restarts, reflection.restarts[1:])]
-        assert gaps[1] > gaps[0] * 1.5, f"the delay grows with each restart: {gaps}"
+        assert gaps[0] >= 0.2 and gaps[1] >= 0.4, f"the delay grows with each restart: {gaps}"
         assert sup.processes[0].popen.poll() is None and sup.processes[0].popen.pid == planner_pid
         assert sup.processes[0].restarts == []
     log = sup.out.getvalue()
-    assert "process reflection_client exited with code 3; restarting it in 0.1 s (restart 1 within 60 s), " \
-           "the others keep running" in log
+    for k, delay in enumerate(("0.1", "0.2", "0.4"), start=1):
+        assert f"process reflection_client exited with code 3; restarting it in {delay} s (restart {k} within 60 s), " \
+               "the others keep running" in log
     assert "3 restarts within 60 s: left down (not critical, the stack keeps running without it)" in log
 
 
@@ -148,7 +151,8 @@ def test_a_dead_process_is_replaced_by_its_warm_standby_and_a_new_standby_follow
     with sup:
         planner, map_server = sup.processes
         assert map_server.standby is None and map_server.standby_due is None, "only processes marked standby"
-        wait_until(lambda: planner.standby is not None and "loaded, waiting" in sup.out.getvalue())
+        # The standby's own line (the log also echoes the script, which contains the words).
+        wait_until(lambda: planner.standby is not None and "[planner standby] loaded, waiting" in sup.out.getvalue())
         standby_pid, primary_pid = planner.standby.popen.pid, planner.popen.pid
         planner.popen.kill()
         wait_until(lambda: planner.restarts)
