@@ -4,6 +4,8 @@ and reports every trajectory's delay and the node's /diagnostics counters."""
 
 import time
 
+import pytest
+
 from luna_bridge.ros_bridge import lockstep_simulation_config
 from luna_bridge.ros_realtime import BINS, RealtimeConfig, RealtimeStackPlanner, histogram, markdown, report
 from luna_bridge.sim.simulator import simulate
@@ -16,6 +18,7 @@ def test_histogram_bins_are_upper_edges_with_an_overflow_bin() -> None:
     assert len(histogram([])) == len(BINS) + 1
 
 
+@pytest.mark.realtime  # wall-clock delays: run alone, after the parallel phase of `make test`
 def test_realtime_bridge_drives_a_planner_node_at_wall_clock_speed(tmp_path, ros_context) -> None:
     scenario = lead_vehicle_scenario(duration=4.0)
     # PDM-style planner: a cycle of a few tens of ms, so its deadlines hold even on a loaded machine.

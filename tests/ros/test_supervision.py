@@ -39,7 +39,9 @@ from luna_msgs_py import qos
 from tests import samples
 from tests.ros.helpers import apply_ros_env, ros_env
 
-pytestmark = pytest.mark.slow
+# realtime: a planner that keeps publishing while another process is down is a wall-clock bound, so
+# `make test` runs this file after the parallel phase, alone on the machine.
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 T_D = 2.0  # s, the decision period of this stack
 LUNA = str(Path(sys.executable).parent / "luna")
