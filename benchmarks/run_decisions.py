@@ -1,7 +1,7 @@
 """One scenario's runs side by side across evaluation folders: score, failing metrics, the ego's and the
-expert's progress along the route (m), and the decision timeline (the top three actions at each T_d)
-that the stack planners store in their result files. It is how docs/benchmarks.md reads a run that
-flips between seeds or differs from the oracle:
+expert's progress along the route (m), how often Eq. 22 chose a* beside the most likely candidate, and
+the decision timeline (the top three actions at each T_d) that the stack planners store in their result
+files. It is how docs/benchmarks.md reads a run that flips between seeds or differs from the oracle:
 
     .venv/bin/python benchmarks/run_decisions.py s1=out/eval/seed1:luna s2=out/eval/seed2:luna \
         oracle=out/eval/oracle:luna-oracle --suite commonroad --only USA_Peach-3_2_T-1
@@ -31,6 +31,10 @@ def describe(record: dict[str, Any]) -> list[str]:
     progress = (f"; progress {stats['ego_progress']:.1f} m of the expert's {stats['expert_progress']:.1f} m"
                 if "ego_progress" in stats and "expert_progress" in stats else "")
     lines = [f"score {record['score']:.2f}; failing: {', '.join(failing) or 'none'}{progress}"]
+    cycles = record.get("planner_cycles") or {}
+    if "picks_beside_argmax" in cycles:  # result files written since session 24
+        lines.append(f"a* not the most likely candidate in {cycles['picks_beside_argmax']} of "
+                     f"{cycles.get('modes', {}).get('decision', 0)} decision cycles")
     decisions = record.get("decisions") or {}
     timeline = decisions.get("timeline")
     if timeline:

@@ -58,10 +58,11 @@ def test_every_custom_message_type_round_trips_between_processes(ros_context):
         for t in TYPES:
             name = t.__name__
             sent[name] = SOURCES[name][1](SOURCES[name][0]()) if name in SOURCES else _standalone(name)
-        # Matched on this side is not matched on both: a writer counts a reader as soon as it knows the
-        # reader's participant, the reader takes samples only once discovery has reached it too, and a
-        # volatile sample sent before that is lost. So each type not yet echoed is sent again every
-        # second (a round trip is what is tested, not the first sample's delivery).
+        # Matched as seen from this process is not matched on both sides (discovery reaches the two
+        # participants at different times; docs/architecture.md, the parity note): an echo the peer writes
+        # before its writer has matched this reader is lost, as a fresh clone's two-worker run showed
+        # once. So each type not yet echoed is sent again every second: a round trip is what is tested,
+        # not the first sample's delivery.
         last_send = [-1.0]
 
         def send_missing() -> None:

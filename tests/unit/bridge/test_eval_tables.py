@@ -167,17 +167,19 @@ def test_run_decisions_prints_score_progress_and_decision_timeline_per_variant(t
 
     from tests.benchmark_scripts import REPO
 
-    def record(folder: Path, planner: str, score: float, decisions: dict) -> None:
+    def record(folder: Path, planner: str, score: float, decisions: dict, cycles: dict | None = None) -> None:
         path = folder / "commonroad" / "scenarios" / planner / "reactive" / "peach_1.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "planner": planner, "mode": "reactive", "scenario": "peach_1", "score": score, "decisions": decisions,
+            **({"planner_cycles": cycles} if cycles is not None else {}),
             "metrics": {"ego_is_making_progress": {"score": 0.0 if score == 0 else 1.0},
                         "ego_progress_along_expert_route": {"score": 0.1, "statistics": {
                             "ego_progress": 1.43, "expert_progress": 12.59, "ratio": 0.11}}}}))
 
     record(tmp_path / "new", "luna", 0.0, {"timeline": [{"stamp": 0.0, "top3": [["CK", 0.47], ["AK", 0.26],
-                                                                              ["SK", 0.16]]}]})
+                                                                              ["SK", 0.16]]}]},
+           {"cycles": 9, "modes": {"decision": 8, "emergency_brake": 1}, "picks_beside_argmax": 3})
     record(tmp_path / "old", "luna", 0.8, {"top_actions": {"CK": 2, "AK": 1}})
     script = [sys.executable, str(REPO / "benchmarks" / "run_decisions.py"), f"new={tmp_path / 'new'}:luna",
               f"old={tmp_path / 'old'}:luna", "--only", "peach_1"]
@@ -186,6 +188,8 @@ def test_run_decisions_prints_score_progress_and_decision_timeline_per_variant(t
     assert ("new: score 0.00; failing: ego_is_making_progress, ego_progress_along_expert_route; "
             "progress 1.4 m of the expert's 12.6 m") in out
     assert "decisions: 0 s CK 0.47/AK 0.26/SK 0.16" in out
+    assert "a* not the most likely candidate in 3 of 8 decision cycles" in out
+    assert out.count("most likely candidate") == 1  # the old file predates the count
     assert "old: score 0.80; failing: ego_progress_along_expert_route" in out
     assert "decisions by top action: {'AK': 1, 'CK': 2} (no timeline)" in out
     assert out.count("no such run") == 2  # neither folder has the NR run
