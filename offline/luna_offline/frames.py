@@ -134,16 +134,20 @@ def scenario_frames(scenario: Any, rate: float = 2.0, origin: dict[str, Any] | N
 
 
 def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dict[str, Any] | None = None,
-                     config: SceneConfig | None = None, replan_every: int = 5) -> Iterator[Frame]:
+                     config: SceneConfig | None = None, replan_every: int = 5,
+                     reactive: bool = False) -> Iterator[Frame]:
     """Frames of the states a planner itself visits in closed loop on ``scenario`` (DAgger).
 
     The planner (any ``luna-bridge`` planner name, e.g. ``luna``: the stack with the current student)
-    drives the scenario non-reactively, replanning every ``replan_every`` simulator steps; every 1/rate s
-    its ego state becomes a frame whose descriptor is built from that state and the logged objects, as
-    the stack saw them. ``origin['ego']`` carries the closed-loop state, so the simulation-grounded teacher
-    (``luna_bridge.action_scorer``) labels the frame from where the student actually was, against the
-    logged agents, as the oracle decision source does in closed loop. Ids are ``<scenario>@<t>~<planner>``:
-    the same scenario group as its expert frames (held out together), never the same item.
+    drives the scenario, non-reactively or with ``reactive`` agents (IDM along their logged paths, as in
+    the R evaluation), replanning every ``replan_every`` simulator steps; every 1/rate s its ego state
+    becomes a frame whose descriptor is built from that state and the objects of the run, as the stack saw
+    them (in a reactive run: where the reactive agents were). ``origin['ego']`` carries the closed-loop
+    state, so the simulation-grounded teacher (``luna_bridge.action_scorer``) labels the frame from where
+    the student actually was, against the logged agents, as the oracle decision source does in closed loop
+    (in both modes: the teacher's hindsight is the log). Ids are ``<scenario>@<t>~<planner>``, with
+    ``~reactive`` appended for a reactive run: the same scenario group as its expert frames (held out
+    together), never the same item.
     """
     from dataclasses import asdict
 
@@ -155,7 +159,7 @@ def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dic
         raise FrameError(f"frame rate must be positive, got {rate}")
     # As evaluated: a stack planner's student decides every T_d (without its decision source the planner
     # would search without decisions, and the frames would not be the stack's states).
-    log, _ = closed_loop_run(scenario, planner, False, replan_every, current_settings())
+    log, _ = closed_loop_run(scenario, planner, reactive, replan_every, current_settings())
     if log.error:
         raise FrameError(f"{scenario.name}: the {planner} run failed: {log.error}")
     interval = 1.0 / rate
@@ -164,7 +168,9 @@ def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dic
     egos = [log.ego[k] for k in picks]
     decisions = [expert_decision(scenario.lane_graph, a, b, interval) for a, b in zip(egos[:-1], egos[1:])] + [""]
     origin = {"scenario": scenario.name, "type": scenario.scenario_type, "split": scenario.split,
-              "source": scenario.source, **(origin or {}), "policy": planner}
+              "source": scenario.source, **(origin or {}), "policy": planner,
+              **({"reactive": True} if reactive else {})}
+    suffix = f"~{planner}" + ("~reactive" if reactive else "")
     for n, k in enumerate(picks):
         t = round(float(log.t[k]), 3)
         ego = egos[n]
@@ -172,9 +178,10 @@ def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dic
             scene = build_scene(ego, log.objects[k], log.lights[k], scenario.route, scenario.lane_graph,
                                 [d for d in decisions[max(n - 2, 0):n] if d], scenario.vehicle, config)
         except SceneInputError as exc:  # e.g. the run left the map: no descriptor, no frame
-            print(f"[frames] {scenario.name} t={t:.2f} s ({planner}): {exc}; frame skipped", file=sys.stderr)
+            print(f"[frames] {scenario.name} t={t:.2f} s ({planner}{', reactive' if reactive else ''}): {exc}; "
+                  "frame skipped", file=sys.stderr)
             continue
-        yield Frame(f"{scenario.name}@{t:07.2f}~{planner}", scenario.name, t, scene,
+        yield Frame(f"{scenario.name}@{t:07.2f}{suffix}", scenario.name, t, scene,
                     {**origin, "ego": asdict(ego)}, decisions[n])
 
 
@@ -356,10 +363,11 @@ Source = tuple[str, Callable[[], tuple[str, list[Frame]]]]  # (label, load -> (n
 
 
 def _scenario_source(load: Callable[[], Any], origin: dict[str, Any], rate: float,
-                     on_policy: str = "", replan_every: int = 5) -> tuple[str, list[Frame]]:
+                     on_policy: str = "", replan_every: int = 5, reactive: bool = False) -> tuple[str, list[Frame]]:
     scenario = load()
     if on_policy:
-        return scenario.name, list(on_policy_frames(scenario, on_policy, rate, origin, replan_every=replan_every))
+        return scenario.name, list(on_policy_frames(scenario, on_policy, rate, origin, replan_every=replan_every,
+                                                    reactive=reactive))
     return scenario.name, list(scenario_frames(scenario, rate, origin))
 
 
@@ -380,13 +388,13 @@ def _sources(args: argparse.Namespace) -> list[Source]:
             for _name, source, loader in suite_refs(suite)[::args.every]:
                 sources.append((source, partial(_scenario_source, partial(load_entry, source, loader),
                                                 {"suite": suite, "file": source}, args.rate, args.on_policy,
-                                                args.replan_every)))
+                                                args.replan_every, args.reactive)))
     if args.scenario:
         from luna_bridge.scenarios.format import load_scenario
 
         for path in args.scenario:
             sources.append((str(path), partial(_scenario_source, partial(load_scenario, path), {"file": str(path)},
-                                               args.rate, args.on_policy, args.replan_every)))
+                                               args.rate, args.on_policy, args.replan_every, args.reactive)))
     for bag in args.bag or []:
         sources.append((str(bag), partial(_bag_source, bag, args.rate)))
     return sources
@@ -455,6 +463,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("luna-offline frames: give --suite NAME, --scenario FILE and/or --bag DIR")
     if args.threads < 1:
         raise SystemExit(f"luna-offline frames: --threads must be at least 1, got {args.threads}")
+    if args.reactive and not args.on_policy:
+        raise SystemExit("luna-offline frames: --reactive applies to --on-policy runs (expert frames have no "
+                         "closed loop)")
     if args.on_policy:
         import torch
 
@@ -506,7 +517,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--rate", type=float, default=2.0, help="frames per second (default 2)")
     p.add_argument("--on-policy", default="", metavar="PLANNER",
                    help="DAgger: frames of the states PLANNER (a luna-bridge planner, e.g. luna) visits in closed "
-                        "loop (non-reactive) instead of the expert's; the teacher labels them from those states")
+                        "loop (non-reactive unless --reactive) instead of the expert's; the teacher labels them "
+                        "from those states")
+    p.add_argument("--reactive", action="store_true",
+                   help="--on-policy: drive with reactive agents (the R evaluation's), frames ~reactive")
     p.add_argument("--replan-every", type=int, default=5, help="--on-policy: simulator steps between plans")
     p.add_argument("--student", default="", help="--on-policy with a stack planner: the student folder (default: "
                    "models/student)")

@@ -217,6 +217,36 @@ def test_on_policy_frames_carry_the_closed_loop_state_and_the_teacher_labels_fro
     assert [f.id for f in read_frames(out)] == [f.id for f in frames]
 
 
+def test_reactive_on_policy_frames_describe_where_the_reactive_agents_were(tmp_path):
+    """``frames --on-policy P --reactive``: the states of the R evaluation, with its agents where the reactive
+    run put them; ids and origin say so, so they never collide with the same run's non-reactive frames."""
+    from luna_offline.cli import main
+    from luna_offline.frames import on_policy_frames, read_frames
+
+    stalled = _track("v3", np.full(STEPS, 45.0), 0.0, 0.0)
+    # v4 follows in the ego lane; its log drives on at 12 m/s through where the braking ego will be.
+    follower = _track("v4", -15.0 + 12.0 * SIM_DT * np.arange(STEPS), 0.0, 12.0)
+    road = two_lane_road([stalled, follower], name="follower")
+    path = save_scenario(road, tmp_path / "follower.json.gz")
+    logged = list(on_policy_frames(road, "idm", rate=0.5, origin={"file": str(path)}))
+    reactive = list(on_policy_frames(road, "idm", rate=0.5, origin={"file": str(path)}, reactive=True))
+    assert reactive[1].id == "follower@0002.00~idm~reactive" and reactive[1].origin["reactive"] is True
+    assert "reactive" not in logged[1].origin and not {f.id for f in logged} & {f.id for f in reactive}
+
+    def follower_bearing(frame) -> float:
+        (v4,) = [o for o in frame.scene.objects if o.id == "v4"]
+        return abs(v4.bearing)
+
+    # At 6 s the logged v4 has passed the stopped ego (ahead: bearing near 0); the reactive one queues behind.
+    assert follower_bearing(logged[3]) < 0.5 and follower_bearing(reactive[3]) > 2.5
+    out = tmp_path / "frames.jsonl"
+    with pytest.raises(SystemExit, match="--reactive applies to --on-policy"):
+        main(["frames", "--scenario", str(path), "--reactive", "--out", str(out)])
+    assert main(["frames", "--scenario", str(path), "--on-policy", "idm", "--reactive", "--rate", "0.5",
+                 "--out", str(out)]) == 0
+    assert [f.id for f in read_frames(out)] == [f.id for f in reactive]
+
+
 def test_a_stack_planners_closed_loop_run_decides_every_t_d_as_in_evaluation():
     """``closed_loop_run`` (evaluation's runs and ``frames --on-policy``) gives a stack planner its decision
     source: without it the planner would search without decisions, and on-policy frames would not be the
