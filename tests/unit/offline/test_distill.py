@@ -49,6 +49,7 @@ def test_held_out_split_keeps_the_frames_of_one_scenario_together():
     assert split_group("train_cut_in_03@0012.50") == "train_cut_in_03" and split_group("m7") == "m7"
     # on-policy (DAgger) frames of a scenario fall on its side of the split too
     assert split_group("train_cut_in_03@0012.50~luna") == "train_cut_in_03"
+    assert split_group("train_cut_in_03@0012.50~luna~reactive") == "train_cut_in_03"
     ids = [f"scn{s}@{t:07.2f}" for s in range(40) for t in (0.0, 2.0, 4.0)]
     held = {i.split("@")[0] for i in ids if is_heldout(i, 0.2)}
     assert held and len(held) < 40  # some scenarios, not all
