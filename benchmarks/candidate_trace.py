@@ -9,11 +9,16 @@ The run is ``luna-bridge eval``'s (``evaluate.closed_loop_run``: decisions every
 ``--search-seed``); the last line is its CLS.
 """
 import argparse
+import sys
+from pathlib import Path
 
 from luna_bridge.evaluate import closed_loop_run
 from luna_bridge.metrics import score_log
 from luna_bridge.scenarios.registry import load_suite
 from luna_bridge.stack_planner import STACK_PLANNERS, StackSettings, use_settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_tables import beside_argmax_text  # noqa: E402 - benchmarks/ on sys.path
 
 
 def main() -> None:
@@ -43,7 +48,7 @@ def main() -> None:
               f"a*={last.action or '-'}  mode={last.mode}  |  {candidates}", flush=True)
 
     log, _ = closed_loop_run(scenario, args.planner, args.mode == "R", args.replan_every, stack, observe)
-    print(f"a* not the most likely candidate in {sum(beside)} of {len(beside)} decision cycles; "
+    print(f"{beside_argmax_text(sum(beside), len(beside))}; "
           f"CLS {score_log(log).score:.4f}")
 
 

@@ -95,6 +95,19 @@ def per_type(runs: dict[tuple[str, str], dict[str, dict[str, Any]]], planners: l
     return sorted(types), cols, types
 
 
+def beside_argmax(cycles: dict[str, Any]) -> tuple[int, int] | None:
+    """(decision cycles whose a* was not the most likely candidate, decision cycles) of one result file's
+    ``planner_cycles``; None for files written before the count (session 24)."""
+    if "picks_beside_argmax" not in cycles:
+        return None
+    return cycles["picks_beside_argmax"], cycles.get("modes", {}).get("decision", 0)
+
+
+def beside_argmax_text(beside: int, decided: int) -> str:
+    """The one wording of that count in every script that prints it."""
+    return f"a* not the most likely candidate in {beside} of {decided} decision cycles"
+
+
 def run_facts(runs: dict, planner: str, common: dict[str, list[str]]) -> list[str]:
     """One line per planner: runs over the speed limit, planner cycles by mode (fallbacks, emergency
     brakes) with the flips of a* per minute and how often Eq. 22 chose a candidate other than the most
@@ -112,14 +125,15 @@ def run_facts(runs: dict, planner: str, common: dict[str, list[str]]) -> list[st
         for mode, n in cycles.get("modes", {}).items():
             modes[mode] += n
         flips += cycles.get("flips", 0)
-        if "picks_beside_argmax" in cycles:
-            beside += cycles["picks_beside_argmax"]
-            decided_cycles += cycles.get("modes", {}).get("decision", 0)
+        counted = beside_argmax(cycles)
+        if counted is not None:
+            beside += counted[0]
+            decided_cycles += counted[1]
         minutes += r.get("steps", 0) * 0.1 / 60.0
     cycled = (f"; planner cycles by mode: {dict(sorted(modes.items()))}, a* flips per minute: "
               f"{flips / minutes if minutes else 0.0:.2f}") if modes else ""
     if decided_cycles:
-        cycled += f", a* not the most likely candidate in {beside} of {decided_cycles} decision cycles"
+        cycled += ", " + beside_argmax_text(beside, decided_cycles)
     decided = f"; decisions by top action: {dict(sorted(top.items()))}" if top else ""
     return [f"- {planner}: {over} of {len(sel)} runs with speed-limit compliance below 1{cycled}{decided}"]
 

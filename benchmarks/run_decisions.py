@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from eval_tables import load_runs  # noqa: E402 - benchmarks/ on sys.path
+from eval_tables import beside_argmax, beside_argmax_text, load_runs  # noqa: E402 - benchmarks/ on sys.path
 from run_spread import MODES, parse_single_variant  # noqa: E402
 
 PROGRESS = "ego_progress_along_expert_route"
@@ -31,10 +31,9 @@ def describe(record: dict[str, Any]) -> list[str]:
     progress = (f"; progress {stats['ego_progress']:.1f} m of the expert's {stats['expert_progress']:.1f} m"
                 if "ego_progress" in stats and "expert_progress" in stats else "")
     lines = [f"score {record['score']:.2f}; failing: {', '.join(failing) or 'none'}{progress}"]
-    cycles = record.get("planner_cycles") or {}
-    if "picks_beside_argmax" in cycles:  # result files written since session 24
-        lines.append(f"a* not the most likely candidate in {cycles['picks_beside_argmax']} of "
-                     f"{cycles.get('modes', {}).get('decision', 0)} decision cycles")
+    counted = beside_argmax(record.get("planner_cycles") or {})
+    if counted is not None:
+        lines.append(beside_argmax_text(*counted))
     decisions = record.get("decisions") or {}
     timeline = decisions.get("timeline")
     if timeline:
