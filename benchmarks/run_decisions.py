@@ -1,7 +1,7 @@
 """One scenario's runs side by side across evaluation folders: score, failing metrics, the ego's and the
-expert's progress along the route (m), how often Eq. 22 chose a* beside the most likely candidate, and
-the decision timeline (the top three actions at each T_d) that the stack planners store in their result
-files. It is how docs/benchmarks.md reads a run that flips between seeds or differs from the oracle:
+expert's progress along the route (m), the planner's cycles by mode, how often Eq. 22 chose a* beside the
+most likely candidate, and the decision timeline (the top three actions at each T_d) that the stack
+planners store in their result files. It is how docs/benchmarks.md reads a run that flips between seeds or differs from the oracle:
 
     .venv/bin/python benchmarks/run_decisions.py s1=out/eval/seed1:luna s2=out/eval/seed2:luna \
         oracle=out/eval/oracle:luna-oracle --suite commonroad --only USA_Peach-3_2_T-1
@@ -31,7 +31,10 @@ def describe(record: dict[str, Any]) -> list[str]:
     progress = (f"; progress {stats['ego_progress']:.1f} m of the expert's {stats['expert_progress']:.1f} m"
                 if "ego_progress" in stats and "expert_progress" in stats else "")
     lines = [f"score {record['score']:.2f}; failing: {', '.join(failing) or 'none'}{progress}"]
-    counted = beside_argmax(record.get("planner_cycles") or {})
+    cycles = record.get("planner_cycles") or {}
+    if cycles.get("modes"):  # least-bad picks and emergency brakes: where the search found nothing passing
+        lines.append(f"planner cycles by mode: {dict(sorted(cycles['modes'].items()))}")
+    counted = beside_argmax(cycles)
     if counted is not None:
         lines.append(beside_argmax_text(*counted))
     decisions = record.get("decisions") or {}

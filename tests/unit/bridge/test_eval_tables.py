@@ -189,6 +189,7 @@ def test_run_decisions_prints_score_progress_and_decision_timeline_per_variant(t
             "progress 1.4 m of the expert's 12.6 m") in out
     assert "decisions: 0 s CK 0.47/AK 0.26/SK 0.16" in out
     assert "a* not the most likely candidate in 3 of 8 decision cycles" in out
+    assert "planner cycles by mode: {'decision': 8, 'emergency_brake': 1}" in out
     assert out.count("most likely candidate") == 1  # the old file predates the count
     assert "old: score 0.80; failing: ego_progress_along_expert_route" in out
     assert "decisions by top action: {'AK': 1, 'CK': 2} (no timeline)" in out
