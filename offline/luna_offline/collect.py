@@ -52,6 +52,7 @@ class CollectError(RuntimeError):
 class CollectSummary:
     frames_total: int = 0
     skipped_done: int = 0
+    skipped_in_bank: int = 0  # of skipped_done: ids already items of the bank that this run never recorded
     ok: int = 0
     failed: int = 0
     voters_dropped: int = 0
@@ -66,6 +67,7 @@ class CollectSummary:
 
     def table(self) -> str:
         rows = [("frames (total / already done)", f"{self.frames_total} / {self.skipped_done}"),
+                ("of those, ids already in the bank, not from this run", self.skipped_in_bank),
                 ("frames ok / failed", f"{self.ok} / {self.failed}"),
                 ("voters dropped", self.voters_dropped),
                 ("votes / confidences by constrained decoding", f"{self.constrained_votes} / "
@@ -85,7 +87,12 @@ class CollectSummary:
 
 def done_frames(run_dir: Path, bank: Any, retry_failed: bool) -> set[str]:
     """Frame ids that need no work: in the bank, or recorded (ok, or failed unless retrying)."""
-    done = {item.id for item in bank.items}
+    return {item.id for item in bank.items} | recorded_frames(run_dir, retry_failed)
+
+
+def recorded_frames(run_dir: Path, retry_failed: bool) -> set[str]:
+    """Frame ids this run's records list as done (ok, or failed unless retrying)."""
+    done: set[str] = set()
     path = run_dir / RECORDS
     if path.exists():
         with path.open(encoding="utf-8") as f:
@@ -243,9 +250,18 @@ def collect(frames: Sequence[Frame], teacher: Teacher, bank: Any, run_dir: str |
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    done = done_frames(run_dir, bank, retry_failed)
-    todo = [f for f in frames if f.id not in done]
-    summary = CollectSummary(frames_total=len(frames), skipped_done=len(frames) - len(todo))
+    recorded = recorded_frames(run_dir, retry_failed)
+    in_bank = {item.id for item in bank.items}
+    todo = [f for f in frames if f.id not in recorded and f.id not in in_bank]
+    summary = CollectSummary(frames_total=len(frames), skipped_done=len(frames) - len(todo),
+                             skipped_in_bank=sum(f.id in in_bank and f.id not in recorded for f in frames))
+    if summary.skipped_in_bank:
+        # A resumed run lists its frames in the records (all but those in flight at a crash); an id clash does
+        # not, e.g. a second on-policy collection of the same scenarios by another student, lost silently before.
+        print(f"[collect] {summary.skipped_in_bank} of {len(frames)} frames skipped: the bank already holds items "
+              f"with their ids (e.g. {next(f.id for f in frames if f.id in in_bank and f.id not in recorded)}) and "
+              f"{run_dir / RECORDS} does not list them; if they are other states under the same ids, give their "
+              "collection its own ids (`luna-offline frames --on-policy ... --tag NAME`)", file=sys.stderr)
     records = run_dir / RECORDS
 
     bar = tqdm(total=len(todo), desc="collect", unit="frame", disable=not progress)

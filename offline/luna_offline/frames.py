@@ -21,6 +21,7 @@ import bisect
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from luna_core.scene import SceneConfig, SceneInputError, build_scene, scene_fro
 from luna_core.types import EgoState, SceneDescriptor
 
 FRAME_FORMAT = 1
+TAG_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")  # an on-policy collection's own id suffix (``--tag``)
 # Expert decision labels from motion over one frame interval.
 ACCEL_THRESHOLD = 0.5  # m/s^2 mean acceleration that counts as accelerating / decelerating
 STOP_SPEED = 0.5  # m/s below which a non-accelerating ego is stopping / stopped
@@ -135,7 +137,7 @@ def scenario_frames(scenario: Any, rate: float = 2.0, origin: dict[str, Any] | N
 
 def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dict[str, Any] | None = None,
                      config: SceneConfig | None = None, replan_every: int = 5,
-                     reactive: bool = False) -> Iterator[Frame]:
+                     reactive: bool = False, tag: str = "") -> Iterator[Frame]:
     """Frames of the states a planner itself visits in closed loop on ``scenario`` (DAgger).
 
     The planner (any ``luna-bridge`` planner name, e.g. ``luna``: the stack with the current student)
@@ -146,8 +148,10 @@ def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dic
     state, so the simulation-grounded teacher (``luna_bridge.action_scorer``) labels the frame from where
     the student actually was, against the logged agents, as the oracle decision source does in closed loop
     (in both modes: the teacher's hindsight is the log). Ids are ``<scenario>@<t>~<planner>``, with
-    ``~reactive`` appended for a reactive run: the same scenario group as its expert frames (held out
-    together), never the same item.
+    ``~reactive`` appended for a reactive run and ``~<tag>`` for a tagged collection: the same scenario
+    group as its expert frames (held out together), never the same item. The tag tells apart collections
+    of the same scenarios by other students (DAgger iterations): without it their ids coincide, and a bank
+    that holds one skips the other as already done.
     """
     from dataclasses import asdict
 
@@ -169,8 +173,8 @@ def on_policy_frames(scenario: Any, planner: str, rate: float = 2.0, origin: dic
     decisions = [expert_decision(scenario.lane_graph, a, b, interval) for a, b in zip(egos[:-1], egos[1:])] + [""]
     origin = {"scenario": scenario.name, "type": scenario.scenario_type, "split": scenario.split,
               "source": scenario.source, **(origin or {}), "policy": planner,
-              **({"reactive": True} if reactive else {})}
-    suffix = f"~{planner}" + ("~reactive" if reactive else "")
+              **({"reactive": True} if reactive else {}), **({"tag": tag} if tag else {})}
+    suffix = f"~{planner}" + ("~reactive" if reactive else "") + (f"~{tag}" if tag else "")
     for n, k in enumerate(picks):
         t = round(float(log.t[k]), 3)
         ego = egos[n]
@@ -362,12 +366,13 @@ def write_frames(frames: Iterable[Frame], path: str | Path) -> int:
 Source = tuple[str, Callable[[], tuple[str, list[Frame]]]]  # (label, load -> (name, frames))
 
 
-def _scenario_source(load: Callable[[], Any], origin: dict[str, Any], rate: float,
-                     on_policy: str = "", replan_every: int = 5, reactive: bool = False) -> tuple[str, list[Frame]]:
+def _scenario_source(load: Callable[[], Any], origin: dict[str, Any], rate: float, on_policy: str = "",
+                     **policy: Any) -> tuple[str, list[Frame]]:
+    """One scenario's frames: the expert's, or with ``on_policy`` those of that planner's closed loop
+    (``policy``: ``on_policy_frames``' replan_every, reactive and tag)."""
     scenario = load()
     if on_policy:
-        return scenario.name, list(on_policy_frames(scenario, on_policy, rate, origin, replan_every=replan_every,
-                                                    reactive=reactive))
+        return scenario.name, list(on_policy_frames(scenario, on_policy, rate, origin, **policy))
     return scenario.name, list(scenario_frames(scenario, rate, origin))
 
 
@@ -381,20 +386,21 @@ def _bag_source(path: Path, rate: float) -> tuple[str, list[Frame]]:
 def _sources(args: argparse.Namespace) -> list[Source]:
     """(label, loader) of every requested scenario and bag; loading happens one at a time later."""
     sources: list[Source] = []
+    policy = ({"on_policy": args.on_policy, "replan_every": args.replan_every, "reactive": args.reactive,
+               "tag": args.tag} if args.on_policy else {})
     if args.suite:
         from luna_bridge.scenarios.registry import load_entry, suite_refs
 
         for suite in args.suite:
             for _name, source, loader in suite_refs(suite)[::args.every]:
                 sources.append((source, partial(_scenario_source, partial(load_entry, source, loader),
-                                                {"suite": suite, "file": source}, args.rate, args.on_policy,
-                                                args.replan_every, args.reactive)))
+                                                {"suite": suite, "file": source}, args.rate, **policy)))
     if args.scenario:
         from luna_bridge.scenarios.format import load_scenario
 
         for path in args.scenario:
             sources.append((str(path), partial(_scenario_source, partial(load_scenario, path), {"file": str(path)},
-                                               args.rate, args.on_policy, args.replan_every, args.reactive)))
+                                               args.rate, **policy)))
     for bag in args.bag or []:
         sources.append((str(bag), partial(_bag_source, bag, args.rate)))
     return sources
@@ -466,6 +472,12 @@ def run(args: argparse.Namespace) -> int:
     if args.reactive and not args.on_policy:
         raise SystemExit("luna-offline frames: --reactive applies to --on-policy runs (expert frames have no "
                          "closed loop)")
+    if args.tag and not args.on_policy:
+        raise SystemExit("luna-offline frames: --tag applies to --on-policy runs (expert frames of a scenario are "
+                         "one set)")
+    if args.tag and not TAG_PATTERN.fullmatch(args.tag):
+        raise SystemExit(f"luna-offline frames: --tag {args.tag!r}: use letters, digits, '_', '.' and '-' only "
+                         "(it becomes part of every frame id)")
     if args.on_policy:
         import torch
 
@@ -521,6 +533,8 @@ def register(subparsers: Any) -> None:
                         "from those states")
     p.add_argument("--reactive", action="store_true",
                    help="--on-policy: drive with reactive agents (the R evaluation's), frames ~reactive")
+    p.add_argument("--tag", default="", help="--on-policy: appended to every frame id (~TAG) and kept in its origin, "
+                   "so collections of the same scenarios by other students (DAgger iterations) stay distinct items")
     p.add_argument("--replan-every", type=int, default=5, help="--on-policy: simulator steps between plans")
     p.add_argument("--student", default="", help="--on-policy with a stack planner: the student folder (default: "
                    "models/student)")

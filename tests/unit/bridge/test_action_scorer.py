@@ -245,6 +245,17 @@ def test_reactive_on_policy_frames_describe_where_the_reactive_agents_were(tmp_p
     assert main(["frames", "--scenario", str(path), "--on-policy", "idm", "--reactive", "--rate", "0.5",
                  "--out", str(out)]) == 0
     assert [f.id for f in read_frames(out)] == [f.id for f in reactive]
+    # --tag: another collection of the same scenario (a later DAgger iteration) under its own ids.
+    tagged = tmp_path / "tagged.jsonl"
+    assert main(["frames", "--scenario", str(path), "--on-policy", "idm", "--reactive", "--rate", "0.5",
+                 "--tag", "it2", "--out", str(tagged)]) == 0
+    again = read_frames(tagged)
+    assert [f.id for f in again] == [f"{f.id}~it2" for f in reactive] and again[1].origin["tag"] == "it2"
+    assert [f.scene for f in again] == [f.scene for f in read_frames(out)]  # the same states, read back alike
+    with pytest.raises(SystemExit, match="--tag applies to --on-policy"):
+        main(["frames", "--scenario", str(path), "--tag", "it2", "--out", str(tagged)])
+    with pytest.raises(SystemExit, match="--tag 'it 2'"):
+        main(["frames", "--scenario", str(path), "--on-policy", "idm", "--tag", "it 2", "--out", str(tagged)])
 
 
 def test_a_stack_planners_closed_loop_run_decides_every_t_d_as_in_evaluation():

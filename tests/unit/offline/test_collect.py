@@ -107,6 +107,27 @@ def test_collect_resumes_after_an_interruption_with_fake_scorer(frames, tmp_path
     assert len(scorer.calls) == 2  # each frame scored once
 
 
+def test_frames_under_ids_the_bank_already_holds_are_reported_not_silently_skipped_with_fake_scorer(
+        frames, tmp_path, capsys):
+    """A second collection of other states under the same ids (e.g. on-policy frames of the same scenarios by
+    another student) into a bank that holds the first: each skipped frame is counted and the command names
+    the way out (``frames --tag``); the same frames under their own ids are collected."""
+    from dataclasses import replace
+
+    teacher = Teacher(ScoredVoterPool(FakeScorer({"CK": ActionOutcome(0.9, reason="no collision")}),
+                                      TeacherConfig(num_voters=3)))
+    with MemoryBank.create(tmp_path / "bank", SceneVectorEmbedder()) as bank:
+        assert collect(frames, teacher, bank, tmp_path / "first", progress=False).ok == 2
+        capsys.readouterr()
+        clash = collect(frames, teacher, bank, tmp_path / "second", progress=False)
+        assert (clash.ok, clash.skipped_done, clash.skipped_in_bank) == (0, 2, 2)
+        assert "--tag" in capsys.readouterr().err and "ids already in the bank" in clash.table()
+        resumed = collect(frames, teacher, bank, tmp_path / "first", progress=False)  # its own records: no clash
+        assert (resumed.skipped_done, resumed.skipped_in_bank) == (2, 0) and "--tag" not in capsys.readouterr().err
+        tagged = [replace(f, id=f"{f.id}~it2") for f in frames]
+        assert collect(tagged, teacher, bank, tmp_path / "second", progress=False).ok == 2 and len(bank) == 4
+
+
 def test_collect_command_with_fake_scorer_and_the_spending_cap_exit(frames, tmp_path):
     """The CLI with simulation-grounded voters (``--scorer``) into a scene-vector bank; and the budget
     exit path: a cap that refuses the first paid request before anything is sent."""
