@@ -85,11 +85,6 @@ class CollectSummary:
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def done_frames(run_dir: Path, bank: Any, retry_failed: bool) -> set[str]:
-    """Frame ids that need no work: in the bank, or recorded (ok, or failed unless retrying)."""
-    return {item.id for item in bank.items} | recorded_frames(run_dir, retry_failed)
-
-
 def recorded_frames(run_dir: Path, retry_failed: bool) -> set[str]:
     """Frame ids this run's records list as done (ok, or failed unless retrying)."""
     done: set[str] = set()
@@ -250,19 +245,21 @@ def collect(frames: Sequence[Frame], teacher: Teacher, bank: Any, run_dir: str |
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    records = run_dir / RECORDS
+    # Frames needing no work: recorded by this run (ok, or failed unless retrying) or already in the bank.
     recorded = recorded_frames(run_dir, retry_failed)
     in_bank = {item.id for item in bank.items}
     todo = [f for f in frames if f.id not in recorded and f.id not in in_bank]
+    # A resumed run lists its frames in the records (all but those in flight at a crash); an id clash does
+    # not, e.g. a second on-policy collection of the same scenarios by another student, lost silently before.
+    clashes = [f.id for f in frames if f.id in in_bank and f.id not in recorded]
     summary = CollectSummary(frames_total=len(frames), skipped_done=len(frames) - len(todo),
-                             skipped_in_bank=sum(f.id in in_bank and f.id not in recorded for f in frames))
-    if summary.skipped_in_bank:
-        # A resumed run lists its frames in the records (all but those in flight at a crash); an id clash does
-        # not, e.g. a second on-policy collection of the same scenarios by another student, lost silently before.
-        print(f"[collect] {summary.skipped_in_bank} of {len(frames)} frames skipped: the bank already holds items "
-              f"with their ids (e.g. {next(f.id for f in frames if f.id in in_bank and f.id not in recorded)}) and "
-              f"{run_dir / RECORDS} does not list them; if they are other states under the same ids, give their "
-              "collection its own ids (`luna-offline frames --on-policy ... --tag NAME`)", file=sys.stderr)
-    records = run_dir / RECORDS
+                             skipped_in_bank=len(clashes))
+    if clashes:
+        print(f"[collect] {len(clashes)} of {len(frames)} frames skipped: the bank already holds items with their "
+              f"ids (e.g. {clashes[0]}) and {records} does not list them; if they are other states under the same "
+              "ids, give their collection its own ids (`luna-offline frames --on-policy ... --tag NAME`)",
+              file=sys.stderr)
 
     bar = tqdm(total=len(todo), desc="collect", unit="frame", disable=not progress)
     pool = runner or ThreadRunner(teacher, seed, concurrency)

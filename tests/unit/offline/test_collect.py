@@ -14,7 +14,7 @@ from luna_core.prompts import EXPLANATION_TAG, allowed_actions, parse_ranked_ans
 from luna_core.scene import SCENE_VECTOR_DIM
 from luna_core.teacher import ActionOutcome, LLMVoterPool, ScoredVoterPool, Teacher, TeacherConfig
 from luna_core.types import ACTION_CODES, validate_distribution
-from luna_offline.collect import EXIT_BUDGET, RECORDS, collect, done_frames
+from luna_offline.collect import EXIT_BUDGET, RECORDS, collect, recorded_frames
 from luna_offline.frames import scenario_frames, write_frames
 from tests.unit.core.test_teacher import FakeScorer
 from tests.unit.offline.test_frames import junction_scenario
@@ -101,7 +101,7 @@ def test_collect_resumes_after_an_interruption_with_fake_scorer(frames, tmp_path
         first = collect(frames[:1], teacher, bank, run, progress=False)
         assert first.ok == 1
         (run / RECORDS).write_text((run / RECORDS).read_text() + '{"frame": "torn')  # crash mid-line
-        assert done_frames(run, bank, retry_failed=False) == {frames[0].id}
+        assert recorded_frames(run, retry_failed=False) == {frames[0].id} == {it.id for it in bank.items}
         second = collect(frames, teacher, bank, run, concurrency=2, progress=False)
         assert (second.skipped_done, second.ok) == (1, 1) and len(bank) == 2
     assert len(scorer.calls) == 2  # each frame scored once
@@ -175,8 +175,9 @@ def test_collect_records_a_crashing_frame_and_continues_with_fake_voters(frames,
     records = [json.loads(line) for line in (tmp_path / "run" / RECORDS).read_text().splitlines()]
     assert records[0] == {"frame": frames[0].id, "scenario": frames[0].scenario, "time": frames[0].time,
                           "ok": False, "reason": "RuntimeError: plug-in bug"}
-    with MemoryBank.open(tmp_path / "bank", writable=True) as bank:  # failed frames are retried on request
-        assert done_frames(tmp_path / "run", bank, retry_failed=True) == {frames[1].id}
+    # Failed frames are retried on request, not otherwise.
+    assert recorded_frames(tmp_path / "run", retry_failed=True) == {frames[1].id}
+    assert recorded_frames(tmp_path / "run", retry_failed=False) == {frames[0].id, frames[1].id}
 
 
 def test_collect_records_an_item_the_bank_refuses_with_fake_scorer(frames, tmp_path):
