@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from luna_core.types import ACTION_CODES
+from luna_core.types import ACTION_CODES, SceneDescriptor, TrafficLightPhase
 from luna_offline.collect import RECORDS
 from luna_offline.frames import read_frames
 
@@ -36,10 +36,14 @@ def read_records(run_dir: Path) -> dict[str, dict[str, Any]]:
     records = {}
     with path.open() as f:
         for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise SystemExit(f"teacher_timeline: {path}:{n}: not JSON ({exc})") from exc
+            if not isinstance(record, dict) or "frame" not in record:
+                raise SystemExit(f"teacher_timeline: {path}:{n}: not a collect record (no 'frame' field)")
             records[record["frame"]] = record
     return records
 
@@ -56,19 +60,20 @@ def outcome_text(outcome: dict[str, Any]) -> str:
     return f"{outcome['score']:.2f}" + (f" ({why})" if why else "")
 
 
-def light_name(phase: Any) -> str:
+def light_name(phase: TrafficLightPhase | None) -> str:
     """The ego lane's light phase as the descriptor holds it ('-' for none)."""
-    return "-" if phase is None else str(getattr(phase, "name", phase)).lower()
+    return "-" if phase is None else phase.name.lower()
 
 
-def nearest_objects(scene: Any, n: int) -> str:
+def nearest_objects(scene: SceneDescriptor, n: int) -> str:
     """The descriptor's ``n`` nearest objects: id, class, distance (m), lane relation."""
     nearest = sorted(scene.objects, key=lambda o: o.distance)[:n]
-    return ", ".join(f"{o.id} {getattr(o.object_class, 'value', o.object_class)} {o.distance:.1f} m "
+    return ", ".join(f"{o.id} {o.object_class.value} {o.distance:.1f} m "
                      f"{o.lane_relation}" for o in nearest)
 
 
 def timeline(frames_path: Path, run_dir: Path, actions: list[str], objects: int = 0) -> list[str]:
+    """One line per frame, by scenario and time; frames the run did not label say so."""
     records = read_records(run_dir)
     lines = []
     for frame in sorted(read_frames(frames_path), key=lambda f: (f.scenario, f.time)):

@@ -45,7 +45,12 @@ def test_timeline_reads_labels_beside_their_frames(tmp_path: Path) -> None:
     assert "recent DK/DK" in lines[3]  # the descriptor's own recent decisions, as the student saw them
 
 
-def test_timeline_names_a_missing_run(tmp_path: Path) -> None:
+def test_timeline_names_a_missing_run_and_a_bad_record(tmp_path: Path) -> None:
     write_frames(list(scenario_frames(junction_scenario(), rate=2.0)), tmp_path / "frames.jsonl")
+    script = load_benchmark("teacher_timeline")
     with pytest.raises(SystemExit, match="records.jsonl does not exist"):
-        load_benchmark("teacher_timeline").timeline(tmp_path / "frames.jsonl", tmp_path / "nowhere", ["AK"])
+        script.timeline(tmp_path / "frames.jsonl", tmp_path / "nowhere", ["AK"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / RECORDS).write_text('{"ok": true}\n')
+    with pytest.raises(SystemExit, match=r"records.jsonl:1: not a collect record"):
+        script.timeline(tmp_path / "frames.jsonl", tmp_path / "run", ["AK"])
