@@ -18,34 +18,24 @@ probabilities and, for each ``--actions`` code, its rollout score and, when it f
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from luna_core.types import ACTION_CODES, SceneDescriptor, TrafficLightPhase
-from luna_offline.collect import RECORDS
+from luna_offline.collect import RECORDS, read_records
 from luna_offline.frames import read_frames
 
 
-def read_records(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """The run's labelled records by frame id (the last record of a frame wins, as a retry's would)."""
-    path = run_dir / RECORDS
-    if not path.is_file():
-        raise SystemExit(f"teacher_timeline: {path} does not exist (give the --run folder of a collect run)")
-    records = {}
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SystemExit(f"teacher_timeline: {path}:{n}: not JSON ({exc})") from exc
-            if not isinstance(record, dict) or "frame" not in record:
-                raise SystemExit(f"teacher_timeline: {path}:{n}: not a collect record (no 'frame' field)")
-            records[record["frame"]] = record
-    return records
+def records_by_frame(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The run's records by frame id (the last record of a frame wins, as a retry's would)."""
+    if not (run_dir / RECORDS).is_file():
+        raise SystemExit(f"teacher_timeline: {run_dir / RECORDS} does not exist (give the --run folder of a "
+                         "collect run)")
+    try:
+        return {record["frame"]: record for record in read_records(run_dir)}
+    except ValueError as exc:
+        raise SystemExit(f"teacher_timeline: {exc}") from exc
 
 
 def top_actions(distribution: list[float], n: int = 3) -> list[tuple[str, float]]:
@@ -74,7 +64,7 @@ def nearest_objects(scene: SceneDescriptor, n: int) -> str:
 
 def timeline(frames_path: Path, run_dir: Path, actions: list[str], objects: int = 0) -> list[str]:
     """One line per frame, by scenario and time; frames the run did not label say so."""
-    records = read_records(run_dir)
+    records = records_by_frame(run_dir)
     lines = []
     for frame in sorted(read_frames(frames_path), key=lambda f: (f.scenario, f.time)):
         record = records.get(frame.id)

@@ -30,7 +30,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 from luna_core.llm import BudgetExceeded, CachingChatModel, EndpointConfig, OpenAIChatModel, UsageMeter
 from luna_core.memory import InvalidItemError
@@ -85,24 +85,29 @@ class CollectSummary:
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def read_records(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """The records of a run, in order; a torn line (a crash mid-write: not acknowledged) is skipped and
+    said. Raises ValueError naming file and line for a readable record without a frame id."""
+    path = run_dir / RECORDS
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                print(f"[collect] ignoring unreadable record {path}:{n}", file=sys.stderr)
+                continue
+            if not isinstance(rec, dict) or "frame" not in rec:
+                raise ValueError(f"{path}:{n}: not a collect record (no 'frame' field)")
+            yield rec
+
+
 def recorded_frames(run_dir: Path, retry_failed: bool) -> set[str]:
     """Frame ids this run's records list as done (ok, or failed unless retrying)."""
-    done: set[str] = set()
-    path = run_dir / RECORDS
-    if path.exists():
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    # A torn last line from a crash: that frame was not acknowledged; redo it.
-                    print(f"[collect] ignoring unreadable record {path}:{n}", file=sys.stderr)
-                    continue
-                if rec.get("ok") or not retry_failed:
-                    done.add(rec["frame"])
-    return done
+    return {rec["frame"] for rec in read_records(run_dir) if rec.get("ok") or not retry_failed}
 
 
 def _append_record(path: Path, record: dict[str, Any]) -> None:
