@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import lzma
 import math
 import os
 import re
@@ -322,9 +323,11 @@ def bag_frames(path: str | Path, rate: float = 2.0, config: SceneConfig | None =
 
 
 def read_frames(path: str | Path) -> list[Frame]:
-    """All frames of a JSON-lines file; raises ``FrameError`` naming the line of any bad record."""
+    """All frames of a JSON-lines file (``.xz``-compressed too, as the committed ones are); raises
+    ``FrameError`` naming the line of any bad record."""
     frames, seen = [], set()
-    with open(path, encoding="utf-8") as f:
+    opener = lzma.open if str(path).endswith(".xz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -1,0 +1,131 @@
+"""Students' decision heads against the teacher by the ego's speed band, on cached h_{i*} of frames.
+
+    .venv/bin/python benchmarks/heads_by_speed.py --features <op_k0>/features --frames <frames>.jsonl[.xz] \
+        --student default=models/student s18=<a student folder> --split all
+
+Why: in closed loop the stack can crawl where the teacher says Accelerate, and a student that answers
+Cruise there keeps the ego slow (CK's band tops out at max(lambda v_t, v_bar), CALMM-Drive Eq. 5: Cruise
+can raise the speed by a quarter per decision, or to 2 m/s). Open-loop figures over all rows hide such a
+band. Per band of the ego speed the descriptor holds (m/s): rows, the teacher's top actions, and per head
+the top-action accuracy, KL (Eq. 17) and what the head ranks first where the teacher ranks Accelerate x
+Keep first. Rows that a head was trained on read better than they would unseen: say which split
+(``--split``) and which heads saw it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from luna_core.types import ACTION_CODES
+from luna_offline.distill_head import load_features
+from luna_offline.frames import read_frames
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from score_cached_heads import load_head  # noqa: E402 - benchmarks/ on sys.path
+
+BANDS = ((0.0, 1.0), (1.0, 5.0), (5.0, float("inf")))  # m/s: crawling or standing, getting going, driving
+TEACHER_AK = ACTION_CODES.index("AK")
+
+
+@dataclass
+class HeadReading:
+    accuracy: float  # top-action agreement with the teacher, 0..1
+    kl: float  # mean KL(pi || pi_hat)
+    top_where_teacher_ak: Counter  # the head's top action on the band's rows where the teacher's is AK
+
+
+@dataclass
+class Band:
+    low: float  # m/s, inclusive
+    high: float  # m/s, exclusive
+    rows: int
+    teacher_top: Counter  # the teacher's top action per row
+    heads: dict[str, HeadReading]
+
+    @property
+    def name(self) -> str:
+        return f"[{self.low:g}, {self.high:g})" if self.high != float("inf") else f">= {self.low:g}"
+
+
+def read_bands(heads: Mapping[str, Callable[[torch.Tensor], torch.Tensor]], hidden: torch.Tensor,
+               target: torch.Tensor, speeds: Sequence[float]) -> list[Band]:
+    """Each non-empty speed band's reading; ``heads`` map h_{i*} (n, d) to logits (n, 10), ``speeds`` (m/s)
+    are the rows' ego speeds."""
+    speed = torch.as_tensor(speeds, dtype=torch.float64)
+    teacher = target.argmax(-1)
+    with torch.no_grad():
+        log_q = {name: torch.log_softmax(head(hidden), dim=-1) for name, head in heads.items()}
+    bands = []
+    for low, high in BANDS:
+        mask = (speed >= low) & (speed < high)
+        if not mask.any():
+            continue
+        ak = mask & (teacher == TEACHER_AK)
+        readings = {name: HeadReading(float((lq[mask].argmax(-1) == teacher[mask]).float().mean()),
+                                      float(F.kl_div(lq[mask], target[mask], reduction="batchmean")),
+                                      Counter(ACTION_CODES[i] for i in lq[ak].argmax(-1).tolist()))
+                    for name, lq in log_q.items()}
+        bands.append(Band(low, high, int(mask.sum()), Counter(ACTION_CODES[i] for i in teacher[mask].tolist()),
+                          readings))
+    return bands
+
+
+def shares(counts: Counter, n: int = 3) -> str:
+    """The ``n`` most common codes with their share of the rows."""
+    total = sum(counts.values())
+    return ", ".join(f"{code} {100 * k / total:.0f} %" for code, k in counts.most_common(n)) if total else "-"
+
+
+def markdown(bands: Sequence[Band]) -> str:
+    names = list(bands[0].heads) if bands else []
+    lines = ["| ego speed (m/s) | rows | teacher's top | " + " | ".join(
+        f"{n}: acc % / KL | {n}: top where the teacher's is AK" for n in names) + " |",
+             "|" + "---|" * (3 + 2 * len(names))]
+    for band in bands:
+        cells = [band.name, str(band.rows), shares(band.teacher_top)]
+        for name in names:
+            h = band.heads[name]
+            cells += [f"{100 * h.accuracy:.1f} / {h.kl:.3f}",
+                      f"{shares(h.top_where_teacher_ak)} ({sum(h.top_where_teacher_ak.values())})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--features", type=Path, required=True, help="feature cache folder of the frames' items")
+    p.add_argument("--frames", type=Path, required=True, help="the frames file the items were labelled from")
+    p.add_argument("--student", nargs="+", required=True, metavar="NAME=FOLDER", help="saved students (head)")
+    p.add_argument("--split", choices=("heldout", "train", "all"), default="heldout")
+    args = p.parse_args(argv)
+    heads = {}
+    for spec in args.student:
+        name, _, folder = spec.partition("=")
+        if not name or not folder:
+            p.error(f"--student {spec!r}: expected NAME=FOLDER")
+        heads[name] = load_head(Path(folder))
+    parts = [load_features(args.features, s) for s in (("train", "heldout") if args.split == "all" else (args.split,))]
+    parts = [part for part in parts if part[2]]
+    if not parts:
+        raise SystemExit(f"{args.features}: no cached {args.split} rows")
+    speeds = {frame.id: frame.scene.ego_speed for frame in read_frames(args.frames)}
+    rows = [row for _, _, rs in parts for row in rs]
+    missing = [item for item, _ in rows if item not in speeds]
+    if missing:
+        raise SystemExit(f"{args.frames}: no frame for {len(missing)} cached row(s), e.g. {missing[0]!r}")
+    bands = read_bands(heads, torch.cat([h for h, _, _ in parts]), torch.cat([t for _, t, _ in parts]),
+                       [speeds[item] for item, _ in rows])
+    print(f"{args.features}: {args.split} rows, {len(rows)}\n\n{markdown(bands)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

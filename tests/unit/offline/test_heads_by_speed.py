@@ -1,0 +1,97 @@
+"""benchmarks/heads_by_speed.py: a saved head read against the teacher per ego-speed band, from a feature
+cache and the (xz-compressed) frames its items were labelled from."""
+
+from __future__ import annotations
+
+import dataclasses
+import lzma
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from luna_core.student import StudentConfig
+from luna_core.student.head import DecisionHead
+from luna_core.types import ACTION_CODES
+from luna_offline.distill_head import _write_shard
+from luna_offline.frames import scenario_frames, write_frames
+from tests.benchmark_scripts import load_benchmark
+from tests.unit.offline.test_frames import junction_scenario
+
+D_MODEL = 4
+
+
+def one_hot(code: str) -> np.ndarray:
+    target = np.zeros(len(ACTION_CODES), dtype=np.float32)
+    target[ACTION_CODES.index(code)] = 1.0
+    return target
+
+
+def always(code: str) -> DecisionHead:
+    """A head that ranks ``code`` first whatever h_{i*} is (zero weights, a bias)."""
+    head = DecisionHead(D_MODEL, hidden=8)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.zero_()
+        head.net[2].bias[ACTION_CODES.index(code)] = 3.0
+    return head
+
+
+def test_bands_split_rows_by_ego_speed_and_name_what_a_head_says_where_the_teacher_says_ak(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    frames = list(scenario_frames(junction_scenario(), rate=2.0))[:6]
+    speeds = [0.3, 0.6, 2.0, 4.0, 7.0, 9.0]  # m/s: two rows per band
+    teacher = ["AK", "CK", "AK", "AK", "CK", "CK"]
+    frames = [dataclasses.replace(f, scene=dataclasses.replace(f.scene, ego_speed=v)) for f, v in zip(frames, speeds)]
+    write_frames(frames, tmp_path / "frames.jsonl")
+    (tmp_path / "frames.jsonl.xz").write_bytes(lzma.compress((tmp_path / "frames.jsonl").read_bytes()))
+    features = tmp_path / "features"
+    features.mkdir()
+    _write_shard(features, "heldout", 0, [torch.zeros(D_MODEL)] * len(frames), [one_hot(c) for c in teacher],
+                 [(f.id, 0) for f in frames])
+    student = tmp_path / "ck"
+    student.mkdir()
+    save_file(always("CK").state_dict(), str(student / "head.safetensors"))
+    StudentConfig().save(student / "student_config.json")
+
+    script = load_benchmark("heads_by_speed")
+    assert script.main(["--features", str(features), "--frames", str(tmp_path / "frames.jsonl.xz"),
+                        "--student", f"ck={student}"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].endswith("heldout rows, 6")
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table if line.startswith("| [") or
+            line.startswith("| >=")}
+    assert list(rows) == ["[0, 1)", "[1, 5)", ">= 5"]
+    assert rows["[0, 1)"][1:3] == ["2", "AK 50 %, CK 50 %"] and rows["[0, 1)"][3].startswith("50.0 / ")
+    assert rows["[0, 1)"][4].startswith("CK 100 % (1)")
+    assert rows["[1, 5)"][3].startswith("0.0 / ") and rows["[1, 5)"][4].startswith("CK 100 % (2)")
+    assert rows[">= 5"][3].startswith("100.0 / ") and rows[">= 5"][4].startswith("- (0)")
+
+    # The same rows read directly: a head that says AK agrees where the teacher does.
+    hidden = torch.zeros(len(frames), D_MODEL)
+    target = torch.tensor(np.stack([one_hot(c) for c in teacher]))
+    bands = script.read_bands({"ak": always("AK"), "ck": always("CK")}, hidden, target, speeds)
+    assert [(b.name, b.rows) for b in bands] == [("[0, 1)", 2), ("[1, 5)", 2), (">= 5", 2)]
+    assert [b.heads["ak"].accuracy for b in bands] == [0.5, 1.0, 0.0]
+    assert [b.heads["ck"].accuracy for b in bands] == [0.5, 0.0, 1.0]
+    assert bands[1].heads["ak"].top_where_teacher_ak == {"AK": 2}
+    assert bands[1].heads["ak"].kl < bands[1].heads["ck"].kl
+
+
+def test_a_row_without_its_frame_is_named(tmp_path: Path) -> None:
+    frames = list(scenario_frames(junction_scenario(), rate=2.0))[:2]
+    write_frames(frames[:1], tmp_path / "frames.jsonl")
+    features = tmp_path / "features"
+    features.mkdir()
+    _write_shard(features, "heldout", 0, [torch.zeros(D_MODEL)] * 2, [one_hot("CK")] * 2,
+                 [(f.id, 0) for f in frames])
+    student = tmp_path / "ck"
+    student.mkdir()
+    save_file(always("CK").state_dict(), str(student / "head.safetensors"))
+    StudentConfig().save(student / "student_config.json")
+    with pytest.raises(SystemExit, match=f"no frame for 1 cached row.*{re.escape(frames[1].id)}"):
+        load_benchmark("heads_by_speed").main(["--features", str(features), "--frames", str(tmp_path / "frames.jsonl"),
+                                               "--student", f"ck={student}"])
