@@ -8,8 +8,9 @@ Cruise there keeps the ego slow (CK's band tops out at max(lambda v_t, v_bar), C
 can raise the speed by a quarter per decision, or to 2 m/s). Open-loop figures over all rows hide such a
 band. Per band of the ego speed the descriptor holds (m/s): rows, the teacher's top actions, and per head
 the top-action accuracy, KL (Eq. 17) and what the head ranks first where the teacher ranks Accelerate x
-Keep first. Rows that a head was trained on read better than they would unseen: say which split
-(``--split``) and which heads saw it.
+Keep first; with ``--trees-bank`` beside them the scene-vector trees of ``luna-offline baselines`` trained on
+that bank (what the descriptor alone allows). Rows that a head was trained on read better than they would
+unseen: say which split (``--split``) and which heads saw it.
 """
 
 from __future__ import annotations
@@ -55,14 +56,34 @@ class Band:
         return f"[{self.low:g}, {self.high:g})" if self.high != float("inf") else f">= {self.low:g}"
 
 
-def read_bands(heads: Mapping[str, Callable[[torch.Tensor], torch.Tensor]], hidden: torch.Tensor,
-               target: torch.Tensor, speeds: Sequence[float]) -> list[Band]:
-    """Each non-empty speed band's reading; ``heads`` map h_{i*} (n, d) to logits (n, 10), ``speeds`` (m/s)
-    are the rows' ego speeds."""
+def head_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+    """log pi_hat (n, 10) of a decision head on h_{i*} (n, d)."""
+    with torch.no_grad():
+        return torch.log_softmax(head(hidden), dim=-1)
+
+
+def trees_log_probs(bank: Path, scenes: Sequence) -> torch.Tensor:
+    """log pi_hat (n, 10) of the scene-vector trees of ``luna-offline baselines``, trained on the training
+    split of ``bank`` (held out by scenario as the students' heads), for these scene descriptors."""
+    import numpy as np
+
+    from luna_core.assets import unpacked
+    from luna_core.memory import MemoryBank
+    from luna_core.scene import scene_vector
+    from luna_offline.baselines import SceneVectorTrees
+    from luna_offline.distill import split_items
+
+    with MemoryBank.open(str(unpacked(bank))) as opened:
+        train, _ = split_items(list(opened), 0.1)
+    pi = SceneVectorTrees(train).predict(np.stack([scene_vector(s) for s in scenes]))
+    return torch.log(torch.as_tensor(pi, dtype=torch.float32).clamp_min(1e-12))  # the baselines' KL floor
+
+
+def read_bands(log_q: Mapping[str, torch.Tensor], target: torch.Tensor, speeds: Sequence[float]) -> list[Band]:
+    """Each non-empty speed band's reading; ``log_q`` maps each predictor's name to its log pi_hat (n, 10),
+    ``target`` holds the teacher's pi (n, 10), ``speeds`` the rows' ego speeds (m/s)."""
     speed = torch.as_tensor(speeds, dtype=torch.float64)
     teacher = target.argmax(-1)
-    with torch.no_grad():
-        log_q = {name: torch.log_softmax(head(hidden), dim=-1) for name, head in heads.items()}
     bands = []
     for low, high in BANDS:
         mask = (speed >= low) & (speed < high)
@@ -105,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames", type=Path, required=True, help="the frames file the items were labelled from")
     p.add_argument("--student", nargs="+", required=True, metavar="NAME=FOLDER", help="saved students (head)")
     p.add_argument("--split", choices=("heldout", "train", "all"), default="heldout")
+    p.add_argument("--trees-bank", type=Path, help="also the scene-vector trees trained on this teacher bank's "
+                                                   "training split (what the descriptor alone allows)")
     args = p.parse_args(argv)
     heads = {}
     for spec in args.student:
@@ -116,13 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     parts = [part for part in parts if part[2]]
     if not parts:
         raise SystemExit(f"{args.features}: no cached {args.split} rows")
-    speeds = {frame.id: frame.scene.ego_speed for frame in read_frames(args.frames)}
+    scenes = {frame.id: frame.scene for frame in read_frames(args.frames)}
     rows = [row for _, _, rs in parts for row in rs]
-    missing = [item for item, _ in rows if item not in speeds]
+    missing = [item for item, _ in rows if item not in scenes]
     if missing:
         raise SystemExit(f"{args.frames}: no frame for {len(missing)} cached row(s), e.g. {missing[0]!r}")
-    bands = read_bands(heads, torch.cat([h for h, _, _ in parts]), torch.cat([t for _, t, _ in parts]),
-                       [speeds[item] for item, _ in rows])
+    hidden = torch.cat([h for h, _, _ in parts])
+    log_q = {name: head_log_probs(head, hidden) for name, head in heads.items()}
+    if args.trees_bank is not None:
+        log_q["trees"] = trees_log_probs(args.trees_bank, [scenes[item] for item, _ in rows])
+    bands = read_bands(log_q, torch.cat([t for _, t, _ in parts]), [scenes[item].ego_speed for item, _ in rows])
     print(f"{args.features}: {args.split} rows, {len(rows)}\n\n{markdown(bands)}")
     return 0
 

@@ -79,22 +79,35 @@ def _vectors(items: Sequence[MemoryItem], where: str) -> np.ndarray:
     return np.stack([np.asarray(it.scene_vector, dtype=np.float64) for it in items])
 
 
+class SceneVectorTrees:
+    """Gradient-boosted trees on the scene vector, trained on the teacher's soft labels (each action with
+    mass is a row weighted by it)."""
+
+    def __init__(self, train: Sequence[MemoryItem], seed: int = 0) -> None:
+        from sklearn.ensemble import HistGradientBoostingClassifier
+        from threadpoolctl import threadpool_limits
+
+        x = _vectors(train, "gbt training items")
+        pis = np.stack([validate_distribution(it.distribution) for it in train])
+        rows, cols = np.nonzero(pis > 0.0)
+        self.model = HistGradientBoostingClassifier(max_iter=150, learning_rate=0.1, max_leaf_nodes=31,
+                                                    l2_regularization=1.0, random_state=seed)
+        with threadpool_limits(1):  # OpenMP threads only thrash on a shared machine
+            self.model.fit(x[rows], cols, sample_weight=pis[rows, cols])
+
+    def predict(self, vectors: np.ndarray) -> np.ndarray:
+        """(n, 10) pi_hat for scene vectors (n, SCENE_VECTOR_DIM); actions never seen in training get 0."""
+        from threadpoolctl import threadpool_limits
+
+        out = np.zeros((len(vectors), NUM_ACTIONS))
+        with threadpool_limits(1):
+            out[:, self.model.classes_] = self.model.predict_proba(vectors)
+        return out
+
+
 def gbt_predict(train: Sequence[MemoryItem], held: Sequence[MemoryItem], seed: int = 0) -> np.ndarray:
-    """(len(held), 10) pi_hat of gradient-boosted trees on the scene vector, trained on soft labels."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
-
-    x = _vectors(train, "gbt training items")
-    pis = np.stack([validate_distribution(it.distribution) for it in train])
-    rows, cols = np.nonzero(pis > 0.0)
-    from threadpoolctl import threadpool_limits
-
-    model = HistGradientBoostingClassifier(max_iter=150, learning_rate=0.1, max_leaf_nodes=31,
-                                           l2_regularization=1.0, random_state=seed)
-    out = np.zeros((len(held), NUM_ACTIONS))
-    with threadpool_limits(1):  # OpenMP threads only thrash on a shared machine
-        model.fit(x[rows], cols, sample_weight=pis[rows, cols])
-        out[:, model.classes_] = model.predict_proba(_vectors(held, "gbt held-out items"))
-    return out
+    """(len(held), 10) pi_hat of ``SceneVectorTrees`` trained on ``train``."""
+    return SceneVectorTrees(train, seed).predict(_vectors(held, "gbt held-out items"))
 
 
 def knn_predict(train: Sequence[MemoryItem], held: Sequence[MemoryItem], k: int = 10) -> np.ndarray:

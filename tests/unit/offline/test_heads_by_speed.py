@@ -73,7 +73,8 @@ def test_bands_split_rows_by_ego_speed_and_name_what_a_head_says_where_the_teach
     # The same rows read directly: a head that says AK agrees where the teacher does.
     hidden = torch.zeros(len(frames), D_MODEL)
     target = torch.tensor(np.stack([one_hot(c) for c in teacher]))
-    bands = script.read_bands({"ak": always("AK"), "ck": always("CK")}, hidden, target, speeds)
+    log_q = {name: script.head_log_probs(always(code), hidden) for name, code in (("ak", "AK"), ("ck", "CK"))}
+    bands = script.read_bands(log_q, target, speeds)
     assert [(b.name, b.rows) for b in bands] == [("[0, 1)", 2), ("[1, 5)", 2), (">= 5", 2)]
     assert [b.heads["ak"].accuracy for b in bands] == [0.5, 1.0, 0.0]
     assert [b.heads["ck"].accuracy for b in bands] == [0.5, 0.0, 1.0]
@@ -95,3 +96,23 @@ def test_a_row_without_its_frame_is_named(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=f"no frame for 1 cached row.*{re.escape(frames[1].id)}"):
         load_benchmark("heads_by_speed").main(["--features", str(features), "--frames", str(tmp_path / "frames.jsonl"),
                                                "--student", f"ck={student}"])
+
+
+def test_trees_column_is_the_baselines_trees_trained_on_the_banks_training_split(tmp_path: Path) -> None:
+    """The top action of these items follows the ego speed (a function of the scene vector): trees trained
+    on the bank's training split read it back from scene descriptors of the same speeds."""
+    from luna_core.memory import MemoryBank, SceneVectorEmbedder
+    from tests.unit.core.test_student_support import scene
+    from tests.unit.offline.test_baselines import items
+
+    data = items()
+    with MemoryBank.create(tmp_path / "bank", SceneVectorEmbedder()) as bank:
+        bank.append_many(data)
+    speeds = [5.0 + i for i in range(len(data))]  # memory_item(i)'s ego speed
+    log_q = load_benchmark("heads_by_speed").trees_log_probs(tmp_path / "bank", [scene(1, speed=v) for v in speeds])
+    assert log_q.shape == (len(data), len(ACTION_CODES)) and torch.isfinite(log_q).all()
+    tops = [ACTION_CODES[i] for i in log_q.argmax(-1).tolist()]
+    # the scene vector clips the speed at 40 m/s (2 x 20): only the rows below it are told apart
+    told = [(t, it) for t, it, v in zip(tops, data, speeds) if v < 40.0]
+    agree = sum(t == ACTION_CODES[int(np.argmax(it.distribution))] for t, it in told) / len(told)
+    assert agree > 0.8
