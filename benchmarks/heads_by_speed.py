@@ -49,7 +49,7 @@ class Band:
     high: float  # m/s, exclusive
     rows: int
     teacher_top: Counter  # the teacher's top action per row
-    heads: dict[str, HeadReading]
+    readings: dict[str, HeadReading]  # per predictor (a head, or the trees)
 
     @property
     def name(self) -> str:
@@ -106,14 +106,14 @@ def shares(counts: Counter, n: int = 3) -> str:
 
 
 def markdown(bands: Sequence[Band]) -> str:
-    names = list(bands[0].heads) if bands else []
+    names = list(bands[0].readings) if bands else []
     lines = ["| ego speed (m/s) | rows | teacher's top | " + " | ".join(
         f"{n}: acc % / KL | {n}: top where the teacher's is AK" for n in names) + " |",
              "|" + "---|" * (3 + 2 * len(names))]
     for band in bands:
         cells = [band.name, str(band.rows), shares(band.teacher_top)]
         for name in names:
-            h = band.heads[name]
+            h = band.readings[name]
             cells += [f"{100 * h.accuracy:.1f} / {h.kl:.3f}",
                       f"{shares(h.top_where_teacher_ak)} ({sum(h.top_where_teacher_ak.values())})"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -76,10 +76,10 @@ def test_bands_split_rows_by_ego_speed_and_name_what_a_head_says_where_the_teach
     log_q = {name: script.head_log_probs(always(code), hidden) for name, code in (("ak", "AK"), ("ck", "CK"))}
     bands = script.read_bands(log_q, target, speeds)
     assert [(b.name, b.rows) for b in bands] == [("[0, 1)", 2), ("[1, 5)", 2), (">= 5", 2)]
-    assert [b.heads["ak"].accuracy for b in bands] == [0.5, 1.0, 0.0]
-    assert [b.heads["ck"].accuracy for b in bands] == [0.5, 0.0, 1.0]
-    assert bands[1].heads["ak"].top_where_teacher_ak == {"AK": 2}
-    assert bands[1].heads["ak"].kl < bands[1].heads["ck"].kl
+    assert [b.readings["ak"].accuracy for b in bands] == [0.5, 1.0, 0.0]
+    assert [b.readings["ck"].accuracy for b in bands] == [0.5, 0.0, 1.0]
+    assert bands[1].readings["ak"].top_where_teacher_ak == {"AK": 2}
+    assert bands[1].readings["ak"].kl < bands[1].readings["ck"].kl
 
 
 def test_a_row_without_its_frame_is_named(tmp_path: Path) -> None:
