@@ -8,7 +8,8 @@ Cruise there keeps the ego slow (CK's band tops out at max(lambda v_t, v_bar), C
 can raise the speed by a quarter per decision, or to 2 m/s). Open-loop figures over all rows hide such a
 band. Per band of the ego speed the descriptor holds (m/s): rows, the teacher's top actions, and per head
 the top-action accuracy, KL (Eq. 17) and what the head ranks first where the teacher ranks Accelerate x
-Keep first; with ``--trees-bank`` beside them the scene-vector trees of ``luna-offline baselines`` trained on
+Keep first (a head that reads the scene vector beside h_{i*} gets each row's from its frame's descriptor);
+with ``--trees-bank`` beside them the scene-vector trees of ``luna-offline baselines`` trained on
 that bank (what the descriptor alone allows). Rows that a head was trained on read better than they would
 unseen: say which split (``--split``) and which heads saw it.
 """
@@ -22,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from luna_core.scene import scene_vector
 from luna_core.types import ACTION_CODES
 from luna_offline.distill_head import load_features
 from luna_offline.frames import read_frames
@@ -56,20 +59,19 @@ class Band:
         return f"[{self.low:g}, {self.high:g})" if self.high != float("inf") else f">= {self.low:g}"
 
 
-def head_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
-    """log pi_hat (n, 10) of a decision head on h_{i*} (n, d)."""
+def head_log_probs(head: Callable[..., torch.Tensor], hidden: torch.Tensor,
+                   scene: torch.Tensor | None = None) -> torch.Tensor:
+    """log pi_hat (n, 10) of a decision head on h_{i*} (n, d), and on the scene vectors xi_t (n, 97) for a
+    head that reads them beside h_{i*} (``StudentConfig.head_scene_dim``)."""
     with torch.no_grad():
-        return torch.log_softmax(head(hidden), dim=-1)
+        return torch.log_softmax(head(hidden) if scene is None else head(hidden, scene), dim=-1)
 
 
 def trees_log_probs(bank: Path, scenes: Sequence) -> torch.Tensor:
     """log pi_hat (n, 10) of the scene-vector trees of ``luna-offline baselines``, trained on the training
     split of ``bank`` (held out by scenario as the students' heads), for these scene descriptors."""
-    import numpy as np
-
     from luna_core.assets import unpacked
     from luna_core.memory import MemoryBank
-    from luna_core.scene import scene_vector
     from luna_offline.baselines import SceneVectorTrees
     from luna_offline.distill import split_items
 
@@ -145,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         raise SystemExit(f"{args.frames}: no frame for {len(missing)} cached row(s), e.g. {missing[0]!r}")
     hidden = torch.cat([h for h, _, _ in parts])
-    log_q = {name: head_log_probs(head, hidden) for name, head in heads.items()}
+    vectors = None
+    if any(head.scene_dim for head in heads.values()):
+        vectors = torch.as_tensor(np.stack([scene_vector(scenes[item]) for item, _ in rows]), dtype=torch.float32)
+    log_q = {name: head_log_probs(head, hidden, vectors if head.scene_dim else None) for name, head in heads.items()}
     if args.trees_bank is not None:
         log_q["trees"] = trees_log_probs(args.trees_bank, [scenes[item] for item, _ in rows])
     bands = read_bands(log_q, torch.cat([t for _, t, _ in parts]), [scenes[item].ego_speed for item, _ in rows])

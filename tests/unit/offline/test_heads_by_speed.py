@@ -116,3 +116,40 @@ def test_trees_column_is_the_baselines_trees_trained_on_the_banks_training_split
     told = [(t, it) for t, it, v in zip(tops, data, speeds) if v < 40.0]
     agree = sum(t == ACTION_CODES[int(np.argmax(it.distribution))] for t, it in told) / len(told)
     assert agree > 0.8
+
+
+def test_a_head_that_reads_the_scene_vector_gets_each_rows_from_its_frame(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A head whose AK logit grows with the ego speed in xi_t: it ranks AK first only on the fast rows, so
+    the table can only come out this way if the rows' own scene vectors reached it."""
+    from luna_core.scene import SCENE_VECTOR_DIM, scene_vector
+
+    frames = list(scenario_frames(junction_scenario(), rate=2.0))[:4]
+    speeds = [0.5, 0.8, 8.0, 9.0]
+    frames = [dataclasses.replace(f, scene=dataclasses.replace(f.scene, ego_speed=v)) for f, v in zip(frames, speeds)]
+    write_frames(frames, tmp_path / "frames.jsonl")
+    features = tmp_path / "features"
+    features.mkdir()
+    _write_shard(features, "heldout", 0, [torch.zeros(D_MODEL)] * 4, [one_hot("AK")] * 4, [(f.id, 0) for f in frames])
+    # the ego-speed entry of xi_t: the one that moves between two descriptors differing only in speed
+    slow, fast = (scene_vector(dataclasses.replace(frames[0].scene, ego_speed=v)) for v in (0.0, 10.0))
+    speed_entry = int(np.argmax(np.abs(fast - slow)))
+    head = DecisionHead(D_MODEL, hidden=8, scene_dim=SCENE_VECTOR_DIM)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.zero_()
+        head.net[0].weight[0, D_MODEL + speed_entry] = 1.0  # hidden unit 0 = the speed feature
+        head.net[2].weight[ACTION_CODES.index("AK"), 0] = 100.0
+        head.net[2].bias[ACTION_CODES.index("AK")] = -2.0
+        head.net[2].bias[ACTION_CODES.index("CK")] = 1.0
+    student = tmp_path / "xi"
+    student.mkdir()
+    save_file(head.state_dict(), str(student / "head.safetensors"))
+    StudentConfig(head_scene_dim=SCENE_VECTOR_DIM).save(student / "student_config.json")
+
+    assert load_benchmark("heads_by_speed").main(["--features", str(features), "--frames", str(tmp_path / "frames.jsonl"),
+                                                  "--student", f"xi={student}"]) == 0
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("| [", "| >="))}
+    assert rows["[0, 1)"][4].startswith("CK 100 % (2)")  # slow: the speed feature is too small for AK
+    assert rows[">= 5"][4].startswith("AK 100 % (2)")
