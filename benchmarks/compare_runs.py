@@ -6,7 +6,9 @@
         --suite commonroad --min-diff 0.05
 
 With ``--min-diff`` every run whose score differs by more is listed with the metrics that fail (score
-below 1) on each side; otherwise the six largest moves each way.
+below 1) on each side; otherwise the six largest moves each way. Where either side's runs retrieved
+reflection items (a bank grown by ``luna-bridge reflect``), each suite's line also counts the decisions
+on each side and those that used one.
 """
 import argparse
 import glob
@@ -32,6 +34,7 @@ def main() -> None:
     rows = []
     for suite in args.suite or SUITES:
         same = n = 0
+        decisions = {"a": [0, 0], "b": [0, 0]}  # side -> [decisions, decisions using reflection items]
         for mode in ["non_reactive", "reactive"]:
             for f in glob.glob(f"{args.a}/{suite}/scenarios/{args.planner_a}/{mode}/*.json"):
                 g = f"{args.b}/{suite}/scenarios/{args.planner_b}/{mode}/{os.path.basename(f)}"
@@ -41,7 +44,15 @@ def main() -> None:
                     n += 1
                     same += abs(d) < 1e-9
                     rows.append((d, suite, mode[:1].upper(), os.path.basename(f)[:-5], ra, rb))
-        print(f"{suite}: {n} runs compared, {same} identical")
+                    for side, result in (("a", ra), ("b", rb)):
+                        counts = result.get("decisions") or {}
+                        decisions[side][0] += counts.get("count", 0)
+                        decisions[side][1] += counts.get("using_reflection_items", 0)
+        line = f"{suite}: {n} runs compared, {same} identical"
+        if decisions["a"][1] or decisions["b"][1]:
+            line += (f"; decisions {decisions['a'][0]} / {decisions['b'][0]}, using reflection items "
+                     f"{decisions['a'][1]} / {decisions['b'][1]}")
+        print(line)
     rows.sort(key=lambda r: r[:4])
     print(f"all: {len(rows)} runs compared, {sum(1 for r in rows if abs(r[0]) < 1e-9)} identical")
     if args.min_diff is not None:

@@ -197,3 +197,32 @@ def test_run_decisions_prints_score_progress_and_decision_timeline_per_variant(t
     bad = subprocess.run(script[:2] + [f"x={tmp_path / 'new'}:pdm", "--only", "peach_1"], capture_output=True,
                          text=True)
     assert bad.returncode != 0 and "no runs under" in bad.stderr
+
+
+def test_compare_runs_counts_decisions_using_reflection_items_where_a_side_has_them(tmp_path: Path) -> None:
+    """benchmarks/compare_runs.py: identical and moved runs per suite, the largest moves, and, once a side's
+    runs retrieved reflection items, the decisions on each side and those that used one."""
+    import subprocess
+    import sys
+
+    from tests.benchmark_scripts import REPO
+
+    def record(folder: Path, scenario: str, score: float, decisions: dict | None) -> None:
+        path = folder / "synthetic-hard" / "scenarios" / "luna" / "reactive" / f"{scenario}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"score": score, "metrics": {"no_ego_at_fault_collisions": {"score": score}},
+                                    **({"decisions": decisions} if decisions is not None else {})}))
+
+    for name, score, used in (("a_00", 1.0, 0), ("b_00", 0.5, 3)):
+        record(tmp_path / "before", name, 1.0, {"count": 8, "using_reflection_items": 0})
+        record(tmp_path / "after", name, score, {"count": 8, "using_reflection_items": used})
+    script = [sys.executable, str(REPO / "benchmarks" / "compare_runs.py"), str(tmp_path / "before"), "luna",
+              str(tmp_path / "after"), "luna", "--suite", "synthetic-hard"]
+    out = subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == ("synthetic-hard: 2 runs compared, 1 identical; decisions 16 / 16, using reflection items "
+                      "0 / 3")
+    assert "-0.500 synthetic-hard R b_00 1.000 -> 0.500" in out
+    # no reflection items on either side (or result files that predate the count): the plain line
+    record(tmp_path / "after", "b_00", 0.5, None)
+    out = subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "synthetic-hard: 2 runs compared, 1 identical"
