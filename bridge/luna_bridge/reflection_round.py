@@ -495,7 +495,6 @@ def run_rounds(deploy_set: Sequence[Scenario], config: RoundConfig, command: str
     zero = RoundResult(0, str(source_bank), items, reflections)
     previous = source_bank
     for r in range(config.rounds + 1):
-        started = time.perf_counter()
         folder = out / f"round_{r}"
         if r == 0:
             result = zero
@@ -505,9 +504,10 @@ def run_rounds(deploy_set: Sequence[Scenario], config: RoundConfig, command: str
             raise ReflectionRoundError(f"{folder} is an interrupted round (no {ROUND_FILE}): remove it to redo it")
         else:
             result = reflect_round(r, deploy_set, previous, config, llm)
-        if config.evaluation:
+        if config.evaluation:  # the round's wall time so far is its deployment and reflection (reflect_round's)
+            started = time.perf_counter()
             result.evaluation = evaluate_bank(Path(result.bank), config, folder / "eval", command)
-        result.wall_time += time.perf_counter() - started
+            result.wall_time += time.perf_counter() - started
         if r:  # round 0 is the source bank: nothing of it is stored but the summary
             _write_json(folder / ROUND_FILE, asdict(result))
         results.append(result)

@@ -2,6 +2,7 @@
 monitor replayed over a log, as the node sees it), the bank copy, the outbox draining, the command's
 input errors."""
 
+import json
 import socket
 
 import numpy as np
@@ -179,3 +180,27 @@ def test_configuration_errors_stop_the_round_before_it_drives(source_bank, tmp_p
     code = cli.main(base + ["--out", str(tmp_path / "b"), "--population", "2"])
     assert code == 2 and "population >= 4" in capsys.readouterr().err
     assert not (tmp_path / "a" / "memory_bank").exists() and not (tmp_path / "b" / "memory_bank").exists()
+
+
+def test_a_rounds_wall_time_is_counted_once(source_bank, tmp_path, monkeypatch):
+    """reflect_round measures its deployment and reflection; run_rounds adds only the evaluation's time
+    (none here), on a clock that advances 10 s per reading (it counted the round twice: 7.7 ks for 3.9 ks)."""
+    import itertools
+    import types
+
+    from luna_bridge import reflection_round as rr
+
+    ticks = itertools.count(0.0, 10.0)
+    monkeypatch.setattr(rr, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+
+    def fake_round(r, deploy_set, previous_bank, config, llm):  # what reflect_round returns, measured by itself
+        copy_bank(previous_bank, tmp_path / "out" / f"round_{r}" / "memory_bank")
+        return rr.RoundResult(r, str(tmp_path / "out" / f"round_{r}" / "memory_bank"), 1, 0, wall_time=42.0)
+
+    monkeypatch.setattr(rr, "reflect_round", fake_round)
+    monkeypatch.setattr(rr, "write_summary", lambda *args: None)
+    config = RoundConfig(out_dir=tmp_path / "out", rounds=1,
+                         stack=rr.StackSettings(memory_bank=str(source_bank)))
+    results = rr.run_rounds([object()], config)
+    assert [r.wall_time for r in results] == [0.0, 42.0]
+    assert json.loads((tmp_path / "out" / "round_1" / rr.ROUND_FILE).read_text())["wall_time"] == 42.0
