@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from luna_core.scene import scene_vector
-from luna_core.types import ACTION_CODES
+from luna_core.types import ACTION_CODES, ACTION_INDEX
 from luna_offline.distill_head import load_features
 from luna_offline.frames import read_frames
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from score_cached_heads import load_head  # noqa: E402 - benchmarks/ on sys.path
 
 BANDS = ((0.0, 1.0), (1.0, 5.0), (5.0, float("inf")))  # m/s: crawling or standing, getting going, driving
-TEACHER_AK = ACTION_CODES.index("AK")
+TEACHER_AK = ACTION_INDEX["AK"]
 
 
 @dataclass
@@ -73,10 +73,10 @@ def trees_log_probs(bank: Path, scenes: Sequence) -> torch.Tensor:
     from luna_core.assets import unpacked
     from luna_core.memory import MemoryBank
     from luna_offline.baselines import SceneVectorTrees
-    from luna_offline.distill import split_items
+    from luna_offline.distill import DistillSettings, split_items
 
-    with MemoryBank.open(str(unpacked(bank))) as opened:
-        train, _ = split_items(list(opened), 0.1)
+    with MemoryBank.open(str(unpacked(bank))) as opened:  # the students' held-out split: distill's default
+        train, _ = split_items(list(opened), DistillSettings.heldout_fraction)
     pi = SceneVectorTrees(train).predict(np.stack([scene_vector(s) for s in scenes]))
     return torch.log(torch.as_tensor(pi, dtype=torch.float32).clamp_min(1e-12))  # the baselines' KL floor
 

@@ -40,6 +40,14 @@ def always(code: str) -> DecisionHead:
     return head
 
 
+def save_student(folder: Path, head: DecisionHead, scene_dim: int = 0) -> Path:
+    """A student folder holding only what ``load_head`` reads: the head and its config."""
+    folder.mkdir()
+    save_file(head.state_dict(), str(folder / "head.safetensors"))
+    StudentConfig(head_scene_dim=scene_dim).save(folder / "student_config.json")
+    return folder
+
+
 def test_bands_split_rows_by_ego_speed_and_name_what_a_head_says_where_the_teacher_says_ak(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     frames = list(scenario_frames(junction_scenario(), rate=2.0))[:6]
@@ -52,10 +60,7 @@ def test_bands_split_rows_by_ego_speed_and_name_what_a_head_says_where_the_teach
     features.mkdir()
     _write_shard(features, "heldout", 0, [torch.zeros(D_MODEL)] * len(frames), [one_hot(c) for c in teacher],
                  [(f.id, 0) for f in frames])
-    student = tmp_path / "ck"
-    student.mkdir()
-    save_file(always("CK").state_dict(), str(student / "head.safetensors"))
-    StudentConfig().save(student / "student_config.json")
+    student = save_student(tmp_path / "ck", always("CK"))
 
     script = load_benchmark("heads_by_speed")
     assert script.main(["--features", str(features), "--frames", str(tmp_path / "frames.jsonl.xz"),
@@ -89,10 +94,7 @@ def test_a_row_without_its_frame_is_named(tmp_path: Path) -> None:
     features.mkdir()
     _write_shard(features, "heldout", 0, [torch.zeros(D_MODEL)] * 2, [one_hot("CK")] * 2,
                  [(f.id, 0) for f in frames])
-    student = tmp_path / "ck"
-    student.mkdir()
-    save_file(always("CK").state_dict(), str(student / "head.safetensors"))
-    StudentConfig().save(student / "student_config.json")
+    student = save_student(tmp_path / "ck", always("CK"))
     with pytest.raises(SystemExit, match=f"no frame for 1 cached row.*{re.escape(frames[1].id)}"):
         load_benchmark("heads_by_speed").main(["--features", str(features), "--frames", str(tmp_path / "frames.jsonl"),
                                                "--student", f"ck={student}"])
@@ -142,10 +144,7 @@ def test_a_head_that_reads_the_scene_vector_gets_each_rows_from_its_frame(
         head.net[2].weight[ACTION_CODES.index("AK"), 0] = 100.0
         head.net[2].bias[ACTION_CODES.index("AK")] = -2.0
         head.net[2].bias[ACTION_CODES.index("CK")] = 1.0
-    student = tmp_path / "xi"
-    student.mkdir()
-    save_file(head.state_dict(), str(student / "head.safetensors"))
-    StudentConfig(head_scene_dim=SCENE_VECTOR_DIM).save(student / "student_config.json")
+    student = save_student(tmp_path / "xi", head, SCENE_VECTOR_DIM)
 
     assert load_benchmark("heads_by_speed").main(["--features", str(features), "--frames", str(tmp_path / "frames.jsonl"),
                                                   "--student", f"xi={student}"]) == 0
