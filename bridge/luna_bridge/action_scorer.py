@@ -181,7 +181,8 @@ def make_scorer() -> SimulationActionScorer:
 
 def make_bundled_bank_scorer() -> SimulationActionScorer:
     """The teacher the bundled ``models/memory_bank`` was labelled with (Eq. 5's A band from the first step,
-    ``ActionScorerConfig.reachable_accelerate``): it gives that bank's frames their stored distributions
+    ``ActionScorerConfig.reachable_accelerate``; the drivable area strictly on the tracked footprint,
+    ``ActionScorerConfig.drivable_tolerance``): it gives that bank's frames their stored distributions
     again, so items added to the bank's training data (on-policy frames, DAgger) carry the same labels.
     ``luna-offline collect --scorer luna_bridge.action_scorer:make_bundled_bank_scorer``."""
-    return SimulationActionScorer(ActionScorerConfig(reachable_accelerate=False))
+    return SimulationActionScorer(ActionScorerConfig(reachable_accelerate=False, drivable_tolerance=None))

@@ -275,3 +275,56 @@ def test_a_stack_planners_closed_loop_run_decides_every_t_d_as_in_evaluation():
         use_settings(before)
     assert source is not None
     assert [t for t, _ in log.decisions] == pytest.approx([2.0 * n for n in range(int(DURATION / 2.0))])  # none at the last step
+
+
+def test_the_drivable_area_is_judged_with_the_metrics_tolerance_on_the_nearer_of_track_and_reference():
+    """``drivable_with_tolerance``: a step is off the road only where both the tracked footprint and
+    the action's reference footprint are more than the tolerance outside."""
+    from luna_core.action_outcomes import Rollouts, drivable_with_tolerance
+    from luna_core.lanes import lane_map
+
+    scenario = two_lane_road([])
+    lanes = lane_map(scenario.lane_graph)  # drivable: y in [-1.75, 5.25]
+    n = 11
+
+    def poses(y: float) -> np.ndarray:
+        return np.column_stack([np.linspace(0.0, 10.0, n), np.full(n, y), np.zeros(n)])
+
+    def roll(track_y: float, ref_y: float) -> Rollouts:
+        states = np.zeros((1, n, 8))
+        states[0, :, :3] = poses(track_y)
+        return Rollouts(["CK"], poses(ref_y)[None], np.zeros((1, n)), [[None] * n], states,
+                        np.ones((1, n), dtype=bool), np.zeros((1, n)))
+
+    half = scenario.vehicle.width / 2.0
+    inside, edge = 0.0, -1.75 + half  # the right side of the footprint on the road's edge
+    # Tracked 0.5 m off, reference on the lane: on the road (the planner keeps to the lane).
+    assert drivable_with_tolerance(roll(edge - 0.5, inside), lanes, scenario.vehicle, 0.3)[0] == 1.0
+    # Both off by 0.2 m: within the tolerance; by 0.5 m: off the road.
+    assert drivable_with_tolerance(roll(edge - 0.2, edge - 0.2), lanes, scenario.vehicle, 0.3)[0] == 1.0
+    assert drivable_with_tolerance(roll(edge - 0.5, edge - 0.5), lanes, scenario.vehicle, 0.3)[0] == 0.0
+    # Nor does the reference alone decide: the tracked footprint on the road with the reference off it
+    # (e.g. the reference's first steps where a lane begins ahead of the ego's rear bumper).
+    assert drivable_with_tolerance(roll(inside, edge - 0.5), lanes, scenario.vehicle, 0.3)[0] == 1.0
+
+
+def test_a_tight_real_driveway_exit_does_not_leave_the_road(scorer):
+    """USA_Peach-3_2 (real NGSIM lanelets): the ego turns out of a driveway 0.2 m wider than the car
+    on a ~3.3 m radius at 1.9 m/s (a state the stack visited in closed loop). The open-loop LQR track
+    of the lane drifts ~1 m off it after the turn; the stack's planner drives it. The teacher no
+    longer answers "leaves the road" for driving on (it did, strictly on the track, as the bundled
+    bank's teacher still does)."""
+    from luna_bridge.scenarios import commonroad_dir
+    from luna_bridge.scenarios.commonroad import load_commonroad
+
+    path = commonroad_dir() / "USA_Peach-3_2_T-1.xml"
+    if not path.is_file():
+        pytest.skip(f"CommonRoad scenario not found at {path} (set LUNA_COMMONROAD_DIR)")
+    peach = load_commonroad(path)
+    ego = EgoState(4.5, -20.1299, 13.3059, -0.34107, 1.9184, acceleration=0.0806, yaw_rate=-0.4589,
+                   steering_angle=-0.6364)
+    now = scorer.score_scenario(peach, 4.5, ["AK", "CK"], ego=ego)
+    strict = make_bundled_bank_scorer().score_scenario(peach, 4.5, ["AK", "CK"], ego=ego)
+    for action in ("AK", "CK"):
+        assert now[action].issue != "leaves the road" and now[action].score > 0.5, now[action]
+        assert strict[action].issue == "leaves the road", strict[action]

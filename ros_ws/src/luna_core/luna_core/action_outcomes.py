@@ -17,7 +17,8 @@ hindsight check), all actions in one batch:
    interval, Eq. 5), C v_t, D ``gamma v_t / 1.5`` (inside the decelerate interval [0, gamma v_t)),
    S 0 at ``b_stop``;
 3. the IDM poses are tracked by the simulator's LQR + kinematic bicycle (``control.simulate_proposals``);
-4. outcome: the shared PDM-style scorer J_gen (at-fault collision, drivable area, driving direction,
+4. outcome: the shared PDM-style scorer J_gen (at-fault collision, drivable area with nuPlan's 0.3 m
+   tolerance on the nearer of the tracked and the reference footprint, ``drivable_with_tolerance``, driving direction,
    progress normalised over these actions, TTC, comfort, and nuPlan's speed-limit term) times J_dec of
    CALMM-Drive Eq. 4 (did the rollout keep the action's lane and speed interval, A's as its free-road
    IDM speed reaches it, ``reachable_interval``: an action the traffic does not let the ego execute,
@@ -47,7 +48,7 @@ import numpy as np
 from luna_core.control import StateIndex, simulate_proposals, state_from_ego
 from luna_core.geometry import proposals_vs_objects
 from luna_core.idm import IDMParameters, idm_acceleration
-from luna_core.lanes import Polyline, lane_map
+from luna_core.lanes import LaneMap, Polyline, lane_map
 from luna_core.planning.forecast import red_light_obstacles
 from luna_core.planning.objectives import ObjectiveConfig, lane_following, speed_following, speed_interval
 from luna_core.planning.proposals import corridor_leaders
@@ -95,6 +96,11 @@ class ActionScorerConfig:
     # step, the teacher ``models/memory_bank`` was labelled with (before 5bbf0d1): new items labelled so
     # (e.g. on-policy frames, ``make_bundled_bank_scorer``) agree with that bank's labels.
     reachable_accelerate: bool = True
+    # m a footprint corner may stick out of the drivable area (nuPlan's drivable_area_compliance
+    # tolerance), judged per step on the nearer of the tracked footprint and the action's reference
+    # footprint (``drivable_with_tolerance``). None: every tracked corner strictly inside (PDM-Closed's
+    # term), as ``models/memory_bank`` was labelled (before session 29).
+    drivable_tolerance: float | None = 0.3
 
     @property
     def steps(self) -> int:
@@ -329,6 +335,36 @@ def outcome_reason(action: str, r: int, roll: Rollouts, scores: ProposalScores, 
     return "; ".join(parts), (issues[0] if issues else "")
 
 
+def _corner_distance_outside(lanes: LaneMap, corners: np.ndarray) -> np.ndarray:
+    """(P, T) the largest distance (m) of a footprint corner outside the drivable area, for corners
+    (P, T, 4, 2); exact distances only for the corners the raster puts outside (most are inside)."""
+    outside = ~lanes.in_drivable_area(corners)
+    dist = np.zeros(corners.shape[:3])
+    if outside.any():
+        dist[outside] = lanes.distance_to_drivable_area(corners[outside])
+    return dist.max(axis=2)
+
+
+def drivable_with_tolerance(roll: Rollouts, lanes: LaneMap, vehicle: VehicleParameters,
+                            tolerance: float) -> np.ndarray:
+    """(P,) 1 where, at every step after the first, the tracked footprint or the action's reference
+    footprint (its IDM poses on the action's lane) lies within ``tolerance`` of the drivable area, else 0.
+
+    Why not the tracked footprint alone: the rollout tracks one 6 s reference open loop, and nuPlan's
+    LQR unwinds the steering slowly at low speed, so out of a tight turn the track drifts ~1 m off the
+    lane (the 3.3 m radius driveway exits of USA_Peach-3 at 2 m/s, on lanelets 0.2 m wider than the
+    car), where the stack's planner, re-planning every 0.5 s on its own tracked footprint, stays on
+    it; held to the open-loop track, every action but Stop "left the road" there and the oracle stood
+    still. Why not the reference alone: the ego itself may stand off its lane (an on-policy state),
+    and the reference jumps onto the lane at the first step. The tolerance is the metric's."""
+    corners = ego_corners(roll.states[:, 1:], vehicle)  # (P, T, 4, 2)
+    ref = np.zeros(roll.poses[:, 1:].shape[:2] + (roll.states.shape[2],))
+    ref[..., :3] = roll.poses[:, 1:]
+    reference = ego_corners(ref, vehicle)
+    worst = np.minimum(_corner_distance_outside(lanes, corners), _corner_distance_outside(lanes, reference))
+    return np.all(worst <= tolerance, axis=1).astype(np.float64)
+
+
 def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph: LaneGraph, route: Route,
                   vehicle: VehicleParameters, agents: ObjectBoxes, lights_at: Callable[[float], TrafficLights],
                   config: ActionScorerConfig | None = None, where: str = "",
@@ -367,7 +403,9 @@ def score_actions(ego: EgoState, time: float, actions: Sequence[str], lane_graph
                                                    list(paths.values())))
     roll = rollout(ego, feasible, paths, objects, vehicle, cfg)
     ctx = ScoringContext(lane_map(lane_graph), paths["K"].centerline, objects, paths["K"].speed_limit, vehicle, cfg.dt)
-    scores = score_proposals(roll.states, ctx, cfg.weights)
+    drivable = (None if cfg.drivable_tolerance is None
+                else drivable_with_tolerance(roll, ctx.lanes, vehicle, cfg.drivable_tolerance))
+    scores = score_proposals(roll.states, ctx, cfg.weights, drivable)
     obj_cfg = replace(cfg.objective, horizon_steps=steps, dt=cfg.dt)
     too_little = np.zeros(len(feasible), dtype=bool)
     if expert_progress is not None and expert_progress >= cfg.min_expert_progress:

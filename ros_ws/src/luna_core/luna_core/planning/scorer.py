@@ -434,14 +434,17 @@ def _no_reversing(states: np.ndarray, accel_time_constant: float = BicycleParame
     return np.all(v[:, 1:] >= floor[:, None], axis=1).astype(np.float64)
 
 
-def score_proposals(states: np.ndarray, ctx: ScoringContext,
-                    weights: ScorerWeights = PDM_WEIGHTS) -> ProposalScores:
-    """Score simulated proposals ``(P, T+1, 8)`` (``[:, 0]`` = the current state)."""
+def score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWeights = PDM_WEIGHTS,
+                    drivable_area: np.ndarray | None = None) -> ProposalScores:
+    """Score simulated proposals ``(P, T+1, 8)`` (``[:, 0]`` = the current state). ``drivable_area``
+    (P,) in {0, 1}: the term as the caller judged it (the teacher's rollouts,
+    ``action_outcomes.drivable_with_tolerance``); None: every footprint corner inside, as PDM-Closed."""
     with single_threaded_blas():  # the comfort derivatives are small products (luna_core.blas)
-        return _score_proposals(states, ctx, weights)
+        return _score_proposals(states, ctx, weights, drivable_area)
 
 
-def _score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWeights) -> ProposalScores:
+def _score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWeights,
+                     drivable_area: np.ndarray | None) -> ProposalScores:
     states = np.asarray(states, dtype=np.float64)
     if states.ndim != 3 or states.shape[1] < 2 or states.shape[2] < len(StateIndex):
         raise ValueError(f"proposal states must be (P, T+1>=2, {len(StateIndex)}), got {states.shape}")
@@ -455,7 +458,8 @@ def _score_proposals(states: np.ndarray, ctx: ScoringContext, weights: ScorerWei
 
     multi_lane = ~in_common_or_connected_lanes(ctx.lanes, corners)  # (P, T+1)
     no_collision, t_fault, collided = _collisions(states, corners, ctx, multi_lane)
-    drivable = np.all(ctx.lanes.in_drivable_area(corners[:, 1:]), axis=(1, 2)).astype(np.float64)
+    drivable = (np.all(ctx.lanes.in_drivable_area(corners[:, 1:]), axis=(1, 2)).astype(np.float64)
+                if drivable_area is None else np.asarray(drivable_area, dtype=np.float64))
     direction = _driving_direction(states, ctx)
     forward = _no_reversing(states)
     multiplicative = no_collision * drivable * direction * forward
