@@ -309,7 +309,7 @@ def test_the_drivable_area_is_judged_with_the_metrics_tolerance_on_the_nearer_of
 
 
 def test_a_tight_real_driveway_exit_does_not_leave_the_road(scorer):
-    """USA_Peach-3_2 (real NGSIM lanelets): the ego turns out of a driveway 0.2 m wider than the car
+    """USA_Peach-3_2 (real NGSIM lanelets): the ego turns out of a driveway ~0.4 m wider than the car
     on a ~3.3 m radius at 1.9 m/s (a state the stack visited in closed loop). The open-loop LQR track
     of the lane drifts ~1 m off it after the turn; the stack's planner drives it. The teacher no
     longer answers "leaves the road" for driving on (it did, strictly on the track, as the bundled

@@ -352,7 +352,7 @@ def drivable_with_tolerance(roll: Rollouts, lanes: LaneMap, vehicle: VehiclePara
 
     Why not the tracked footprint alone: the rollout tracks one 6 s reference open loop, and nuPlan's
     LQR unwinds the steering slowly at low speed, so out of a tight turn the track drifts ~1 m off the
-    lane (the 3.3 m radius driveway exits of USA_Peach-3 at 2 m/s, on lanelets 0.2 m wider than the
+    lane (the 3.3 m radius driveway exits of USA_Peach-3 at 2 m/s, on lanelets ~0.4 m wider than the
     car), where the stack's planner, re-planning every 0.5 s on its own tracked footprint, stays on
     it; held to the open-loop track, every action but Stop "left the road" there and the oracle stood
     still. Why not the reference alone: the ego itself may stand off its lane (an on-policy state),
