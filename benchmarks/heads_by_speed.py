@@ -7,8 +7,8 @@ Why: in closed loop the stack can crawl where the teacher says Accelerate, and a
 Cruise there keeps the ego slow (CK's band tops out at max(lambda v_t, v_bar), CALMM-Drive Eq. 5: Cruise
 can raise the speed by a quarter per decision, or to 2 m/s). Open-loop figures over all rows hide such a
 band. Per band of the ego speed the descriptor holds (m/s): rows, the teacher's top actions, and per head
-the top-action accuracy, KL (Eq. 17) and what the head ranks first where the teacher ranks Accelerate x
-Keep first (a head that reads the scene vector beside h_{i*} gets each row's from its frame's descriptor);
+the top-action accuracy, KL (Eq. 17) and what the head ranks first where the teacher ranks one action
+first (``--where-teacher``, Accelerate x Keep unless told; e.g. DK for the slowing leaders it misses) (a head that reads the scene vector beside h_{i*} gets each row's from its frame's descriptor);
 with ``--trees-bank`` beside them the scene-vector trees of ``luna-offline baselines`` trained on
 that bank (what the descriptor alone allows). Rows that a head was trained on read better than they would
 unseen: say which split (``--split``) and which heads saw it.
@@ -36,14 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from score_cached_heads import load_head  # noqa: E402 - benchmarks/ on sys.path
 
 BANDS = ((0.0, 1.0), (1.0, 5.0), (5.0, float("inf")))  # m/s: crawling or standing, getting going, driving
-TEACHER_AK = ACTION_INDEX["AK"]
 
 
 @dataclass
 class HeadReading:
     accuracy: float  # top-action agreement with the teacher, 0..1
     kl: float  # mean KL(pi || pi_hat)
-    top_where_teacher_ak: Counter  # the head's top action on the band's rows where the teacher's is AK
+    top_where_teacher: Counter  # the head's top action on the band's rows where the teacher's is the focus action
 
 
 @dataclass
@@ -81,9 +80,11 @@ def trees_log_probs(bank: Path, scenes: Sequence) -> torch.Tensor:
     return torch.log(torch.as_tensor(pi, dtype=torch.float32).clamp_min(1e-12))  # the baselines' KL floor
 
 
-def read_bands(log_q: Mapping[str, torch.Tensor], target: torch.Tensor, speeds: Sequence[float]) -> list[Band]:
+def read_bands(log_q: Mapping[str, torch.Tensor], target: torch.Tensor, speeds: Sequence[float],
+               focus: str = "AK") -> list[Band]:
     """Each non-empty speed band's reading; ``log_q`` maps each predictor's name to its log pi_hat (n, 10),
-    ``target`` holds the teacher's pi (n, 10), ``speeds`` the rows' ego speeds (m/s)."""
+    ``target`` holds the teacher's pi (n, 10), ``speeds`` the rows' ego speeds (m/s); ``focus`` the action
+    code whose rows get the what-the-head-ranks-first count."""
     speed = torch.as_tensor(speeds, dtype=torch.float64)
     teacher = target.argmax(-1)
     bands = []
@@ -91,10 +92,10 @@ def read_bands(log_q: Mapping[str, torch.Tensor], target: torch.Tensor, speeds: 
         mask = (speed >= low) & (speed < high)
         if not mask.any():
             continue
-        ak = mask & (teacher == TEACHER_AK)
+        on_focus = mask & (teacher == ACTION_INDEX[focus])
         readings = {name: HeadReading(float((lq[mask].argmax(-1) == teacher[mask]).float().mean()),
                                       float(F.kl_div(lq[mask], target[mask], reduction="batchmean")),
-                                      Counter(ACTION_CODES[i] for i in lq[ak].argmax(-1).tolist()))
+                                      Counter(ACTION_CODES[i] for i in lq[on_focus].argmax(-1).tolist()))
                     for name, lq in log_q.items()}
         bands.append(Band(low, high, int(mask.sum()), Counter(ACTION_CODES[i] for i in teacher[mask].tolist()),
                           readings))
@@ -107,17 +108,17 @@ def shares(counts: Counter, n: int = 3) -> str:
     return ", ".join(f"{code} {100 * k / total:.0f} %" for code, k in counts.most_common(n)) if total else "-"
 
 
-def markdown(bands: Sequence[Band]) -> str:
+def markdown(bands: Sequence[Band], focus: str = "AK") -> str:
     names = list(bands[0].readings) if bands else []
     lines = ["| ego speed (m/s) | rows | teacher's top | " + " | ".join(
-        f"{n}: acc % / KL | {n}: top where the teacher's is AK" for n in names) + " |",
+        f"{n}: acc % / KL | {n}: top where the teacher's is {focus}" for n in names) + " |",
              "|" + "---|" * (3 + 2 * len(names))]
     for band in bands:
         cells = [band.name, str(band.rows), shares(band.teacher_top)]
         for name in names:
             h = band.readings[name]
             cells += [f"{100 * h.accuracy:.1f} / {h.kl:.3f}",
-                      f"{shares(h.top_where_teacher_ak)} ({sum(h.top_where_teacher_ak.values())})"]
+                      f"{shares(h.top_where_teacher)} ({sum(h.top_where_teacher.values())})"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", choices=("heldout", "train", "all"), default="heldout")
     p.add_argument("--trees-bank", type=Path, help="also the scene-vector trees trained on this teacher bank's "
                                                    "training split (what the descriptor alone allows)")
+    p.add_argument("--where-teacher", default="AK", choices=ACTION_CODES, metavar="CODE",
+                   help="the teacher's top action whose rows get the what-each-head-ranks-first count (default AK)")
     args = p.parse_args(argv)
     heads = {}
     for spec in args.student:
@@ -153,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     log_q = {name: head_log_probs(head, hidden, vectors if head.scene_dim else None) for name, head in heads.items()}
     if args.trees_bank is not None:
         log_q["trees"] = trees_log_probs(args.trees_bank, [scenes[item] for item, _ in rows])
-    bands = read_bands(log_q, torch.cat([t for _, t, _ in parts]), [scenes[item].ego_speed for item, _ in rows])
-    print(f"{args.features}: {args.split} rows, {len(rows)}\n\n{markdown(bands)}")
+    bands = read_bands(log_q, torch.cat([t for _, t, _ in parts]), [scenes[item].ego_speed for item, _ in rows],
+                       args.where_teacher)
+    print(f"{args.features}: {args.split} rows, {len(rows)}\n\n{markdown(bands, args.where_teacher)}")
     return 0
 
 

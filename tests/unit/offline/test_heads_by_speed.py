@@ -83,8 +83,13 @@ def test_bands_split_rows_by_ego_speed_and_name_what_a_head_says_where_the_teach
     assert [(b.name, b.rows) for b in bands] == [("[0, 1)", 2), ("[1, 5)", 2), (">= 5", 2)]
     assert [b.readings["ak"].accuracy for b in bands] == [0.5, 1.0, 0.0]
     assert [b.readings["ck"].accuracy for b in bands] == [0.5, 0.0, 1.0]
-    assert bands[1].readings["ak"].top_where_teacher_ak == {"AK": 2}
+    assert bands[1].readings["ak"].top_where_teacher == {"AK": 2}
     assert bands[1].readings["ak"].kl < bands[1].readings["ck"].kl
+    # Another focus action: where the teacher says CK (the fast rows), the AK head ranks AK first.
+    bands = script.read_bands(log_q, target, speeds, focus="CK")
+    assert bands[2].readings["ak"].top_where_teacher == {"AK": 2} and bands[2].readings["ck"].top_where_teacher == {"CK": 2}
+    assert not bands[1].readings["ak"].top_where_teacher  # no CK row in [1, 5)
+    assert "ak: top where the teacher's is CK" in script.markdown(bands, "CK").splitlines()[0]
 
 
 def test_a_row_without_its_frame_is_named(tmp_path: Path) -> None:
