@@ -8,7 +8,8 @@ Cruise there keeps the ego slow (CK's band tops out at max(lambda v_t, v_bar), C
 can raise the speed by a quarter per decision, or to 2 m/s). Open-loop figures over all rows hide such a
 band. Per band of the ego speed the descriptor holds (m/s): rows, the teacher's top actions, and per head
 the top-action accuracy, KL (Eq. 17) and what the head ranks first where the teacher ranks one action
-first (``--where-teacher``, Accelerate x Keep unless told; e.g. DK for the slowing leaders it misses) (a head that reads the scene vector beside h_{i*} gets each row's from its frame's descriptor);
+first (``--where-teacher``: Accelerate x Keep unless told, e.g. DK) (a head that reads the scene vector
+beside h_{i*} gets each row's from its frame's descriptor);
 with ``--trees-bank`` beside them the scene-vector trees of ``luna-offline baselines`` trained on
 that bank (what the descriptor alone allows). Rows that a head was trained on read better than they would
 unseen: say which split (``--split``) and which heads saw it.

@@ -87,7 +87,8 @@ def test_bands_split_rows_by_ego_speed_and_name_what_a_head_says_where_the_teach
     assert bands[1].readings["ak"].kl < bands[1].readings["ck"].kl
     # Another focus action: where the teacher says CK (the fast rows), the AK head ranks AK first.
     bands = script.read_bands(log_q, target, speeds, focus="CK")
-    assert bands[2].readings["ak"].top_where_teacher == {"AK": 2} and bands[2].readings["ck"].top_where_teacher == {"CK": 2}
+    assert bands[2].readings["ak"].top_where_teacher == {"AK": 2}
+    assert bands[2].readings["ck"].top_where_teacher == {"CK": 2}
     assert not bands[1].readings["ak"].top_where_teacher  # no CK row in [1, 5)
     assert "ak: top where the teacher's is CK" in script.markdown(bands, "CK").splitlines()[0]
 
