@@ -9,6 +9,13 @@ future, which no onboard student can, so its row in a results table is an upper 
 distilled from that teacher: it separates "the planner cannot use good decisions" from "the student
 is weak". ``luna-onehot-oracle`` issues its argmax with probability 1 (C_t = {a*}).
 
+``luna-oracle-cv`` is the same machinery on what the planner sees instead of the log
+(``privileged=False``): the perceived objects of the planner input run on at their present velocity
+(the planner's own constant-velocity forecast), the lights keep their present state, and no expert
+progress is known (no making-progress multiplier). It uses nothing an onboard policy lacks, so the gap
+between it and ``luna-oracle`` is what the logged future is worth: a student of this teacher cannot be
+expected to close it from the present scene alone.
+
 In reactive runs the agents follow IDM and leave their logs; the oracle still scores against the logs,
 so its reactive rows are an upper bound only in the non-reactive sense.
 """
@@ -19,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from luna_core.action_outcomes import score_actions
+from luna_core.lanes import lane_map
+from luna_core.planning.forecast import constant_velocity_forecast
 from luna_core.prompts import allowed_actions
 from luna_core.teacher import ScoredVoterPool, TeacherConfig, aggregate, derive_seed
 from luna_core.types import ACTION_CODES, DecisionDistribution, PlannerInput, SceneDescriptor, candidate_set
@@ -29,25 +39,36 @@ from luna_bridge.scenario import Scenario
 
 
 class _ScenarioScorer:
-    """``luna_core.teacher.ActionScorer`` for one decision: the run's scenario from a given ego state."""
+    """``luna_core.teacher.ActionScorer`` for one decision: the run's scenario from a given ego state
+    (``privileged``), or only what the planner input holds (module docstring)."""
 
-    def __init__(self, scorer: SimulationActionScorer, scenario: Scenario, planner_input: PlannerInput) -> None:
+    def __init__(self, scorer: SimulationActionScorer, scenario: Scenario, planner_input: PlannerInput,
+                 privileged: bool = True) -> None:
         self.scorer, self.scenario, self.planner_input = scorer, scenario, planner_input
+        self.privileged = privileged
 
     def score(self, scene: SceneDescriptor, context: Any, actions: list[str]) -> dict:
         pin = self.planner_input
-        return self.scorer.score_scenario(self.scenario, pin.time, actions, ego=pin.ego)
+        if self.privileged:
+            return self.scorer.score_scenario(self.scenario, pin.time, actions, ego=pin.ego)
+        cfg = self.scorer.config
+        lanes = lane_map(pin.lane_graph)
+        # Lights enter through ``lights_at`` (score_actions), so the forecast is given no route lanes.
+        objects = constant_velocity_forecast(pin, lanes, [], cfg.steps + 1, cfg.dt, cfg.agent_radius)
+        return score_actions(pin.ego, pin.time, actions, pin.lane_graph, pin.route, pin.vehicle, objects,
+                             lambda _t: pin.traffic_lights, cfg, where=self.scenario.name)
 
 
 class OracleDecisionSource(SceneDecisionSource):
     """The teacher's Eq. 10 distribution for the closed-loop state (module docstring)."""
 
     def __init__(self, scenario: Scenario, gamma_p: float = 0.1, one_hot: bool = False,
-                 teacher: TeacherConfig | None = None) -> None:
+                 teacher: TeacherConfig | None = None, privileged: bool = True) -> None:
         super().__init__(heuristic=None)
         self.scenario = scenario
         self.gamma_p = gamma_p
         self.one_hot = one_hot
+        self.privileged = privileged
         self.teacher = teacher or TeacherConfig()
         self.scorer = SimulationActionScorer()
 
@@ -57,7 +78,8 @@ class OracleDecisionSource(SceneDecisionSource):
         self.scene_errors.clear()
 
     def decision_for(self, scene: SceneDescriptor, planner_input: PlannerInput) -> DecisionDistribution | None:
-        voters = ScoredVoterPool(_ScenarioScorer(self.scorer, self.scenario, planner_input), self.teacher)
+        voters = ScoredVoterPool(_ScenarioScorer(self.scorer, self.scenario, planner_input, self.privileged),
+                                 self.teacher)
         seed = derive_seed(self.scenario.name, round(planner_input.time, 3))
         record = voters.cast(scene, "", allowed_actions(scene), {}, seed)
         if not record.ballots:  # the scorer could not run here (e.g. off the map): no decision

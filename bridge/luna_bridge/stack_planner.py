@@ -14,6 +14,8 @@ eval registry so they land in one Table III layout (ablations in the spirit of L
 ``luna-oracle``        the simulation-grounded teacher deciding from the closed-loop state (an upper
                        bound: it sees the logged future; ``luna_bridge.oracle``)
 ``luna-onehot-oracle`` its argmax with probability 1
+``luna-oracle-cv``     the oracle without the logged future: agents at constant velocity from now, lights
+                       held, no expert progress (what the logged future is worth)
 ``diffusion-es``       the same search without decisions (J_gen only; no student)
 =====================  ==========================================================================
 
@@ -47,7 +49,7 @@ if TYPE_CHECKING:  # imported when a stack is built: it pulls in the reflection 
     from luna_core.stack import HeuristicStackConfig
 
 STUDENT_PLANNERS = ("luna", "luna-k0", "luna-onehot", "luna-no-reflection")  # the student decides
-ORACLE_PLANNERS = ("luna-oracle", "luna-onehot-oracle")  # the teacher decides from the closed-loop state
+ORACLE_PLANNERS = ("luna-oracle", "luna-onehot-oracle", "luna-oracle-cv")  # the teacher decides from the closed-loop state
 STACK_PLANNERS = (*STUDENT_PLANNERS, *ORACLE_PLANNERS)  # everything that decides every T_d
 SEARCH_PLANNERS = (*STACK_PLANNERS, "diffusion-es")  # everything built on the decision-guided planner
 
@@ -333,6 +335,7 @@ def make_stack_planner(variant: str, scenario: Scenario | None = None,
         if scenario is None:
             raise StackConfigError(f"{variant} decides from the scenario's log: it needs the scenario")
         return StackPlanner(variant, search_planner(True, s),
-                            OracleDecisionSource(scenario, s.gamma_p, one_hot=variant == "luna-onehot-oracle"))
+                            OracleDecisionSource(scenario, s.gamma_p, one_hot=variant == "luna-onehot-oracle",
+                                                 privileged=variant != "luna-oracle-cv"))
     return StackPlanner(variant, search_planner(True, s),
                         make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device, s.autocast))

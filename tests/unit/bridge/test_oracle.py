@@ -1,5 +1,6 @@
 """The oracle decision source: the simulation-grounded teacher deciding from the closed-loop ego state
-(``luna-oracle``, ``luna-onehot-oracle``), an upper bound for any student."""
+(``luna-oracle``, ``luna-onehot-oracle``), an upper bound for any student; and ``luna-oracle-cv``, the same
+machinery on the present only."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 from luna_core.types import ACTION_INDEX, EgoState, PlannerInput, TrackedObjects, validate_distribution
 from luna_bridge.action_scorer import SimulationActionScorer
 from luna_bridge.baselines import make_eval_planner
-from luna_bridge.oracle import OracleDecisionSource
+from luna_bridge.oracle import OracleDecisionSource, _ScenarioScorer
+from luna_bridge.scenario import SIM_DT
 from tests.unit.bridge.test_action_scorer import STEPS, _track, two_lane_road
 
 
@@ -57,3 +59,31 @@ def test_oracle_planners_are_registered_and_read_the_scenario():
     planner = make_eval_planner("luna-onehot-oracle", road)
     assert isinstance(planner.decision_source, OracleDecisionSource)
     assert planner.decision_source.scenario is road and planner.decision_source.one_hot
+
+
+def _braking_lead_road():
+    """A lead 25 m ahead at the ego's 10 m/s that brakes at 5 m/s^2 after 1 s, to a stop at x = 45 m."""
+    time = SIM_DT * np.arange(STEPS)
+    brake = np.clip(time - 1.0, 0.0, 2.0)
+    x = 25.0 + 10.0 * np.minimum(time, 1.0) + 10.0 * brake - 2.5 * brake ** 2
+    v = np.where(time < 1.0, 10.0, np.maximum(10.0 - 5.0 * (time - 1.0), 0.0))
+    return two_lane_road([_track("v1", x, 0.0, v)])
+
+
+def test_the_cv_oracle_knows_only_the_present_and_misses_the_lead_braking_later():
+    road = _braking_lead_road()
+    ego = EgoState(0.0, 0.0, 0.0, 0.0, 10.0)
+    pin = _input(road, ego)
+    scorer = SimulationActionScorer()
+    logged = _ScenarioScorer(scorer, road, pin).score(None, {}, ["CK"])["CK"]
+    present = _ScenarioScorer(scorer, road, pin, privileged=False).score(None, {}, ["CK"])["CK"]
+    # The log says the lead stops: keeping 10 m/s behind it cannot be executed (or collides).
+    assert logged.collision or not logged.executable, logged
+    # At constant velocity the lead keeps 10 m/s: Cruise is executable and safe.
+    assert present.executable and not present.collision and present.score > logged.score, present
+
+
+def test_the_cv_oracle_is_registered():
+    planner = make_eval_planner("luna-oracle-cv", two_lane_road([]))
+    assert isinstance(planner.decision_source, OracleDecisionSource)
+    assert not planner.decision_source.privileged and not planner.decision_source.one_hot

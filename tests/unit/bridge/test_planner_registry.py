@@ -60,7 +60,7 @@ def test_a_registered_planner_is_built_lazily_and_evaluable(monkeypatch: pytest.
 
 def test_the_eval_lineup_is_the_registry_plus_the_expert_and_the_stack_variants() -> None:
     assert eval_planner_names() == ["diffusion-es", "idm", "log-replay", "luna", "luna-k0", "luna-no-reflection",
-                                    "luna-onehot", "luna-onehot-oracle", "luna-oracle", "pdm"]
+                                    "luna-onehot", "luna-onehot-oracle", "luna-oracle", "luna-oracle-cv", "pdm"]
     scenario: Scenario = lead_vehicle_scenario(1.0)
     assert isinstance(make_eval_planner(EXPERT, scenario), LogReplayPlanner)
     assert isinstance(make_eval_planner("idm", scenario), IDMPlanner)
