@@ -28,7 +28,7 @@ from luna_bridge.baselines import EXPERT  # noqa: E402
 
 SUITES = ("synthetic-hard", "synthetic-random", "commonroad")
 PLANNERS = (EXPERT, "idm", "idm@10hz", "pdm", "pdm@10hz", "diffusion-es", "luna-oracle", "luna-onehot-oracle",
-            "luna", "luna-k0", "luna-onehot")
+            "luna-oracle-cv", "luna", "luna-k0", "luna-onehot")
 BEGIN, END = "<!-- standard-set:begin -->", "<!-- standard-set:end -->"
 REPO = Path(__file__).resolve().parent.parent
 
