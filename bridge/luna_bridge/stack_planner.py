@@ -49,7 +49,8 @@ if TYPE_CHECKING:  # imported when a stack is built: it pulls in the reflection 
     from luna_core.stack import HeuristicStackConfig
 
 STUDENT_PLANNERS = ("luna", "luna-k0", "luna-onehot", "luna-no-reflection")  # the student decides
-ORACLE_PLANNERS = ("luna-oracle", "luna-onehot-oracle", "luna-oracle-cv")  # the teacher decides from the closed-loop state
+# the teacher decides from the closed-loop state (luna-oracle-cv: on the present only)
+ORACLE_PLANNERS = ("luna-oracle", "luna-onehot-oracle", "luna-oracle-cv")
 STACK_PLANNERS = (*STUDENT_PLANNERS, *ORACLE_PLANNERS)  # everything that decides every T_d
 SEARCH_PLANNERS = (*STACK_PLANNERS, "diffusion-es")  # everything built on the decision-guided planner
 
@@ -333,7 +334,8 @@ def make_stack_planner(variant: str, scenario: Scenario | None = None,
         from luna_bridge.oracle import OracleDecisionSource
 
         if scenario is None:
-            raise StackConfigError(f"{variant} decides from the scenario's log: it needs the scenario")
+            # the log for the privileged oracles; for luna-oracle-cv the name that seeds its voters
+            raise StackConfigError(f"{variant} decides with the run's scenario: it needs the scenario")
         return StackPlanner(variant, search_planner(True, s),
                             OracleDecisionSource(scenario, s.gamma_p, one_hot=variant == "luna-onehot-oracle",
                                                  privileged=variant != "luna-oracle-cv"))
