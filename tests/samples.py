@@ -70,7 +70,8 @@ def decision() -> T.DecisionDistribution:
 
 
 def failure() -> T.FailureEvent:
-    return T.FailureEvent(14.0, "AK", 13.0, ["veh-1", "cone"], True, "parked-3", {"veh-1": "ACTIVE_FRONT"})
+    return T.FailureEvent(14.0, "AK", 13.0, ["veh-1", "cone"], True, "parked-3", {"veh-1": "ACTIVE_FRONT"},
+                          {"cut-in": 0.4, "ped-2": 0.8})
 
 
 def explanation() -> T.DecisionExplanation:

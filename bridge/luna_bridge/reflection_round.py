@@ -231,6 +231,10 @@ class RunRecord:
         return sum(1 for f in self.failures if f.collision)
 
     @property
+    def near_misses(self) -> int:
+        return sum(1 for f in self.failures if f.near_miss)
+
+    @property
     def stalls(self) -> int:
         return sum(1 for f in self.failures if f.stall)
 
@@ -374,6 +378,7 @@ def round_counts(records: Sequence[RunRecord], outcomes: Sequence[ReflectionOutc
         "scenarios": len(records),
         "failures": sum(len(r.failures) for r in records),
         "collisions": sum(r.collisions for r in records),
+        "near_misses": sum(r.near_misses for r in records),
         "stalls": sum(r.stalls for r in records),
         "blocked": sum(r.blocked for r in records),
         "explanations": len(latencies),
@@ -529,7 +534,7 @@ def _write_json(path: Path, data: Any) -> None:
 def _failure_json(f: FailureEvent) -> dict[str, Any]:
     return {"stamp": f.stamp, "issued_decision": f.issued_decision, "decision_stamp": f.decision_stamp,
             "colliding_ids": list(f.colliding_ids), "collision_kinds": dict(f.collision_kinds), "stall": f.stall,
-            "blocked_by": f.blocked_by}
+            "blocked_by": f.blocked_by, "near_misses": dict(f.near_misses)}
 
 
 def _write_round_files(folder: Path, records: Sequence[RunRecord],
@@ -543,12 +548,14 @@ def _write_round_files(folder: Path, records: Sequence[RunRecord],
             f.write(json.dumps({"scenario": scenario, "request": request, "result": result}) + "\n")
     with (folder / "deploy.csv").open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["scenario", "type", "cls", "collisions", "collision_kinds", "stalls", "blocked", "decisions",
+        w.writerow(["scenario", "type", "cls", "collisions", "collision_kinds", "near_misses", "stalls", "blocked",
+                    "decisions",
                     "decisions_using_reflections", "scene_errors", "planner_failures", "explanations",
                     "explanation_latency_s", "no_hindsight", "wall_time_s", "error"])
         for r in records:
             kinds = " ".join(f"{i}:{k}" for f_ in r.failures for i, k in f_.collision_kinds.items())
-            w.writerow([r.scenario, r.scenario_type, f"{r.score:.4f}", r.collisions, kinds, r.stalls, r.blocked,
+            w.writerow([r.scenario, r.scenario_type, f"{r.score:.4f}", r.collisions, kinds, r.near_misses, r.stalls,
+                        r.blocked,
                         r.decisions, r.reflection_retrievals, r.scene_errors, r.planner_failures,
                         len(r.explanations), " ".join(f"{e.latency:.1f}" for e in r.explanations),
                         "; ".join(r.hindsight_errors), f"{r.wall_time:.1f}", r.score_error])
@@ -567,7 +574,7 @@ def summary_markdown(results: Sequence[RoundResult], config: RoundConfig, comman
     by = f"the LLM at {config.endpoint} (agreeing with hindsight)" if config.endpoint else "the hindsight check"
     lines += [f"Stack: {config.stack.describe()}; deployment {'reactive' if config.reactive else 'non-reactive'}; "
               f"reflection by {by}.", ""]
-    header = ["round", "bank items (reflection)", "failures (coll. / stall / blocked)", "written", "normal",
+    header = ["round", "bank items (reflection)", "failures (coll. / near miss / stall / blocked)", "written", "normal",
               "no grounded revision", "rejected"]
     for s in suites:
         header += [f"{s} NR-CLS", f"{s} R-CLS"]
@@ -578,7 +585,9 @@ def summary_markdown(results: Sequence[RoundResult], config: RoundConfig, comman
         if res.round == 0:
             row += ["-"] * 5
         else:
-            row += [f"{c['failures']} ({c['collisions']} / {c['stalls']} / {c['blocked']})", str(c["written"]),
+            # Rounds written before the near-miss kind have no such count.
+            row += [f"{c['failures']} ({c['collisions']} / {c.get('near_misses', 0)} / {c['stalls']} / {c['blocked']})",
+                    str(c["written"]),
                     str(c["normal"]), str(c["no_grounded_revision"]), str(c["rejected"])]
         for s in suites:
             e = res.evaluation.get(s, {})

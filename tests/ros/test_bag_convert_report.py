@@ -146,7 +146,7 @@ def test_report_shows_decisions_failures_explanations_and_says_what_is_absent(tm
     most_common_top = max(set(d.top_action for d in decisions), key=[d.top_action for d in decisions].count)
     share = sum(d.top_action == most_common_top for d in decisions) / len(decisions)
     assert f"| {most_common_top} | {share:.0%} |" in md
-    assert "| 3.00 | AK | veh-1 (ACTIVE_FRONT) cone | yes | parked-3 |" in md  # the failure event row
+    assert "| 3.00 | AK | veh-1 (ACTIVE_FRONT) cone | cut-in (0.4 s) ped-2 (0.8 s) | yes | parked-3 |" in md  # the failure row
     assert "Recommended decisions: CK,DK" in md  # the explanation text
     assert "No messages on `/luna/reflection`" in md
     assert "No messages on `/diagnostics`" in md

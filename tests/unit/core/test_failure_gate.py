@@ -23,3 +23,13 @@ def test_blocked_is_debounced_on_its_own_and_keeps_its_leader():
     assert gate.admit(FailureEvent(1.5, "SK", 1.0, [], False, "parked")) is None
     # A stall after the blocked report is new (the leader left, the ego did not follow).
     assert gate.admit(FailureEvent(2.0, "SK", 1.5, [], True)).stall
+
+
+def test_a_near_miss_is_debounced_per_object_and_a_new_object_passes():
+    gate = FailureGate(cooldown=5.0)
+    first = gate.admit(FailureEvent(1.0, "CK", 0.5, [], False, near_misses={"cut-in": 0.6}))
+    assert first.near_misses == {"cut-in": 0.6} and not first.collision
+    assert gate.admit(FailureEvent(3.0, "CK", 2.5, [], False, near_misses={"cut-in": 0.3})) is None
+    second = gate.admit(FailureEvent(3.5, "CK", 2.5, [], False, near_misses={"cut-in": 0.3, "ped": 0.8}))
+    assert second.near_misses == {"ped": 0.8}
+    assert gate.admit(FailureEvent(6.0, "CK", 5.5, [], False, near_misses={"cut-in": 0.2})).near_misses == {"cut-in": 0.2}

@@ -110,7 +110,8 @@ def test_objects_missing_from_frames_are_masked_and_objects_without_position_dro
         return out
 
     _feed(m, 1.0, 10.0, objects)
-    assert m.check(1.0) is None
+    event = m.check(1.0)  # no collision with the ghost's last position; heading for it was a near miss
+    assert event.colliding_ids == [] and set(event.near_misses) == {"ghost"}
     assert m.diagnostics.dropped_objects == 11
     assert m.diagnostics.objects_checked == 1
 
@@ -324,3 +325,65 @@ def test_a_collision_says_its_nuplan_type_a_pedestrian_walking_into_a_standing_e
     moving = ProgressMonitor()
     _feed(moving, 1.0, 10.0, lambda t: [_car("stopped", 15.5, 0.0)])
     assert moving.check(1.0).collision_kinds == {"stopped": "STOPPED_TRACK"}
+
+
+def _lead_that_leaves(t: float) -> list[TrackedObject]:
+    """A car 4 m/s ahead in the ego lane that a 10 m/s ego closes in on; it changes lanes after 0.8 s.
+    Bumper gap 7.7 - 6 t m, so the projected time to collision is 0.7 s at 0.6 s and 0.5 s at 0.8 s."""
+    return [TrackedObject("lead", ObjectClass.VEHICLE, 14.0 + 4.0 * t, 0.0 if t <= 0.8 + 1e-9 else 3.5, 0.0,
+                          4.0, 0.0, 4.5, 1.9)]
+
+
+def test_a_projected_time_to_collision_below_the_bound_is_a_near_miss() -> None:
+    m = ProgressMonitor(PARAMS)
+    m.on_decision(_decision(0.5, "CK"))
+    _feed(m, 1.0, 10.0, _lead_that_leaves)
+    event = m.check(1.0)
+    assert event is not None and event.near_miss and not event.collision and not event.stall
+    assert event.near_misses == {"lead": pytest.approx(0.5)}
+    assert event.issued_decision == "CK"
+    assert m.diagnostics.min_time_to_collision == pytest.approx(0.5)
+    # The same drive with the check off, and the window before the lead came close: nothing.
+    off = ProgressMonitor(MonitorParameters(decision_period=0.5, stall_window_cycles=10, near_miss_ttc=0.0))
+    _feed(off, 1.0, 10.0, _lead_that_leaves)
+    assert off.check(1.0) is None
+    early = ProgressMonitor(PARAMS)
+    _feed(early, 0.2, 10.0, _lead_that_leaves)
+    assert early.check(0.2) is None and early.diagnostics.min_time_to_collision > 0.95
+
+
+def test_no_near_miss_from_behind_or_while_standing_and_none_for_an_object_that_collided() -> None:
+    behind = ProgressMonitor(PARAMS)  # a faster car closing in from behind (0.4 s at 1 s): nuPlan looks ahead only
+    _feed(behind, 1.0, 10.0, lambda t: [TrackedObject("rear", ObjectClass.VEHICLE, -12.0 + 16.0 * t, 0.0, 0.0,
+                                                       16.0, 0.0, 4.5, 1.9)])
+    assert behind.check(1.0) is None
+    standing = ProgressMonitor(PARAMS)  # the ego stands; a car drives towards it and stops 1 m short
+    _feed(standing, 1.0, 0.0, lambda t: [TrackedObject("oncoming", ObjectClass.VEHICLE, 9.0 - 2.0 * min(t, 0.9),
+                                                        0.0, math.pi, 2.0, 0.0, 4.5, 1.9)])
+    assert standing.check(1.0) is None
+    hit = ProgressMonitor(PARAMS)  # approached, then touched: a collision, not also a near miss
+    _feed(hit, 1.0, 10.0, lambda t: [_car("stopped", 15.5, 0.0)])
+    event = hit.check(1.0)
+    assert event.colliding_ids == ["stopped"] and not event.near_miss
+
+
+def test_in_a_junction_the_near_miss_check_looks_wider_as_nuplans_rule() -> None:
+    # A car crossing from the left, 35 deg off the ego heading (projected TTC 0.6 s at 0.6 s): outside the
+    # 30 deg cone on a plain road, relevant in a junction (the scene descriptor says the ego is in one).
+    def crossing(t: float) -> list[TrackedObject]:
+        return [TrackedObject("cross", ObjectClass.VEHICLE, 16.0, 11.8 - 8.0 * t, -math.pi / 2, 0.0, -8.0, 4.5, 1.9)]
+
+    def junction_scene(m: ProgressMonitor, in_junction: bool) -> None:
+        for k in range(11):
+            scene = _scene(round(k * PERCEPTION_DT, 9), 10.0)
+            scene.road_section = RoadSection.JUNCTION if in_junction else RoadSection.NORMAL_MULTI_LANE
+            m.update_scene(scene)
+
+    results = {}
+    for in_junction in (False, True):
+        m = ProgressMonitor(PARAMS)
+        junction_scene(m, in_junction)
+        _feed(m, 0.6, 10.0, crossing)
+        results[in_junction] = m.check(0.6)
+    assert results[False] is None
+    assert results[True] is not None and results[True].near_misses == {"cross": pytest.approx(0.6)}

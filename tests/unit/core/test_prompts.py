@@ -202,6 +202,9 @@ def test_agent_prompts_use_only_their_dependency_sets():
     assert "[Traffic state]" in refl[1]["content"] and GOOD_SUMMARY in refl[1]["content"]
     stall = PM.failure_text(FailureEvent(3.0, "SK", stall=True))
     assert "no progress" in stall
+    near = PM.failure_text(FailureEvent(3.0, "CK", near_misses={"cut-in": 0.4}))
+    assert near == ("Executed decision: CK. Outcome: the ego vehicle nearly collided: its time to collision with "
+                    "object(s) cut-in (0.4 s) fell below 1 s.")
 
 
 # ---- action names and sentence boundaries (explanations, Eq. 25-28) ------------------------------

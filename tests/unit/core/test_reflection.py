@@ -62,6 +62,7 @@ def _request(collision=True, observation="collision", explanation_latency=3.2, s
     obs = {"collision": lambda: observe(lambda t: [car("beside", 1.0 + 8.0 * t, 3.5, 8.0), car("stalled", 35.0)],
                                         speed=8.0),
            "blocked": lambda: observe(lambda t: [car("parked", FRONT + 0.5 + 2.25)]),
+           "following": lambda: observe(lambda t: [car("lead", 30.0 + 8.0 * t, 0.0, 8.0)], speed=8.0),
            None: lambda: None}[observation]()
     if scene is not None:  # the node's recorder pairs the decision with the scene published for it
         obs = dataclasses.replace(obs, scene=scene)
@@ -121,6 +122,24 @@ def test_an_llm_revision_that_collides_or_contradicts_hindsight_is_rejected_and_
     final = [r for r in results if r is not None]
     assert len(final) == 1 and final[0].error.startswith("invalid reflection") and why in final[0].error
     assert len(bank) == 0 and len(outbox) == 0
+
+
+def test_a_near_miss_goes_through_the_outbox_and_a_decision_as_good_as_any_is_normal(bank, tmp_path):
+    # The monitor reported a near miss with the leader; in hindsight CK behind a leader 30 m ahead at the
+    # ego's speed was as good as any decision: 'normal', nothing written.
+    req = _request(collision=False, observation="following")
+    req = dataclasses.replace(req, blocked_by="", near_misses={"lead": 0.7})
+    outbox = Outbox(tmp_path / "outbox")
+    outbox.put(req)
+    outbox.close()
+    reopened = Outbox(tmp_path / "outbox")  # read back from the journal
+    pending = reopened.due()[0]
+    reopened.close()
+    assert pending.request.near_misses == {"lead": 0.7} and pending.request.failure.near_miss
+    result = ReflectionSystem(None, PromptManager(), bank).reflect(pending.request)
+    assert result.normal and not result.memory_item_id and not result.error
+    assert "as good as any" in result.hindsight and len(bank) == 0
+    assert outbox_summary(tmp_path / "outbox")["near_misses"] == 1
 
 
 def test_blocked_behind_a_parked_car_is_normal_and_never_writes_accelerate(bank):

@@ -51,6 +51,14 @@ def test_failure_with_collision_kinds_that_do_not_pair_with_the_ids_is_rejected(
         C.msg_to_failure(msg)
 
 
+def test_failure_with_near_miss_times_that_do_not_pair_with_the_ids_is_rejected():
+    msg = C.failure_to_msg(samples.failure())
+    assert list(msg.near_miss_ids) == ["cut-in", "ped-2"] and list(msg.near_miss_ttc) == [0.4, 0.8]
+    msg.near_miss_ttc = [0.4]
+    with pytest.raises(ValueError, match="2 near-miss ids but 1 times to collision"):
+        C.msg_to_failure(msg)
+
+
 def test_decision_reordered_by_action_codes():
     msg = C.decision_to_msg(samples.decision())
     msg.action_codes = list(reversed(msg.action_codes))

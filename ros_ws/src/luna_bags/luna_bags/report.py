@@ -250,9 +250,14 @@ def failures(data: ReportData) -> Section:
         kinds = list(getattr(m, "collision_kinds", [])) or [""] * len(m.colliding_ids)
         return " ".join(f"{i} ({k})" if k else i for i, k in zip(m.colliding_ids, kinds)) or "-"
 
-    sec.tables.append((["time (s)", "issued decision", "collision with (nuPlan type)", "stall", "blocked by"],
-                       [[f"{t:.2f}", m.issued_decision or "-", collisions(m), "yes" if m.stall else "no",
-                         getattr(m, "blocked_by", "") or "-"] for t, m in msgs]))
+    def near_misses(m) -> str:  # older bags have no near-miss fields
+        return " ".join(f"{i} ({t:.1f} s)" for i, t in zip(getattr(m, "near_miss_ids", []),
+                                                          getattr(m, "near_miss_ttc", []))) or "-"
+
+    sec.tables.append((["time (s)", "issued decision", "collision with (nuPlan type)", "near miss with (TTC)",
+                        "stall", "blocked by"],
+                       [[f"{t:.2f}", m.issued_decision or "-", collisions(m), near_misses(m),
+                         "yes" if m.stall else "no", getattr(m, "blocked_by", "") or "-"] for t, m in msgs]))
     return sec
 
 

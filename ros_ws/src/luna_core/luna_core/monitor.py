@@ -16,6 +16,13 @@ Every decision period T_d the monitor checks the last T_d of driving:
   waiting for them is no failure. Instants without a scene count as nothing holding (Table I: an
   unknown light is None). Without ego samples for every instant (the start of a run, an odometry
   gap) Theta is 0: a stall is only claimed on evidence.
+* Near misses: at each object frame of the collision window the ego (while it moves) and the objects
+  ahead of it are projected at constant velocity by nuPlan's time-to-collision rule
+  (``luna_core.ttc``; the scene descriptor says whether the ego is in a junction or off its lanes,
+  where the rule looks wider); an object whose projected overlap comes within ``near_miss_ttc``
+  (nuPlan's 0.95 s bound) is a near miss (``FailureEvent.near_misses``: id -> least TTC). The metrics
+  fail a run for it as for a collision, so reflection should hear of it; an object that touched the
+  ego is a collision instead, from its first contact on, as in the metric.
 * Blocked: the same low progress while a stopped leader held the ego at every instant of W (and no
   light did) is reported as a failure of its own kind (``FailureEvent.blocked_by``, the leader's id):
   waiting behind a car that does not move for H T_d may call for going around it, which reflection
@@ -43,8 +50,9 @@ from luna_core.collision_kinds import CollisionType, collision_type
 from luna_core.geometry import TOUCH_TOLERANCE, boxes_overlap, colliding_objects
 from luna_core.holds import LEADER, LIGHT, Hold, HoldParameters, hold_of
 from luna_core.stamped import StampedBuffer
-from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, SceneDescriptor, TrackedObject,
-                             TrackedObjects, VehicleParameters, box_corners, usable_objects)
+from luna_core.ttc import LEAST_MIN_TTC, TTC_STOPPED_SPEED, projected_ttc, projection_steps, relevant_tracks
+from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, ObjectClass, SceneDescriptor,
+                             TrackedObject, TrackedObjects, VehicleParameters, box_corners, usable_objects)
 
 
 class MonitorInputError(ValueError):
@@ -65,6 +73,7 @@ class MonitorParameters:
     stall_speed_threshold: float = 0.5  # v_th (m/s)
     max_sample_gap: float = 0.3  # s: how far from an instant an ego/light sample may be to stand for it
     collision_tolerance: float = TOUCH_TOLERANCE  # m: boxes this close count as touching
+    near_miss_ttc: float = LEAST_MIN_TTC  # s: a projected time to collision below this is a near miss; 0 = off
     holds: HoldParameters = field(default_factory=HoldParameters)
     vehicle: VehicleParameters = field(default_factory=VehicleParameters)
 
@@ -79,6 +88,8 @@ class MonitorParameters:
         if int(self.stall_window_cycles) != self.stall_window_cycles or self.stall_window_cycles < 1:
             raise ValueError("MonitorParameters.stall_window_cycles must be an integer >= 1, "
                              f"got {self.stall_window_cycles!r}")
+        if not (math.isfinite(self.near_miss_ttc) and self.near_miss_ttc >= 0.0):
+            raise ValueError(f"MonitorParameters.near_miss_ttc must be >= 0 s, got {self.near_miss_ttc!r}")
         if not (math.isfinite(self.collision_tolerance) and self.collision_tolerance >= 0.0):
             raise ValueError("MonitorParameters.collision_tolerance must be >= 0, "
                              f"got {self.collision_tolerance!r}")
@@ -103,6 +114,7 @@ class MonitorDiagnostics:
     lights_permissive: bool = False  # no red or yellow light at any instant of the window
     hold: str = ""  # what held the ego at the latest instant ("" if nothing), e.g. "leader: vehicle v3 ..."
     collision_kinds: dict[str, str] = field(default_factory=dict)  # this check's colliding ids -> nuPlan type
+    min_time_to_collision: float = math.inf  # s, least projected TTC in the window (nuPlan's rule)
     dropped_objects: int = 0  # objects without a usable position left out of frames since start
     assumed_objects: int = 0  # objects kept with assumed fields (default footprint...) since start
     failure: bool = False
@@ -118,6 +130,7 @@ class ProgressMonitor:
         self._scenes = StampedBuffer()
         self._decisions = StampedBuffer()
         self._contacts: dict[str, CollisionType] = {}  # objects overlapping in the last check: type at first contact
+        self._collided: set[str] = set()  # every object that ever touched the ego: no near miss any more
         self.diagnostics = MonitorDiagnostics()
 
     # ------------------------------------------------------------------ inputs
@@ -168,13 +181,14 @@ class ProgressMonitor:
         started = time.perf_counter()
         self._prune(now)
         colliding = self.colliding_ids(now)
+        near_misses = self.near_misses(now)
         stall, blocked_by = self.progress(now)
         event = None
-        if colliding or stall or blocked_by:
+        if colliding or near_misses or stall or blocked_by:
             code, decision_stamp = self.issued_decision(now)
             event = FailureEvent(stamp=now, issued_decision=code, decision_stamp=decision_stamp,
                                  colliding_ids=colliding, stall=stall, blocked_by=blocked_by,
-                                 collision_kinds=dict(self.diagnostics.collision_kinds))
+                                 collision_kinds=dict(self.diagnostics.collision_kinds), near_misses=near_misses)
         self.diagnostics.stamp = now
         self.diagnostics.failure = event is not None
         self.diagnostics.latency = time.perf_counter() - started
@@ -183,15 +197,8 @@ class ProgressMonitor:
     def colliding_ids(self, now: float) -> list[str]:
         """I_coll: ids of objects whose box overlapped the ego box in ``(now - T_d, now]``; the
         diagnostics get each one's collision type at first contact (``collision_kinds``)."""
-        frames = []
-        ego_boxes = []
-        stamps = []
-        for sample in self._objects.between(now - self.params.decision_period, now):
-            ego = self._ego_at(sample.stamp)
-            if ego is not None:
-                frames.append(sample.value)
-                ego_boxes.append(ego)
-                stamps.append(sample.stamp)
+        frames, egos, stamps = self._aligned_frames(now)
+        ego_boxes = [ego.box for ego in egos]
         ids = sorted({o.id for objects in frames for o in objects})
         self.diagnostics.frames_checked = len(frames)
         self.diagnostics.objects_checked = len(ids)
@@ -218,8 +225,40 @@ class ProgressMonitor:
             contacts[ids[i - 1]] = self._contacts.get(ids[i - 1]) or self._first_contact(
                 ids[i - 1], boxes[0], boxes[i], valid[i], frames, ego_boxes, stamps)
         self._contacts = contacts
+        self._collided.update(contacts)
         self.diagnostics.collision_kinds = {k: v.value for k, v in contacts.items()}
         return [ids[i - 1] for i in hits]
+
+    def near_misses(self, now: float) -> dict[str, float]:
+        """Objects (id -> least projected TTC, s) whose time to collision by nuPlan's rule fell below
+        ``near_miss_ttc`` at an object frame of ``(now - T_d, now]`` while the ego moved; objects that
+        touched the ego are left out. Call after :meth:`colliding_ids` of the same window."""
+        steps = projection_steps()
+        steps = steps[steps < self.params.near_miss_ttc]
+        least: dict[str, float] = {}
+        vehicle = self.params.vehicle
+        for objects, ego, stamp in zip(*self._aligned_frames(now)):
+            if ego.speed <= TTC_STOPPED_SPEED or not len(steps):
+                continue
+            objects = [o for o in objects if o.id not in self._collided]
+            if not objects:
+                continue
+            scene = self._scene_at(stamp)
+            wide = scene is not None and (scene.in_junction or scene.ego_lane_index == 0)
+            xy = np.array([(o.x, o.y) for o in objects])
+            relevant = relevant_tracks(np.array([ego.rear_x, ego.rear_y]), ego.heading, xy, wide)
+            if not relevant.any():
+                continue
+            near = [o for o, r in zip(objects, relevant) if r]
+            ttc = projected_ttc(np.array(ego.box[:2]), ego.heading, ego.speed, vehicle.length, vehicle.width,
+                                np.array([(o.x, o.y, o.heading) for o in near]),
+                                np.array([0.0 if o.object_class is ObjectClass.STATIC else o.speed for o in near]),
+                                np.array([(o.length, o.width) for o in near]), steps)
+            for o, t in zip(near, ttc):
+                if t < least.get(o.id, math.inf):
+                    least[o.id] = float(t)
+        self.diagnostics.min_time_to_collision = min(least.values(), default=math.inf)
+        return dict(sorted(least.items()))
 
     def _first_contact(self, object_id: str, ego_corners: np.ndarray, corners: np.ndarray, valid: np.ndarray,
                        frames: list[list[TrackedObject]], ego_boxes: list[tuple[float, ...]],
@@ -278,8 +317,19 @@ class ProgressMonitor:
 
     # ------------------------------------------------------------------ helpers
 
-    def _ego_at(self, stamp: float) -> tuple[float, float, float, float, float] | None:
-        """Ego box (centre x, y, heading, length, width) at ``stamp``, interpolated between samples."""
+    def _aligned_frames(self, now: float) -> tuple[list[list[TrackedObject]], list["_EgoAt"], list[float]]:
+        """The object frames of ``(now - T_d, now]`` that have an ego pose, those poses and the stamps."""
+        frames, egos, stamps = [], [], []
+        for sample in self._objects.between(now - self.params.decision_period, now):
+            ego = self._ego_at(sample.stamp)
+            if ego is not None:
+                frames.append(sample.value)
+                egos.append(ego)
+                stamps.append(sample.stamp)
+        return frames, egos, stamps
+
+    def _ego_at(self, stamp: float) -> "_EgoAt | None":
+        """The ego at ``stamp`` (pose and speed interpolated between samples, or the sample within a gap)."""
         before = self._ego.at_or_before(stamp)
         after = self._ego.after(stamp)
         gap = self.params.max_sample_gap
@@ -289,25 +339,29 @@ class ProgressMonitor:
             x = a.x + w * (b.x - a.x)
             y = a.y + w * (b.y - a.y)
             heading = a.heading + w * math.remainder(b.heading - a.heading, 2.0 * math.pi)
+            speed = abs(a.velocity) + w * (abs(b.velocity) - abs(a.velocity))
         elif before is not None and stamp - before.stamp <= gap:
-            x, y, heading = before.value.x, before.value.y, before.value.heading
+            x, y, heading, speed = before.value.x, before.value.y, before.value.heading, abs(before.value.velocity)
         elif after is not None and after.stamp - stamp <= gap:
-            x, y, heading = after.value.x, after.value.y, after.value.heading
+            x, y, heading, speed = after.value.x, after.value.y, after.value.heading, abs(after.value.velocity)
         else:
             return None
         vehicle = self.params.vehicle
         cx, cy = vehicle.center_from_rear_axle(x, y, heading)
-        return cx, cy, heading, vehicle.length, vehicle.width
+        return _EgoAt(x, y, heading, speed, (cx, cy, heading, vehicle.length, vehicle.width))
 
     def _hold_at(self, tau: float) -> Hold | None:
-        """What held the ego at ``tau``: the latest scene up to a decision period (plus a sample gap)
-        old, else the nearest within a sample gap; nothing without a scene."""
+        """What held the ego at ``tau`` (by the scene of :meth:`_scene_at`); nothing without a scene."""
+        scene = self._scene_at(tau)
+        return None if scene is None else hold_of(scene, self.params.stall_speed_threshold, self.params.holds)
+
+    def _scene_at(self, tau: float) -> SceneDescriptor | None:
+        """The scene in force at ``tau``: the latest up to a decision period (plus a sample gap) old,
+        else the nearest within a sample gap."""
         sample = self._scenes.at_or_before(tau)
         if sample is None or tau - sample.stamp > self.params.decision_period + self.params.max_sample_gap:
             sample = self._scenes.nearest(tau, self.params.max_sample_gap)
-        if sample is None:
-            return None
-        return hold_of(sample.value, self.params.stall_speed_threshold, self.params.holds)
+        return None if sample is None else sample.value
 
     def _prune(self, now: float) -> None:
         """Forget what no check at or after ``now`` can need (pruning follows the check clock, so one
@@ -318,6 +372,17 @@ class ProgressMonitor:
         # Keep the decision in force at the oldest instant we may still be asked about.
         keep = self._decisions.at_or_before(oldest)
         self._decisions.prune(keep.stamp if keep is not None else oldest)
+
+
+@dataclass(frozen=True)
+class _EgoAt:
+    """The ego at an object frame's stamp: rear axle (m), heading (rad), speed (m/s) and its box."""
+
+    rear_x: float
+    rear_y: float
+    heading: float
+    speed: float
+    box: tuple[float, float, float, float, float]  # centre x, y, heading, length, width
 
 
 def _check_stamp(stamp: float | None, what: str) -> None:

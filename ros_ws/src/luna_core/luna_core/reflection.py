@@ -63,6 +63,7 @@ class ReflectionRequest:
     decision_stamp: float = 0.0
     blocked_by: str = ""
     collision_kinds: dict[str, str] = field(default_factory=dict)
+    near_misses: dict[str, float] = field(default_factory=dict)  # object id -> least projected TTC (s)
     explanation_latency: float = 0.0  # s the explanation took
     observation: dict[str, Any] | None = None  # HindsightObservation.to_dict() of the executed decision
     # The decisions before it (latest first), each {"decision_stamp", "issued_decision", "query",
@@ -78,7 +79,8 @@ class ReflectionRequest:
                    failure_stamp=failure.stamp, issued_decision=failure.issued_decision,
                    colliding_ids=list(failure.colliding_ids), stall=failure.stall,
                    decision_stamp=failure.decision_stamp, blocked_by=failure.blocked_by,
-                   collision_kinds=dict(failure.collision_kinds), explanation_latency=explanation.latency,
+                   collision_kinds=dict(failure.collision_kinds), near_misses=dict(failure.near_misses),
+                   explanation_latency=explanation.latency,
                    observation=observation.to_dict() if observation is not None else None,
                    earlier=[{"decision_stamp": d.stamp, "issued_decision": d.top_action, "query": d.query,
                              "observation": o.to_dict()} for d, o in earlier])
@@ -86,7 +88,7 @@ class ReflectionRequest:
     @property
     def failure(self) -> FailureEvent:
         return FailureEvent(self.failure_stamp, self.issued_decision, self.decision_stamp, list(self.colliding_ids),
-                            self.stall, self.blocked_by, dict(self.collision_kinds))
+                            self.stall, self.blocked_by, dict(self.collision_kinds), dict(self.near_misses))
 
 
 @dataclass
@@ -311,6 +313,7 @@ def outbox_summary(outbox_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return {
         "requests": len(puts),
         "collisions": sum(1 for p in puts if p.get("colliding_ids")),
+        "near_misses": sum(1 for p in puts if p.get("near_misses")),
         "stalls": sum(1 for p in puts if p.get("stall")),
         "blocked": sum(1 for p in puts if p.get("blocked_by")),
         "without_hindsight_observation": sum(1 for p in puts if p.get("observation") is None),

@@ -517,8 +517,10 @@ def validate_distribution(probabilities: Iterable[float], tolerance: float = 1e-
 
 @dataclass
 class FailureEvent:
-    """zeta_t = <a~, I_coll, Theta> of Eq. 24, with the kind of each collision and a third failure kind.
+    """zeta_t = <a~, I_coll, Theta> of Eq. 24, with the kind of each collision and two more failure kinds.
 
+    ``near_misses`` are the objects whose projected time to collision fell below nuPlan's 0.95 s
+    bound (id -> least TTC in s; ``luna_core.ttc``): no contact, but a failure the metrics count.
     ``stall`` is Theta of Eq. 23 (low progress while nothing holds the ego); ``blocked_by`` names the
     stopped leader the ego stood behind for the whole stall window (low progress that a stopped car
     explains: no stall, but a failure to make progress that reflection may solve by going around).
@@ -533,10 +535,15 @@ class FailureEvent:
     stall: bool = False
     blocked_by: str = ""  # id of the stopped leader that held the ego over the stall window ("" if none)
     collision_kinds: dict[str, str] = field(default_factory=dict)  # colliding id -> CollisionType value
+    near_misses: dict[str, float] = field(default_factory=dict)  # object id -> least projected TTC (s)
 
     @property
     def collision(self) -> bool:
         return bool(self.colliding_ids)
+
+    @property
+    def near_miss(self) -> bool:
+        return bool(self.near_misses)
 
     @property
     def blocked(self) -> bool:

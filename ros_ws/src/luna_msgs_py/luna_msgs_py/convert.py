@@ -287,16 +287,22 @@ def failure_to_msg(f: T.FailureEvent, frame_id: str = "map") -> lm.FailureEvent:
     return lm.FailureEvent(header=header(f.stamp, frame_id), issued_decision=f.issued_decision,
                            decision_stamp=to_time(f.decision_stamp), colliding_ids=list(f.colliding_ids),
                            collision_kinds=[f.collision_kinds.get(i, "") for i in f.colliding_ids],
-                           stall=bool(f.stall), blocked_by=f.blocked_by)
+                           stall=bool(f.stall), blocked_by=f.blocked_by, near_miss_ids=list(f.near_misses),
+                           near_miss_ttc=[float(t) for t in f.near_misses.values()])
 
 
 def msg_to_failure(msg: lm.FailureEvent) -> T.FailureEvent:
-    """Message -> FailureEvent; raises ValueError when the collision types do not pair with the ids."""
+    """Message -> FailureEvent; raises ValueError when the collision types do not pair with the ids or
+    the near misses' times to collision with theirs."""
     ids, kinds = list(msg.colliding_ids), list(msg.collision_kinds)
     if kinds and len(kinds) != len(ids):
         raise ValueError(f"failure event has {len(ids)} colliding ids but {len(kinds)} collision kinds")
+    near_ids, near_ttc = list(msg.near_miss_ids), list(msg.near_miss_ttc)
+    if len(near_ids) != len(near_ttc):
+        raise ValueError(f"failure event has {len(near_ids)} near-miss ids but {len(near_ttc)} times to collision")
     return T.FailureEvent(from_time(msg.header.stamp), msg.issued_decision, from_time(msg.decision_stamp),
-                          ids, msg.stall, msg.blocked_by, {i: k for i, k in zip(ids, kinds) if k})
+                          ids, msg.stall, msg.blocked_by, {i: k for i, k in zip(ids, kinds) if k},
+                          {i: float(t) for i, t in zip(near_ids, near_ttc)})
 
 
 def explanation_to_msg(e: T.DecisionExplanation, frame_id: str = "map") -> lm.DecisionExplanation:

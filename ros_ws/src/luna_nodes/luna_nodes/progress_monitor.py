@@ -1,4 +1,4 @@
-"""progress_monitor: collision (Algorithm 1), stall (Eq. 23) and blocked checks every T_d -> luna/failure."""
+"""progress_monitor: collision (Algorithm 1), near-miss, stall (Eq. 23) and blocked checks every T_d -> luna/failure."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from luna_core.geometry import TOUCH_TOLERANCE
 from luna_core.holds import HoldParameters
 from luna_core.monitor import MonitorParameters
 from luna_core.stack import MonitorConfig, build_progress_monitor
+from luna_core.ttc import LEAST_MIN_TTC
 from luna_msgs_py import convert, qos
 from luna_nodes.base import MAX_TRACKED_OBJECTS, WARN, LunaNode, run
 from luna_nodes.params import VEHICLE_PARAMS, NodeInterface, ParamSpec, vehicle_parameters
@@ -20,7 +21,8 @@ HOLD_PARAMS = ("hold_gap", "hold_headway", "hold_deceleration", "stopped_speed",
 INTERFACE = NodeInterface(
     name="progress_monitor",
     summary="Every decision period T_d checks the last T_d of ego and object boxes for collisions "
-            "(SAT, Algorithm 1; each classified by nuPlan's at-fault rules) and the last H cycles for a stall "
+            "(SAT, Algorithm 1; each classified by nuPlan's at-fault rules) and for near misses (a projected time "
+            "to collision below nuPlan's 0.95 s bound), and the last H cycles for a stall "
             "(Eq. 23: low progress while no red light, no stopped or slower leader within the stopping "
             "distance and no crossing pedestrian held the ego) or for being blocked (low progress behind a "
             "stopped leader over all H cycles), and publishes the failure tuple (Eq. 24) when there is a failure.",
@@ -41,8 +43,10 @@ INTERFACE = NodeInterface(
                   min=0.01, runtime=True),
         ParamSpec("collision_tolerance", float, TOUCH_TOLERANCE, "Boxes this close count as touching.", "m",
                   min=0.0, runtime=True),
-        ParamSpec("failure_cooldown", float, 5.0, "A lasting stall or blocked ego, or a collision with the same "
-                  "object, is reported again only after this long.", "s", min=0.0, runtime=True),
+        ParamSpec("near_miss_ttc", float, LEAST_MIN_TTC, "A projected time to collision (nuPlan's rule) below this "
+                  "is a near miss; 0 turns the check off.", "s", min=0.0, max=3.0, runtime=True),
+        ParamSpec("failure_cooldown", float, 5.0, "A lasting stall or blocked ego, or a collision or near miss with "
+                  "the same object, is reported again only after this long.", "s", min=0.0, runtime=True),
         ParamSpec("hold_gap", float, 8.0, "A leader within this bumper gap of a standing ego holds it (plus the "
                   "stopping distance while moving).", "m", min=0.0, runtime=True),
         ParamSpec("hold_headway", float, 1.5, "Time gap per m/s of ego speed added to hold_gap.", "s", min=0.0,
@@ -99,7 +103,7 @@ class ProgressMonitorNode(LunaNode):
         tick = self.detector.tick(now)
         d = self.monitor.diagnostics
         for key in ("latency", "frames_checked", "objects_checked", "mean_speed", "dropped_objects",
-                    "assumed_objects", "hold"):
+                    "assumed_objects", "hold", "min_time_to_collision"):
             self.diagnostics.set_value(f"check_{key}" if key == "latency" else key, getattr(d, key))
         if tick.detected is None:
             self.diagnostics.clear("failure")
@@ -112,6 +116,9 @@ class ProgressMonitorNode(LunaNode):
         collisions = [f"{i} ({describe(CollisionType(admitted.collision_kinds[i]))})"
                       if i in admitted.collision_kinds else i for i in admitted.colliding_ids]
         what = ", ".join(filter(None, [f"collision with {', '.join(collisions)}" if collisions else "",
+                                       "near miss with " + ", ".join(f"{i} (TTC {t:.1f} s)" for i, t in
+                                                                     admitted.near_misses.items())
+                                       if admitted.near_miss else "",
                                        "stall" if admitted.stall else "",
                                        f"blocked behind the stopped {admitted.blocked_by}" if admitted.blocked else ""]))
         self.diagnostics.set_condition("failure", WARN, f"{what} under decision '{admitted.issued_decision}'")
@@ -123,6 +130,7 @@ def monitor_parameters(params: dict) -> MonitorParameters:
                              stall_speed_threshold=params["stall_speed_threshold"],
                              max_sample_gap=params["max_sample_gap"],
                              collision_tolerance=params["collision_tolerance"],
+                             near_miss_ttc=params["near_miss_ttc"],
                              holds=HoldParameters(**{k: params[k] for k in HOLD_PARAMS}),
                              vehicle=vehicle_parameters(params))
 

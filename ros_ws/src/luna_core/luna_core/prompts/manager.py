@@ -131,6 +131,10 @@ class PromptManager:
         outcome = []
         if failure.collision:
             outcome.append(f"the ego vehicle collided with object(s) {', '.join(map(safe_id, failure.colliding_ids))}")
+        if failure.near_miss:
+            closest = ", ".join(f"{safe_id(i)} ({t:.1f} s)" for i, t in failure.near_misses.items())
+            outcome.append(f"the ego vehicle nearly collided: its time to collision with object(s) {closest} "
+                           "fell below 1 s")
         if failure.stall:
             outcome.append("the ego vehicle nearly stopped although no red light or obstacle required it, "
                            "so it made no progress")
