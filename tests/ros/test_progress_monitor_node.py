@@ -81,3 +81,36 @@ def test_standing_behind_a_stopped_car_in_the_scene_is_reported_as_blocked_not_a
         probe.close()
         out = stop_process(proc)
     assert proc.returncode == 0, out
+
+
+def test_closing_in_on_a_leader_that_then_leaves_the_lane_is_published_as_a_near_miss(tmp_path, ros_context):
+    proc = start_node("progress_monitor", "progress_monitor",
+                      {"decision_period": 0.2, "stall_window_cycles": 3, "failure_cooldown": 30.0}, tmp_path)
+    probe = Probe(ros_context)
+    try:
+        failures = probe.collect(lm.FailureEvent, "luna/failure", qos.RELIABLE)
+        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
+        objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
+        for p in (odom, objects):
+            wait_for_subscribers(p)
+        clock = probe.node.get_clock()
+        start = clock.now().nanoseconds * 1e-9
+        # The ego at 10 m/s closes in on a 4 m/s leader (bumper gap 7.7 - 6 t m: projected TTC 0.5 s at
+        # 0.8 s), which then changes lanes: no contact, a near miss.
+        for i in range(40):  # 2 s at 20 Hz
+            now = clock.now().nanoseconds * 1e-9
+            t = now - start
+            odom.publish(C.ego_to_odometry(T.EgoState(now, 10.0 * t, 0.0, 0.0, 10.0)))
+            if i % 2 == 0:
+                lead = T.TrackedObject("lead", T.ObjectClass.VEHICLE, 14.0 + 4.0 * t, 0.0 if t <= 0.8 else 3.5,
+                                       0.0, 4.0, 0.0, 4.5, 1.9)
+                objects.publish(C.objects_to_msg(T.TrackedObjects(now, [lead])))
+            probe.spin_for(0.05)
+        probe.wait(lambda: failures, 10.0, "a failure event")
+        events = [C.msg_to_failure(f) for f in failures]
+        assert len(events) == 1 and not events[0].colliding_ids and not events[0].stall
+        assert list(events[0].near_misses) == ["lead"] and events[0].near_misses["lead"] < 0.95
+    finally:
+        probe.close()
+        out = stop_process(proc)
+    assert proc.returncode == 0, out
