@@ -464,18 +464,10 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
             run_job(job)
             bar.update()
     else:
-        env = {k: os.environ.get(k) for k in THREAD_VARIABLES}
-        os.environ.update({k: "1" for k in env})  # inherited by the spawned workers
-        try:
+        with single_threaded_children():
             with mp.get_context("spawn").Pool(cfg.workers, initializer=_worker_init) as pool:
                 for _ in pool.imap_unordered(run_job, todo, chunksize=1):
                     bar.update()
-        finally:
-            for k, v in env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     bar.close()
     results = _load_results(cfg, refs, planners)
     table = write_reports(cfg, results, planners)
@@ -490,6 +482,21 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
     info.update(command=command, suite=cfg.suite, planners=planners, modes=[mode_name(m) for m in cfg.modes])
     write_atomic(cfg.out_dir / "run.json", json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
     return summary
+
+
+@contextlib.contextmanager
+def single_threaded_children() -> Iterator[None]:
+    """Processes spawned in the block inherit one BLAS / OpenMP thread each (workers share the cores)."""
+    env = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+    os.environ.update({k: "1" for k in env})
+    try:
+        yield
+    finally:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager

@@ -25,11 +25,13 @@ Round 0 evaluates the stack with the source bank: the row without reflection ite
 
 Outputs in ``<out>``: ``rounds.md`` / ``rounds.json`` (the table: failures found, revisions written,
 normal, no grounded revision, rejected, the bank, NR/R CLS per suite per round), and per round
-``round_<r>/``: ``memory_bank/``, ``outbox/`` (the reflection journal, with every hindsight
+``round_<r>/``: ``deploy/<scenario>.json`` (each deployment run: its score, failures, explanations and
+reflection requests), ``memory_bank/``, ``outbox/`` (the reflection journal, with every hindsight
 observation), ``reflections.jsonl`` (each failure, its explanation, the verdict and the outcome),
 ``deploy.csv`` (per deployed scenario) and ``eval/<suite>/`` (the evaluation's files: per_scenario.csv,
-summary.md, one result per run). A rerun resumes: finished rounds are read back, evaluations skip the
-runs on disk; an interrupted round is refused (remove its folder to redo it).
+summary.md, one result per run). A rerun resumes: finished rounds are read back, an interrupted round
+keeps the deployment runs on disk (and redoes its reflection into a fresh copy of the bank), evaluations
+skip the runs on disk. The deployment runs on ``workers`` processes like the evaluation's.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import csv
 import json
 import logging
 import math
+import multiprocessing as mp
 import shlex
 import shutil
 import sys
@@ -49,7 +52,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from luna_core.hindsight import HindsightConfig, HindsightError, HindsightObservation, HindsightRecorder
+from luna_core.hindsight import HindsightConfig, HindsightError, HindsightRecorder
 from luna_core.monitor import MonitorParameters
 from luna_core.reflection import Outbox, ReflectionConfig, ReflectionRequest, ReflectionSystem
 from luna_core.scene import SceneInputError
@@ -65,7 +68,7 @@ from luna_bridge.stack_planner import StackConfigError, StackSettings, add_stack
 
 log = logging.getLogger(__name__)
 
-BANK_DIR, OUTBOX_DIR, ROUND_FILE = "memory_bank", "outbox", "round.json"
+BANK_DIR, OUTBOX_DIR, ROUND_FILE, DEPLOY_DIR = "memory_bank", "outbox", "round.json", "deploy"
 EVAL_PLANNER = "luna"
 
 
@@ -91,6 +94,7 @@ class RoundConfig:
     evaluation: tuple[EvalPart, ...] = ()  # empty: no evaluation (deploy and reflect only)
     eval_modes: tuple[bool, ...] = (False, True)
     eval_workers: int = 1
+    deploy_workers: int = 1  # processes driving the reflection split (each loads its own student)
     explanation_max_tokens: int = 0  # 0 = the heuristic system's budget (shorter on the CPU)
     # Reflection LLM: "" = the hindsight check writes the revision; else an OpenAI-compatible base URL.
     endpoint: str = ""
@@ -221,10 +225,21 @@ class RunRecord:
     wall_time: float
     reflection_retrievals: int = 0  # decisions whose retrieved context held a reflection item
     explanations: list[DecisionExplanation] = field(default_factory=list)
-    observations: list[HindsightObservation | None] = field(default_factory=list)  # one per explanation
-    earlier: list[list[tuple[DecisionDistribution, HindsightObservation]]] = field(default_factory=list)  # same
+    # One per explanation: the failure, the explanation, the hindsight observation of the executed
+    # decision (None where none could be cut) and the earlier decisions', as the outbox stores them.
+    requests: list[ReflectionRequest] = field(default_factory=list)
     hindsight_errors: list[str] = field(default_factory=list)
     unexplained: int = 0  # failures with no decision in force (nothing to explain)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (the deployment run's file in ``round_<r>/deploy/``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        return cls(**{**d, "failures": [FailureEvent(**f) for f in d["failures"]],
+                      "explanations": [DecisionExplanation(**e) for e in d["explanations"]],
+                      "requests": [ReflectionRequest(**q) for q in d["requests"]]})
 
     @property
     def collisions(self) -> int:
@@ -266,14 +281,15 @@ def deploy_run(scenario: Scenario, stack: Any, config: RoundConfig) -> RunRecord
         if decision is None:
             record.unexplained += 1
             continue
-        record.explanations.append(heuristic.explain(decision, failure,
-                                                     max_tokens=config.explanation_max_tokens or None))
+        explanation = heuristic.explain(decision, failure, max_tokens=config.explanation_max_tokens or None)
+        record.explanations.append(explanation)
         try:
-            record.observations.append(recorder.observation(failure.decision_stamp))
+            observation = recorder.observation(failure.decision_stamp)
         except HindsightError as exc:  # the request says so; nothing is written for it
-            record.observations.append(None)
+            observation = None
             record.hindsight_errors.append(f"t={failure.stamp:.1f}s: {exc}")
-        record.earlier.append(recorder.earlier(source.decisions, failure))
+        record.requests.append(ReflectionRequest.from_events(explanation, failure, observation,
+                                                             recorder.earlier(source.decisions, failure)))
     record.wall_time = time.perf_counter() - started
     return record
 
@@ -285,20 +301,64 @@ def _reflection_retrievals(decisions: Sequence[DecisionDistribution], bank: Any)
                if any(i in bank and bank.get(i).source == "reflection" for i in d.retrieved_ids))
 
 
-def deploy(scenarios: Sequence[Scenario], settings: StackSettings, config: RoundConfig, name: str) -> list[RunRecord]:
+def _make_stack(settings: StackSettings) -> Any:
     from luna_bridge.stack_planner import make_stack_planner
 
     try:
-        stack = make_stack_planner(EVAL_PLANNER, None, settings)
+        return make_stack_planner(EVAL_PLANNER, None, settings)
     except StackConfigError as exc:
         raise ReflectionRoundError(str(exc)) from None
-    records = []
-    bar = tqdm(scenarios, desc=name, unit="scn")
-    for scenario in bar:
-        bar.set_postfix_str(scenario.name[:40])
-        records.append(deploy_run(scenario, stack, config))
-        bar.set_postfix(failures=sum(len(r.failures) for r in records))
-    return records
+
+
+_worker: dict[str, Any] = {}  # a deployment worker's stack and round configuration
+
+
+def _deploy_worker_init(settings: StackSettings, config: RoundConfig) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # workers share the cores: one thread each
+    _worker.update(stack=_make_stack(settings), config=config)
+
+
+def _deploy_in_worker(scenario: Scenario) -> dict[str, Any]:
+    return deploy_run(scenario, _worker["stack"], _worker["config"]).to_dict()
+
+
+def deploy(scenarios: Sequence[Scenario], settings: StackSettings, config: RoundConfig, name: str,
+           folder: Path) -> list[RunRecord]:
+    """Drive every scenario with the stack (``config.deploy_workers`` processes); each run is written to
+    ``folder/<scenario>.json`` as it finishes, and a run already there is read back instead (resumption).
+    Each run starts from a reset stack, so the records do not depend on the order or the worker."""
+    from luna_bridge.evaluate import single_threaded_children, write_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    records: dict[str, RunRecord] = {}
+    for scenario in scenarios:
+        path = folder / f"{scenario.name}.json"
+        if path.exists():
+            records[scenario.name] = RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    todo = [s for s in scenarios if s.name not in records]
+    bar = tqdm(total=len(scenarios), initial=len(records), desc=name, unit="scn")
+
+    def done(record: RunRecord) -> None:
+        write_atomic(folder / f"{record.scenario}.json", json.dumps(record.to_dict(), allow_nan=False) + "\n")
+        records[record.scenario] = record
+        bar.set_postfix(failures=sum(len(r.failures) for r in records.values()))
+        bar.update()
+
+    if todo and config.deploy_workers <= 1:
+        stack = _make_stack(settings)
+        for scenario in todo:
+            done(deploy_run(scenario, stack, config))
+    elif todo:
+        _make_stack(settings)  # a configuration error surfaces here, not in every worker
+        with single_threaded_children():
+            with mp.get_context("spawn").Pool(config.deploy_workers, initializer=_deploy_worker_init,
+                                              initargs=(settings, config)) as pool:
+                for d in pool.imap_unordered(_deploy_in_worker, todo, chunksize=1):
+                    done(RunRecord.from_dict(d))
+    bar.close()
+    return [records[s.name] for s in scenarios]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -444,16 +504,20 @@ def reflect_round(r: int, deploy_set: Sequence[Scenario], previous_bank: Path, c
     started = time.perf_counter()
     folder = Path(config.out_dir) / f"round_{r}"
     bank_path = folder / BANK_DIR
+    records = deploy(deploy_set, replace(config.stack, memory_bank=str(previous_bank)), config, f"round {r}: deploy",
+                     folder / DEPLOY_DIR)
+    # Reflection starts from a fresh copy of the bank and an empty outbox, also after an interruption:
+    # the requests are the deployment records', so a redone reflection writes the same items.
+    for partial in (bank_path, folder / OUTBOX_DIR):
+        if partial.exists():
+            shutil.rmtree(partial)
     copy_bank(previous_bank, bank_path)
-    records = deploy(deploy_set, replace(config.stack, memory_bank=str(previous_bank)), config, f"round {r}: deploy")
     bank = MemoryBank.open(bank_path, writable=True)
     outbox = Outbox(folder / OUTBOX_DIR)
     try:
         requests = []
         for record in records:
-            for explanation, observation, earlier in zip(record.explanations, record.observations, record.earlier):
-                failure = next(f for f in record.failures if f.stamp == explanation.failure_stamp)
-                request = ReflectionRequest.from_events(explanation, failure, observation, earlier)
+            for request in record.requests:
                 outbox.put(request)
                 requests.append((record.scenario, request))
         results: dict[str, ReflectionResult] = {}
@@ -505,9 +569,7 @@ def run_rounds(deploy_set: Sequence[Scenario], config: RoundConfig, command: str
             result = zero
         elif (folder / ROUND_FILE).exists():
             result = RoundResult(**json.loads((folder / ROUND_FILE).read_text(encoding="utf-8")))
-        elif folder.exists():
-            raise ReflectionRoundError(f"{folder} is an interrupted round (no {ROUND_FILE}): remove it to redo it")
-        else:
+        else:  # new, or interrupted: its deployment runs on disk are kept (reflect_round)
             result = reflect_round(r, deploy_set, previous, config, llm)
         if config.evaluation:  # the round's wall time so far is its deployment and reflection (reflect_round's)
             started = time.perf_counter()
@@ -662,7 +724,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-limit", type=int, default=None,
                    help="first N scenarios of each evaluated suite (smoke runs)")
     p.add_argument("--mode", choices=sorted(MODES), default="both", help="evaluation mode(s)")
-    p.add_argument("--workers", type=int, default=1, help="evaluation worker processes")
+    p.add_argument("--workers", type=int, default=1, help="worker processes of the deployment and the evaluation")
     p.add_argument("--reactive", action="store_true", help="deploy with IDM agents instead of log replay")
     stack = p.add_argument_group("the stack (as luna-bridge eval's luna planner)")
     add_stack_arguments(stack, memory_bank_help="source memory bank, copied")
@@ -701,7 +763,8 @@ def run(args: argparse.Namespace) -> int:
         config = RoundConfig(
             out_dir=args.out, rounds=args.rounds, stack=stack,
             evaluation=evaluation_parts(args.eval_set, args.eval_suite, args.eval_every, args.eval_limit),
-            eval_modes=MODES[args.mode], eval_workers=args.workers, explanation_max_tokens=args.explanation_tokens,
+            eval_modes=MODES[args.mode], eval_workers=args.workers, deploy_workers=args.workers,
+            explanation_max_tokens=args.explanation_tokens,
             endpoint=args.endpoint or os.environ.get("LUNA_REFLECTION_ENDPOINT", ""),
             model=args.model or os.environ.get("LUNA_REFLECTION_MODEL", ""), api_key_env=args.api_key_env,
             timeout=args.timeout, reflection_max_tokens=args.reflection_tokens, endpoint_wait=args.endpoint_wait,

@@ -1,4 +1,4 @@
-"""Issues 6 and 16: ``luna-bridge reflect`` end to end on a tiny set, resumable.
+"""Issues 6 and 16: ``luna-bridge reflect`` end to end on a tiny set, resumable, on worker processes.
 
 Real parts throughout: the (untrained) SmolLM2 student deciding every T_d with retrieval from a real
 MiniLM memory bank, the decision-guided Diffusion-ES planner with the bundled prior, the simulator, the
@@ -61,8 +61,26 @@ def test_reflect_command_rounds_reflect_in_hindsight_into_copies_and_evaluate_ea
         assert rounds[r]["evaluation"]["suite"]["scenarios"] == 1 and rounds[r]["evaluation"]["suite"]["NR-CLS"] >= 0
     assert "| round | bank items (reflection) |" in printed and "| 1 | " in printed
 
-    # A rerun resumes (the round is read back, the evaluation runs are on disk); an interrupted round is refused.
+    # A rerun resumes (the round is read back, the evaluation runs are on disk). An interrupted round keeps
+    # its deployment runs (not driven again) and redoes the reflection into a fresh copy: the same items.
     assert cli.main(argv) == 0
     assert json.loads((out / "rounds.json").read_text())["rounds"][1]["counts"] == c
+    run_file = out / "round_1" / "deploy" / "rear_end.json"
+    stamp = run_file.stat().st_mtime_ns
     (out / "round_1" / "round.json").unlink()
-    assert cli.main(argv) == 2 and "interrupted round" in capsys.readouterr().err
+    assert cli.main(argv) == 0
+    assert run_file.stat().st_mtime_ns == stamp
+    assert json.loads((out / "rounds.json").read_text())["rounds"][1]["counts"] == c
+    with MemoryBank.open(out / "round_1" / "memory_bank") as bank:
+        assert len(bank) == len(seed_ids) + c["written"]
+
+    # Deployment on worker processes gives the same run (deployment and reflection only, no evaluation).
+    pooled = tmp_path / "pooled"
+    argv_pool = [a for a in argv[:argv.index("--eval-suite")]] + ["--mode", "non-reactive", "--workers", "2"]
+    argv_pool[argv_pool.index("--out") + 1] = str(pooled)
+    assert cli.main(argv_pool) == 0
+    serial, parallel = (json.loads(f.read_text()) for f in (run_file, pooled / "round_1" / "deploy" / "rear_end.json"))
+    for key in ("score", "failures", "decisions", "reflection_retrievals", "hindsight_errors", "unexplained"):
+        assert parallel[key] == serial[key], key
+    assert [e["text"] for e in parallel["explanations"]] == [e["text"] for e in serial["explanations"]]
+    assert [q["observation"] for q in parallel["requests"]] == [q["observation"] for q in serial["requests"]]
