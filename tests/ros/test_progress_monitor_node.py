@@ -1,5 +1,7 @@
 """progress_monitor over DDS: a scripted stall and collision produce one failure tuple (Eq. 24)."""
 
+import contextlib
+
 import luna_msgs.msg as lm
 from nav_msgs.msg import Odometry
 
@@ -9,18 +11,35 @@ from luna_msgs_py import qos
 from tests import samples
 from tests.ros.helpers import Probe, start_node, stop_process, wait_for_subscribers
 
+# The monitor's inputs: (message type, topic, QoS).
+ODOM = (Odometry, "localization/kinematic_state", qos.STATE)
+OBJECTS = (lm.TrackedObjects, "perception/objects", qos.SENSOR)
+DECISIONS = (lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
+SCENES = (lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
 
-def test_stalled_ego_touching_an_object_yields_failure_with_decision(tmp_path, ros_context):
+
+@contextlib.contextmanager
+def monitor_node(tmp_path, ros_context, inputs):
+    """A progress_monitor process (T_d = 0.2 s, H = 3, 30 s cooldown) and a probe publishing ``inputs``
+    ((type, topic, QoS) each, waited for) and collecting luna/failure: (probe, failures, publishers)."""
     proc = start_node("progress_monitor", "progress_monitor",
                       {"decision_period": 0.2, "stall_window_cycles": 3, "failure_cooldown": 30.0}, tmp_path)
     probe = Probe(ros_context)
     try:
         failures = probe.collect(lm.FailureEvent, "luna/failure", qos.RELIABLE)
-        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
-        objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
-        decisions = probe.publisher(lm.DecisionDistribution, "luna/decision", qos.RELIABLE)
-        for p in (odom, objects, decisions):
+        publishers = [probe.publisher(*spec) for spec in inputs]
+        for p in publishers:
             wait_for_subscribers(p)
+        yield probe, failures, publishers
+    finally:
+        probe.close()
+        out = stop_process(proc)
+    assert proc.returncode == 0, out
+
+
+def test_stalled_ego_touching_an_object_yields_failure_with_decision(tmp_path, ros_context):
+    inputs = [ODOM, OBJECTS, DECISIONS]
+    with monitor_node(tmp_path, ros_context, inputs) as (probe, failures, (odom, objects, decisions)):
         clock = probe.node.get_clock()
         # The ego (rear axle at the origin, box centre 1.46 m ahead) touches a stopped car 4 m ahead.
         car = T.TrackedObject("car-9", T.ObjectClass.VEHICLE, 4.0, 0.0, 0.0, 0.0, 0.0, 4.5, 1.9)
@@ -46,22 +65,10 @@ def test_stalled_ego_touching_an_object_yields_failure_with_decision(tmp_path, r
         assert sum(len(e.colliding_ids) for e in events) == 1 and sum(e.stall for e in events) == 1
         assert all("far" not in e.colliding_ids for e in events)
         assert first.issued_decision == decision.top_action
-    finally:
-        probe.close()
-        out = stop_process(proc)
-    assert proc.returncode == 0, out
 
 
 def test_standing_behind_a_stopped_car_in_the_scene_is_reported_as_blocked_not_as_a_stall(tmp_path, ros_context):
-    proc = start_node("progress_monitor", "progress_monitor",
-                      {"decision_period": 0.2, "stall_window_cycles": 3, "failure_cooldown": 30.0}, tmp_path)
-    probe = Probe(ros_context)
-    try:
-        failures = probe.collect(lm.FailureEvent, "luna/failure", qos.RELIABLE)
-        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
-        scenes = probe.publisher(lm.SceneDescriptor, "luna/scene", qos.RELIABLE)
-        for p in (odom, scenes):
-            wait_for_subscribers(p)
+    with monitor_node(tmp_path, ros_context, [ODOM, SCENES]) as (probe, failures, (odom, scenes)):
         clock = probe.node.get_clock()
         # The scene descriptor sees a stopped car 0.5 m ahead of the ego's bumper in the ego lane.
         parked = T.ObjectDescription("parked-1", T.ObjectClass.VEHICLE, 0.5 + (5.176 + 4.5) / 2, 0.0, 0.0, 0.0,
@@ -77,22 +84,10 @@ def test_standing_behind_a_stopped_car_in_the_scene_is_reported_as_blocked_not_a
         events = [C.msg_to_failure(f) for f in failures]
         assert all(e.blocked_by == "parked-1" and not e.stall and not e.colliding_ids for e in events)
         assert len(events) == 1  # once per cooldown
-    finally:
-        probe.close()
-        out = stop_process(proc)
-    assert proc.returncode == 0, out
 
 
 def test_closing_in_on_a_leader_that_then_leaves_the_lane_is_published_as_a_near_miss(tmp_path, ros_context):
-    proc = start_node("progress_monitor", "progress_monitor",
-                      {"decision_period": 0.2, "stall_window_cycles": 3, "failure_cooldown": 30.0}, tmp_path)
-    probe = Probe(ros_context)
-    try:
-        failures = probe.collect(lm.FailureEvent, "luna/failure", qos.RELIABLE)
-        odom = probe.publisher(Odometry, "localization/kinematic_state", qos.STATE)
-        objects = probe.publisher(lm.TrackedObjects, "perception/objects", qos.SENSOR)
-        for p in (odom, objects):
-            wait_for_subscribers(p)
+    with monitor_node(tmp_path, ros_context, [ODOM, OBJECTS]) as (probe, failures, (odom, objects)):
         clock = probe.node.get_clock()
         start = clock.now().nanoseconds * 1e-9
         # The ego at 10 m/s closes in on a 4 m/s leader (bumper gap 7.7 - 6 t m: projected TTC 0.5 s at
@@ -110,7 +105,3 @@ def test_closing_in_on_a_leader_that_then_leaves_the_lane_is_published_as_a_near
         events = [C.msg_to_failure(f) for f in failures]
         assert len(events) == 1 and not events[0].colliding_ids and not events[0].stall
         assert list(events[0].near_misses) == ["lead"] and events[0].near_misses["lead"] < 0.95
-    finally:
-        probe.close()
-        out = stop_process(proc)
-    assert proc.returncode == 0, out
