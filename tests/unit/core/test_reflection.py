@@ -229,11 +229,13 @@ def test_demo_summary_reports_reflections_and_flags_an_unsafe_live_bank_item(tmp
     assert unsafe == 1 and any(line.startswith(f"- UNSAFE refl-{request.id}-x") for line in lines)
 
 
-def test_a_collision_no_decision_could_avoid_any_more_revises_the_latest_earlier_decision_that_could(bank):
+@pytest.mark.parametrize("kind", ["collision", "near miss"])
+def test_a_collision_no_decision_could_avoid_any_more_revises_the_latest_earlier_decision_that_could(bank, kind):
     import numpy as np
 
     query = PromptManager().decision_query(samples.scene())
-    failure = T.FailureEvent(14.0, "CK", 13.0, ["stalled"], False)
+    failure = T.FailureEvent(14.0, "CK", 13.0, ["stalled"], False) if kind == "collision" else \
+        T.FailureEvent(14.0, "CK", 13.0, near_misses={"stalled": 0.3})
     expl = T.DecisionExplanation(14.5, 13.0, 14.0, query, ["CK"], "Recommended decisions: CK\nExplanations:\n- CK: go.")
     hopeless = observe(lambda t: [car("stalled", FRONT + 1.0 + 2.25)], speed=8.0)  # 1 m behind it at 8 m/s
     in_time = observe(lambda t: [car("stalled", FRONT + 30.0 + 2.25)], speed=8.0)  # 2 s earlier: 30 m
@@ -243,6 +245,7 @@ def test_a_collision_no_decision_could_avoid_any_more_revises_the_latest_earlier
     system = ReflectionSystem(None, PromptManager(), bank)
     alone = system.reflect(ReflectionRequest.from_events(expl, failure, hopeless))
     assert not alone.memory_item_id and alone.hindsight.startswith("no safe alternative")
+    assert not alone.normal  # nothing was safe: no grounded revision, not 'normal'
     result = system.reflect(ReflectionRequest.from_events(expl, failure, hopeless, earlier=[(before, in_time)]))
     assert result.memory_item_id and result.hindsight.startswith("from the decision at 11.0 s, 2.0 s before")
     item = bank.get(result.memory_item_id)

@@ -69,7 +69,7 @@ class HindsightConfig:
     max_listed: int = 3  # actions in a grounded answer at most
     max_sample_gap: float = 0.3  # s: an ego sample this close to the decision's stamp stands for it
     map_radius: float = 250.0  # m of lane graph around the ego kept in an observation
-    earlier_decisions: int = 2  # after a collision, decisions before the failed one that may be revised
+    earlier_decisions: int = 2  # after a collision or near miss, decisions before the failed one that may be revised
 
     @property
     def horizon(self) -> float:
@@ -293,10 +293,11 @@ class HindsightRecorder:
 
     def earlier(self, decisions: Sequence[DecisionDistribution],
                 failure: FailureEvent) -> list[tuple[DecisionDistribution, HindsightObservation]]:
-        """After a collision: up to ``earlier_decisions`` decisions issued before the failed one (latest
-        first) with their observations, for when no decision could avoid the collision any more from the
-        failed one (``reflection.ReflectionSystem.grounding``); none after a stall or a blocked ego."""
-        if not failure.collision:
+        """After a collision or a near miss: up to ``earlier_decisions`` decisions issued before the failed
+        one (latest first) with their observations, for when no decision could avoid the collision any
+        more from the failed one (``reflection.ReflectionSystem.grounding``); none after a stall or a
+        blocked ego."""
+        if not (failure.collision or failure.near_miss):
             return []
         before = sorted((d for d in decisions if d.stamp < failure.decision_stamp - 1e-6), key=lambda d: -d.stamp)
         out = []

@@ -215,14 +215,15 @@ class ReflectionSystem:
         return hindsight_check(HindsightObservation.from_dict(observation), allowed, executed, self.config.hindsight)
 
     def grounding(self, request: ReflectionRequest) -> Grounding:
-        """The hindsight check behind the request: of its executed decision; after a collision that no
-        decision could avoid from there any more (the executed action collides in hindsight and no
-        revision is due), of the latest earlier decision that has a revision due. Raises
+        """The hindsight check behind the request: of its executed decision; after a collision or a near
+        miss that no decision could avoid from there any more (the executed action collides in hindsight
+        and no revision is due), of the latest earlier decision that has a revision due. Raises
         ``HindsightError`` when the request carries no usable observation."""
         verdict = self._check(request.query, request.issued_decision, request.observation)
         grounding = Grounding(verdict, request.query, request.answer, request.decision_stamp)
         executed = verdict.outcomes.get(request.issued_decision)
-        if verdict.revise or not request.failure.collision or executed is None or not executed.collision:
+        failure = request.failure
+        if verdict.revise or not (failure.collision or failure.near_miss) or executed is None or not executed.collision:
             return grounding
         for before in request.earlier:
             try:
@@ -243,9 +244,11 @@ class ReflectionSystem:
             return self._result(request, error=f"no hindsight check: {exc}")
         verdict = grounding.verdict
         if not verdict.revise:
-            # After a stall or a blocked ego: 'normal' (the situation held it, or the decision was as good
-            # as any). After a collision 'normal' is not an answer: no grounded revision, nothing written.
-            return self._result(request, normal=not request.failure.collision, hindsight=verdict.summary())
+            # 'normal' when the executed decision was safe in hindsight and as good as any (a stall the
+            # situation explains, a blocked ego, a near miss no decision would have avoided better). After
+            # a collision, or where nothing was safe, 'normal' is not an answer: no grounded revision.
+            normal = not request.failure.collision and verdict.executed in verdict.safe
+            return self._result(request, normal=normal, hindsight=verdict.summary())
         text = verdict.answer() if self.llm is None else self._llm_answer(request, grounding, attempt)
         # The scene of the revised decision keys the item in a scene-vector bank (retrieval by xi_t).
         scene = verdict.scene
