@@ -44,7 +44,7 @@ INTERFACE = NodeInterface(
             ("perception/traffic_lights", "luna_msgs/TrafficLightStateArray", "reliable, keep last 5 (hindsight)"),
             ("luna/scene", "luna_msgs/SceneDescriptor", "reliable, keep last 10 (the revision's facts)"),
             ("luna/decision", "luna_msgs/DecisionDistribution", "reliable, keep last 10 (earlier decisions, "
-             "revised after a collision no decision could avoid any more)"),
+             "revised after a collision or near miss no decision could avoid any more)"),
             ("map/lane_graph", "luna_msgs/LaneGraph", "reliable, transient local"),
             ("planning/route", "luna_msgs/Route", "reliable, transient local")],
     outputs=[("luna/reflection", "luna_msgs/ReflectionResult", "reliable, keep last 10"),
