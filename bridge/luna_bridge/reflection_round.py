@@ -69,6 +69,7 @@ from luna_bridge.stack_planner import StackConfigError, StackSettings, add_stack
 log = logging.getLogger(__name__)
 
 BANK_DIR, OUTBOX_DIR, ROUND_FILE, DEPLOY_DIR = "memory_bank", "outbox", "round.json", "deploy"
+DEPLOY_SETTINGS = "settings.json"  # in DEPLOY_DIR: what its runs were driven with
 EVAL_PLANNER = "luna"
 
 
@@ -310,6 +311,26 @@ def _make_stack(settings: StackSettings) -> Any:
         raise ReflectionRoundError(str(exc)) from None
 
 
+def _deploy_settings(settings: StackSettings, config: RoundConfig) -> dict[str, Any]:
+    """Everything a deployment run's record depends on (not the evaluation's options)."""
+    keys = ("reactive", "replan_every", "stall_window_cycles", "stall_speed_threshold", "failure_cooldown",
+            "explanation_max_tokens", "hindsight")
+    return json.loads(json.dumps({"stack": asdict(settings), **{k: asdict(config)[k] for k in keys}}, default=str))
+
+
+def _check_deploy_settings(path: Path, settings: StackSettings, config: RoundConfig) -> None:
+    """Runs on disk are resumed only under the settings they were driven with."""
+    wanted = _deploy_settings(settings, config)
+    if path.exists():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if stored != wanted:
+            differ = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
+            raise ReflectionRoundError(f"{path.parent} holds deployment runs made with other settings ({', '.join(differ)}): "
+                                       "use the same options, or remove the round's folder to redo it")
+    else:
+        _write_json(path, wanted)
+
+
 _worker: dict[str, Any] = {}  # a deployment worker's stack and round configuration
 
 
@@ -332,6 +353,7 @@ def deploy(scenarios: Sequence[Scenario], settings: StackSettings, config: Round
     from luna_bridge.evaluate import single_threaded_children, write_atomic
 
     folder.mkdir(parents=True, exist_ok=True)
+    _check_deploy_settings(folder / DEPLOY_SETTINGS, settings, config)
     records: dict[str, RunRecord] = {}
     for scenario in scenarios:
         path = folder / f"{scenario.name}.json"

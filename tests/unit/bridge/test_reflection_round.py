@@ -204,3 +204,17 @@ def test_a_rounds_wall_time_is_counted_once(source_bank, tmp_path, monkeypatch):
     results = rr.run_rounds([object()], config)
     assert [r.wall_time for r in results] == [0.0, 42.0]
     assert json.loads((tmp_path / "out" / "round_1" / rr.ROUND_FILE).read_text())["wall_time"] == 42.0
+
+
+def test_deployment_runs_on_disk_are_resumed_only_under_their_own_settings(tmp_path):
+    from luna_bridge import reflection_round as rr
+
+    folder = tmp_path / "round_1" / rr.DEPLOY_DIR
+    config = RoundConfig(out_dir=tmp_path)
+    assert rr.deploy([], rr.StackSettings(k=3), config, "deploy", folder) == []  # records the settings
+    assert json.loads((folder / rr.DEPLOY_SETTINGS).read_text())["stack"]["k"] == 3
+    assert rr.deploy([], rr.StackSettings(k=3), config, "deploy", folder) == []  # the same: resumes
+    with pytest.raises(ReflectionRoundError, match=r"other settings \(stack\)"):
+        rr.deploy([], rr.StackSettings(k=1), config, "deploy", folder)
+    with pytest.raises(ReflectionRoundError, match=r"other settings \(reactive\)"):
+        rr.deploy([], rr.StackSettings(k=3), RoundConfig(out_dir=tmp_path, reactive=True), "deploy", folder)
