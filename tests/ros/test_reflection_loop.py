@@ -40,8 +40,11 @@ def test_collision_reflection_is_grounded_in_hindsight_and_leaves_nothing_unsafe
     env = ros_env({"LUNA_DATA": str(tmp_path / "data")})
     model = {"student_model": str(student), "memory_bank": str(bank_path), "device": "cpu"}
     procs = [
+        # The near miss before the collision would be a failure of its own (a second reflection); this
+        # test follows the collision's, so the near-miss check is off (tests/ros/test_progress_monitor_node.py).
         _start("progress_monitor", {"progress_monitor": {"ros__parameters": {"decision_period": 0.2,
-                                                                             "failure_cooldown": 1000.0}}},
+                                                                             "failure_cooldown": 1000.0,
+                                                                             "near_miss_ttc": 0.0}}},
                tmp_path, env),
         # T_d of 2 s: on a 2-core CPU a forward pass with K = 3 examples takes seconds, and the explainer
         # (which yields to pending decisions) needs gaps between them to generate its tokens.
