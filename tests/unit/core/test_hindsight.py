@@ -167,7 +167,7 @@ def test_a_decision_is_checked_on_the_map_and_route_it_was_made_on():
     assert set(rec.observation(105.0).lane_graph.lanes) == {"a0", "a1"}
 
 
-def test_after_a_collision_the_recorder_gives_the_earlier_decisions_with_their_observations():
+def test_after_a_collision_or_near_miss_the_recorder_gives_the_earlier_decisions_with_their_observations():
     import numpy as np
 
     from luna_core.types import DecisionDistribution, FailureEvent
@@ -181,19 +181,6 @@ def test_after_a_collision_the_recorder_gives_the_earlier_decisions_with_their_o
     collision = FailureEvent(8.0, "CK", 6.0, ["stalled"])
     assert [d.stamp for d, _ in rec.earlier(decisions, collision)] == [4.0, 2.0]
     assert [o.time for _, o in rec.earlier(decisions, collision)] == [4.0, 2.0]
+    near_miss = FailureEvent(8.0, "CK", 6.0, near_misses={"stalled": 0.4})  # as after a collision
+    assert [d.stamp for d, _ in rec.earlier(decisions, near_miss)] == [4.0, 2.0]
     assert rec.earlier(decisions, FailureEvent(8.0, "CK", 6.0, [], True)) == []  # a stall: the failed one only
-
-
-def test_after_a_near_miss_the_recorder_gives_the_earlier_decisions_too():
-    import numpy as np
-
-    from luna_core.types import DecisionDistribution, FailureEvent
-
-    rec = HindsightRecorder(HindsightConfig(earlier_decisions=1))
-    rec.set_map(road())
-    rec.set_route(Route(0.0, ["A"]))
-    for k in range(101):
-        rec.update_ego(EgoState(round(0.1 * k, 9), 0.8 * k, 0.0, 0.0, 8.0))
-    decisions = [DecisionDistribution(t, np.eye(10)[3]) for t in (0.0, 2.0, 4.0, 6.0)]
-    near_miss = FailureEvent(8.0, "CK", 6.0, near_misses={"stalled": 0.4})
-    assert [d.stamp for d, _ in rec.earlier(decisions, near_miss)] == [4.0]
