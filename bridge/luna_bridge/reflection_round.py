@@ -325,8 +325,9 @@ def _check_deploy_settings(path: Path, settings: StackSettings, config: RoundCon
         stored = json.loads(path.read_text(encoding="utf-8"))
         if stored != wanted:
             differ = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
-            raise ReflectionRoundError(f"{path.parent} holds deployment runs made with other settings ({', '.join(differ)}): "
-                                       "use the same options, or remove the round's folder to redo it")
+            raise ReflectionRoundError(f"{path.parent} holds deployment runs made with other settings "
+                                       f"({', '.join(differ)}): use the same options, or remove the round's "
+                                       "folder to redo it")
     else:
         _write_json(path, wanted)
 
@@ -373,7 +374,8 @@ def deploy(scenarios: Sequence[Scenario], settings: StackSettings, config: Round
         for scenario in todo:
             done(deploy_run(scenario, stack, config))
     elif todo:
-        _make_stack(settings)  # a configuration error surfaces here, not in every worker
+        # A configuration error must surface here: a pool whose initializer raises respawns it forever.
+        _make_stack(settings)
         with single_threaded_children():
             with mp.get_context("spawn").Pool(config.deploy_workers, initializer=_deploy_worker_init,
                                               initargs=(settings, config)) as pool:

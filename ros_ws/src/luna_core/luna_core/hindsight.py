@@ -297,7 +297,7 @@ class HindsightRecorder:
         one (latest first) with their observations, for when no decision could avoid the collision any
         more from the failed one (``reflection.ReflectionSystem.grounding``); none after a stall or a
         blocked ego."""
-        if not (failure.collision or failure.near_miss):
+        if not failure.conflict:
             return []
         before = sorted((d for d in decisions if d.stamp < failure.decision_stamp - 1e-6), key=lambda d: -d.stamp)
         out = []

@@ -180,8 +180,9 @@ class ProgressMonitor:
         _check_stamp(now, "check time")
         started = time.perf_counter()
         self._prune(now)
-        colliding = self.colliding_ids(now)
-        near_misses = self.near_misses(now)
+        window = self._aligned_frames(now)  # the collision and near-miss checks read the same frames
+        colliding = self._colliding_ids(*window)
+        near_misses = self._near_misses(*window)
         stall, blocked_by = self.progress(now)
         event = None
         if colliding or near_misses or stall or blocked_by:
@@ -194,10 +195,10 @@ class ProgressMonitor:
         self.diagnostics.latency = time.perf_counter() - started
         return event
 
-    def colliding_ids(self, now: float) -> list[str]:
-        """I_coll: ids of objects whose box overlapped the ego box in ``(now - T_d, now]``; the
-        diagnostics get each one's collision type at first contact (``collision_kinds``)."""
-        frames, egos, stamps = self._aligned_frames(now)
+    def _colliding_ids(self, frames: list[list[TrackedObject]], egos: list["_EgoAt"], stamps: list[float]) -> list[str]:
+        """I_coll: ids of objects whose box overlapped the ego box in the window's frames (``(now - T_d,
+        now]``, :meth:`_aligned_frames`); the diagnostics get each one's collision type at first contact
+        (``collision_kinds``)."""
         ego_boxes = [ego.box for ego in egos]
         ids = sorted({o.id for objects in frames for o in objects})
         self.diagnostics.frames_checked = len(frames)
@@ -229,15 +230,16 @@ class ProgressMonitor:
         self.diagnostics.collision_kinds = {k: v.value for k, v in contacts.items()}
         return [ids[i - 1] for i in hits]
 
-    def near_misses(self, now: float) -> dict[str, float]:
+    def _near_misses(self, frames: list[list[TrackedObject]], egos: list["_EgoAt"],
+                     stamps: list[float]) -> dict[str, float]:
         """Objects (id -> least projected TTC, s) whose time to collision by nuPlan's rule fell below
-        ``near_miss_ttc`` at an object frame of ``(now - T_d, now]`` while the ego moved; objects that
-        touched the ego are left out. Call after :meth:`colliding_ids` of the same window."""
+        ``near_miss_ttc`` at a frame of the window while the ego moved; objects that touched the ego are
+        left out (call after :meth:`_colliding_ids` of the same window)."""
         steps = projection_steps()
         steps = steps[steps < self.params.near_miss_ttc]
         least: dict[str, float] = {}
         vehicle = self.params.vehicle
-        for objects, ego, stamp in zip(*self._aligned_frames(now)):
+        for objects, ego, stamp in zip(frames, egos, stamps):
             if ego.speed <= TTC_STOPPED_SPEED or not len(steps):
                 continue
             objects = [o for o in objects if o.id not in self._collided]

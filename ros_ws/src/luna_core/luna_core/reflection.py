@@ -222,8 +222,7 @@ class ReflectionSystem:
         verdict = self._check(request.query, request.issued_decision, request.observation)
         grounding = Grounding(verdict, request.query, request.answer, request.decision_stamp)
         executed = verdict.outcomes.get(request.issued_decision)
-        failure = request.failure
-        if verdict.revise or not (failure.collision or failure.near_miss) or executed is None or not executed.collision:
+        if verdict.revise or not request.failure.conflict or executed is None or not executed.collision:
             return grounding
         for before in request.earlier:
             try:

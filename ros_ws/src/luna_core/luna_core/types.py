@@ -546,6 +546,11 @@ class FailureEvent:
         return bool(self.near_misses)
 
     @property
+    def conflict(self) -> bool:
+        """An object hit or nearly hit the ego (a collision or a near miss), as opposed to no progress."""
+        return self.collision or self.near_miss
+
+    @property
     def blocked(self) -> bool:
         return bool(self.blocked_by)
 
