@@ -6,9 +6,12 @@
         --suite commonroad --min-diff 0.05
 
 With ``--min-diff`` every run whose score differs by more is listed with the metrics that fail (score
-below 1) on each side; otherwise the six largest moves each way. Where either side's runs retrieved
-reflection items (a bank grown by ``luna-bridge reflect``), each suite's line also counts the decisions
-on each side and those that used one.
+below 1) on each side and the reflection items each side's decisions used; otherwise the six largest
+moves each way. Where either side's runs retrieved reflection items (a bank grown by ``luna-bridge
+reflect``), each suite's line also counts the decisions on each side and those that used one, and
+``--items`` traces the moves to the items: per reflection item of the second side, the runs whose
+decisions used it, how many of them gained or lost, and their summed score change (a run that used several items counts
+for each).
 """
 import argparse
 import glob
@@ -22,6 +25,32 @@ def failing(result: dict) -> list[str]:
     return sorted(k for k, m in result["metrics"].items() if m["score"] < 1.0)
 
 
+def items_of(result: dict) -> dict[str, int]:
+    """Reflection item id -> decisions of the run that used it (empty for files that predate the ids)."""
+    return (result.get("decisions") or {}).get("reflection_items") or {}
+
+
+def used_items(ra: dict, rb: dict) -> str:
+    a, b = sorted(items_of(ra)), sorted(items_of(rb))
+    return f"  items: {a} -> {b}" if a or b else ""
+
+
+def print_items(rows: list) -> None:
+    by_item: dict[str, list] = {}
+    for r in rows:
+        for item_id, n in items_of(r[5]).items():
+            by_item.setdefault(item_id, []).append((r, n))
+    if not by_item:
+        print("no run of the second side names a reflection item")
+        return
+    print("| reflection item | decisions | runs | gained | lost | summed change |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for item_id, used in sorted(by_item.items(), key=lambda kv: -sum(r[0] for r, _ in kv[1])):
+        deltas = [r[0] for r, _ in used]
+        print(f"| {item_id} | {sum(n for _, n in used)} | {len(used)} | {sum(1 for d in deltas if d > 1e-9)} | "
+              f"{sum(1 for d in deltas if d < -1e-9)} | {sum(deltas):+.3f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("a")
@@ -30,6 +59,8 @@ def main() -> None:
     p.add_argument("planner_b")
     p.add_argument("--suite", choices=SUITES, action="append", help="only these suites (repeatable)")
     p.add_argument("--min-diff", type=float, help="list every run that moved by more, with its failing metrics")
+    p.add_argument("--items", action="store_true", help="per reflection item of the second side: the runs that "
+                   "used it and their score changes")
     args = p.parse_args()
     rows = []
     for suite in args.suite or SUITES:
@@ -55,11 +86,13 @@ def main() -> None:
         print(line)
     rows.sort(key=lambda r: r[:4])
     print(f"all: {len(rows)} runs compared, {sum(1 for r in rows if abs(r[0]) < 1e-9)} identical")
+    if args.items:
+        print_items(rows)
     if args.min_diff is not None:
         for r in rows:
             if abs(r[0]) > args.min_diff:
                 print(f"{r[0]:+.3f} {r[1]} {r[2]} {r[3]} {r[4]['score']:.3f} -> {r[5]['score']:.3f}  "
-                      f"fails: {failing(r[4])} -> {failing(r[5])}")
+                      f"fails: {failing(r[4])} -> {failing(r[5])}" + used_items(r[4], r[5]))
         return
     for r in rows[:6] + [None] + rows[-6:]:
         print("..." if r is None else f"{r[0]:+.3f} {r[1]} {r[2]} {r[3]} {r[4]['score']:.3f} -> {r[5]['score']:.3f}")

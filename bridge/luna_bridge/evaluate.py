@@ -50,7 +50,7 @@ from luna_bridge.baselines import EXPERT, eval_planner_names, make_eval_planner
 from luna_bridge.metrics import METRIC_NAMES, ScenarioScore, aggregate, score_log
 from luna_bridge.scenario import SIM_DT, Scenario
 from luna_bridge.stack_planner import SEARCH_PLANNERS, STACK_PLANNERS, StackSettings, use_settings
-from luna_core.types import ACTION_CODES
+from luna_core.types import ACTION_CODES, DecisionDistribution
 
 
 MODES = {"non-reactive": (False,), "reactive": (True,), "both": (False, True)}
@@ -234,23 +234,41 @@ def run_job(job: Job) -> dict[str, Any]:
             "wall_time": wall, "cpu_time": cpu}
 
 
+def reflection_items_used(decision: DecisionDistribution, bank: Any) -> list[str]:
+    """The ids of the reflection items (written by reflection, LUNA-AD Eq. 29) among those the
+    decision's prompt used, in retrieval order."""
+    if bank is None:
+        return []
+    return [i for i in decision.retrieved_ids if i in bank and bank.get(i).source == "reflection"]
+
+
 def decision_statistics(source: Any) -> dict[str, Any]:
     """What the stack decided in one run: count, top actions, the three most probable actions of every
-    decision by its scene stamp (near-ties show there), scenes that could not be described, decisions
-    that retrieved a reflection item (no timings: result files stay reproducible)."""
+    decision by its scene stamp (near-ties show there), scenes that could not be described, the
+    decisions that retrieved a reflection item and which items (per decision in the timeline, and
+    per item the number of decisions), so that a moved score can be traced to the items behind it.
+    No timings: result files stay reproducible."""
     decisions = source.decisions
     bank = getattr(source.heuristic, "bank", None)
     top: dict[str, int] = {}
+    used_by_item: dict[str, int] = {}
+    timeline = []
+    using = 0
     for d in decisions:
         top[d.top_action] = top.get(d.top_action, 0) + 1
-    timeline = [{"stamp": round(float(d.stamp), 3),
-                 "top3": [[code, round(float(p), 3)] for code, p in
-                          sorted(zip(ACTION_CODES, d.probabilities), key=lambda cp: -cp[1])[:3]]}
-                for d in decisions]
+        entry: dict[str, Any] = {"stamp": round(float(d.stamp), 3),
+                                 "top3": [[code, round(float(p), 3)] for code, p in
+                                          sorted(zip(ACTION_CODES, d.probabilities), key=lambda cp: -cp[1])[:3]]}
+        used = reflection_items_used(d, bank)
+        if used:
+            using += 1
+            entry["reflection_items"] = used
+            for item_id in used:
+                used_by_item[item_id] = used_by_item.get(item_id, 0) + 1
+        timeline.append(entry)
     return {"count": len(decisions), "top_actions": dict(sorted(top.items())), "timeline": timeline,
-            "scene_errors": len(source.scene_errors),
-            "using_reflection_items": sum(1 for d in decisions if bank is not None and any(
-                i in bank and bank.get(i).source == "reflection" for i in d.retrieved_ids))}
+            "scene_errors": len(source.scene_errors), "using_reflection_items": using,
+            "reflection_items": dict(sorted(used_by_item.items()))}
 
 
 def _worker_init() -> None:

@@ -296,10 +296,9 @@ def deploy_run(scenario: Scenario, stack: Any, config: RoundConfig) -> RunRecord
 
 
 def _reflection_retrievals(decisions: Sequence[DecisionDistribution], bank: Any) -> int:
-    if bank is None:
-        return 0
-    return sum(1 for d in decisions
-               if any(i in bank and bank.get(i).source == "reflection" for i in d.retrieved_ids))
+    from luna_bridge.evaluate import reflection_items_used
+
+    return sum(1 for d in decisions if reflection_items_used(d, bank))
 
 
 def _make_stack(settings: StackSettings) -> Any:

@@ -222,6 +222,21 @@ def test_compare_runs_counts_decisions_using_reflection_items_where_a_side_has_t
     assert out[0] == ("synthetic-hard: 2 runs compared, 1 identical; decisions 16 / 16, using reflection items "
                       "0 / 3")
     assert "-0.500 synthetic-hard R b_00 1.000 -> 0.500" in out
+    # the items behind a move: named beside the run, and per item its runs and their summed change
+    record(tmp_path / "after", "b_00", 0.5, {"count": 8, "using_reflection_items": 3,
+                                             "reflection_items": {"refl-x": 2, "refl-y": 1}})
+    record(tmp_path / "after", "c_00", 1.0, {"count": 8, "using_reflection_items": 1,
+                                             "reflection_items": {"refl-x": 1}})
+    record(tmp_path / "before", "c_00", 0.75, {"count": 8, "using_reflection_items": 0})
+    out = subprocess.run(script + ["--items", "--min-diff", "0.1"], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert "| refl-x | 3 | 2 | 1 | 1 | -0.250 |" in out
+    assert "| refl-y | 1 | 1 | 0 | 1 | -0.500 |" in out
+    assert out.index("| refl-x | 3 | 2 | 1 | 1 | -0.250 |") < out.index("| refl-y | 1 | 1 | 0 | 1 | -0.500 |")
+    assert ("-0.500 synthetic-hard R b_00 1.000 -> 0.500  fails: [] -> ['no_ego_at_fault_collisions']  "
+            "items: [] -> ['refl-x', 'refl-y']") in out
+    for side in ("before", "after"):
+        (tmp_path / side / "synthetic-hard/scenarios/luna/reactive/c_00.json").unlink()
     # no reflection items on either side (or result files that predate the count): the plain line
     record(tmp_path / "after", "b_00", 0.5, None)
     out = subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()

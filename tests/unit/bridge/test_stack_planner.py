@@ -169,7 +169,15 @@ def test_eval_runs_the_stack_variants_deterministically(artifacts, tmp_path: Pat
         cycles = results[p]["planner_cycles"]
         assert 0 <= cycles["picks_beside_argmax"] <= cycles["modes"].get("decision", 0), p
     assert results["luna"]["decisions"]["using_reflection_items"] == 1
+    # the item is named, per decision and per item, and is a reflection item of the bank the run read
+    (item_id,) = results["luna"]["decisions"]["reflection_items"]
+    assert results["luna"]["decisions"]["reflection_items"][item_id] == 1
+    assert results["luna"]["decisions"]["timeline"][0]["reflection_items"] == [item_id]
+    with MemoryBank.open(settings(artifacts).memory_bank) as bank:
+        assert bank.get(item_id).source == "reflection"
     assert results["luna-no-reflection"]["decisions"]["using_reflection_items"] == 0
+    assert results["luna-no-reflection"]["decisions"]["reflection_items"] == {}
+    assert "reflection_items" not in results["luna-no-reflection"]["decisions"]["timeline"][0]
     assert "decisions" not in results["diffusion-es"] and "stack" not in results["idm"]
     assert results["diffusion-es"]["planner_cycles"]["picks_beside_argmax"] == 0
     md = (tmp_path / "out/summary.md").read_text()
