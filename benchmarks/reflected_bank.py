@@ -12,14 +12,25 @@ re-running the round (20 min of CPU)::
 The base bank's journal is copied and the records appended after validation (framing, checksum,
 ``source == "reflection"``, sequence numbers continuing the base bank's); the result is opened as a
 bank to check it.
+
+An ablation leaves items out: ``--without-near-misses <round>/reflections.jsonl[.xz]`` drops the items a
+round wrote for failures that were near misses only (no collision), so that their share of the round's
+gain can be measured (docs/reflection.md); the records kept are re-sequenced to continue the base bank::
+
+    .venv/bin/python benchmarks/reflected_bank.py --base models/memory_bank \
+        --items benchmarks/data/reflection_round_s30/reflection_items.jsonl \
+        --without-near-misses benchmarks/data/reflection_round_s30/reflections.jsonl.xz --out <bank>
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import lzma
 import shutil
 import sys
 from pathlib import Path
+from typing import Iterable
 
 from luna_core.assets import unpacked
 from luna_core.memory.bank import JOURNAL, MANIFEST, VERSION_FILE, MemoryBank, stored_version
@@ -30,9 +41,26 @@ REPO = Path(__file__).resolve().parents[1]
 BASE_BANK = REPO / "benchmarks" / "data" / "bank_minilm672"
 
 
-def build(base: Path, items: Path, out: Path) -> MemoryBank:
-    """Copy ``base`` (unpacked where compressed) to ``out`` and append the reflection records of ``items``;
-    returns the bank."""
+def near_miss_items(reflections: Path) -> set[str]:
+    """Ids of the items a round wrote (``reflections.jsonl``, optionally xz-compressed: one line per
+    failure with its request and result) for failures that were near misses without a collision."""
+    opener = lzma.open if reflections.suffix == ".xz" else open
+    ids = set()
+    with opener(reflections, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            try:
+                row = json.loads(line)
+                request, item_id = row["request"], (row["result"] or {}).get("memory_item_id")
+                if item_id and request["near_misses"] and not request["colliding_ids"]:
+                    ids.add(item_id)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise SystemExit(f"{reflections}: line {n + 1} is not a reflection row ({exc!r})") from None
+    return ids
+
+
+def build(base: Path, items: Path, out: Path, without: Iterable[str] = ()) -> MemoryBank:
+    """Copy ``base`` (unpacked where compressed) to ``out`` and append the reflection records of ``items``
+    except those whose id is in ``without`` (the rest re-sequenced); returns the bank."""
     base = unpacked(base)
     found = scan(items)
     if found.skipped or found.corrupt_tail or found.torn_tail:
@@ -43,6 +71,11 @@ def build(base: Path, items: Path, out: Path) -> MemoryBank:
         if record.get("source") != "reflection" or record.get("seq") != version + 1 + n:
             raise SystemExit(f"{items}: record #{n} is not reflection item seq {version + 1 + n} "
                              f"(source {record.get('source')!r}, seq {record.get('seq')!r})")
+    without = set(without)
+    unknown = without - {r["id"] for r in found.records}
+    if unknown:
+        raise SystemExit(f"{items}: no record with id(s) {sorted(unknown)} to leave out")
+    kept = [dict(r, seq=version + 1 + n) for n, r in enumerate(r for r in found.records if r["id"] not in without)]
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -50,10 +83,10 @@ def build(base: Path, items: Path, out: Path) -> MemoryBank:
         shutil.copy2(base / name, out / name)
     journal = Journal(out / JOURNAL)
     try:
-        journal.append_many(found.records)
+        journal.append_many(kept)
     finally:
         journal.close()
-    (out / VERSION_FILE).write_text(f"{version + len(found.records)}\n")
+    (out / VERSION_FILE).write_text(f"{version + len(kept)}\n")
     return MemoryBank.open(out)
 
 
@@ -62,10 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, default=BASE_BANK)
     parser.add_argument("--items", type=Path, default=REPO / "benchmarks" / "data" / "reflection_items_round_hard.jsonl")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--without-near-misses", type=Path, metavar="REFLECTIONS",
+                        help="leave out the items this round's reflections.jsonl[.xz] wrote for near misses")
     args = parser.parse_args(argv)
-    bank = build(args.base, args.items, args.out)
+    without = near_miss_items(args.without_near_misses) if args.without_near_misses else set()
+    bank = build(args.base, args.items, args.out, without)
     reflections = sum(item.source == "reflection" for item in bank.items)
-    print(f"{args.out}: {len(bank)} items ({reflections} reflection items), version {bank.version}")
+    print(f"{args.out}: {len(bank)} items ({reflections} reflection items), version {bank.version}"
+          + (f"; left out {len(without)} near-miss item(s)" if without else ""))
     return 0
 
 

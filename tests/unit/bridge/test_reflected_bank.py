@@ -30,3 +30,22 @@ def test_records_that_do_not_continue_the_bank_are_refused(tmp_path: Path) -> No
     shuffled.write_bytes(lines[1] + lines[0])
     with pytest.raises(SystemExit, match="record #0 is not reflection item seq 673"):
         _script().build(_script().BASE_BANK, shuffled, tmp_path / "bank")
+
+
+def test_the_near_miss_ablation_leaves_out_exactly_the_items_written_for_near_misses(tmp_path: Path) -> None:
+    """Session 30's round: 19 items, 9 written for near misses (no collision); the ablation bank keeps the
+    other 10, re-sequenced after the bundled bank's 21,700 items."""
+    data = REPO / "benchmarks" / "data" / "reflection_round_s30"
+    script = _script()
+    near = script.near_miss_items(data / "reflections.jsonl.xz")
+    assert len(near) == 9
+    bank = script.build(REPO / "models" / "memory_bank", data / "reflection_items.jsonl", tmp_path / "bank", near)
+    reflections = [item for item in bank.items if item.source == "reflection"]
+    assert len(reflections) == 10 and bank.version == 21710 and len(bank) == 21710
+    assert not near & {item.id for item in reflections}
+    with pytest.raises(SystemExit, match="no record with id"):
+        script.build(REPO / "models" / "memory_bank", data / "reflection_items.jsonl", tmp_path / "b2", {"refl-nope"})
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"request": {}}\n')
+    with pytest.raises(SystemExit, match="line 1 is not a reflection row"):
+        script.near_miss_items(bad)
