@@ -9,7 +9,8 @@ re-running the round (20 min of CPU)::
 
     .venv/bin/python benchmarks/reflected_bank.py --out out/eval/reflected-bank
 
-The base bank's journal is copied and the records appended after validation (framing, checksum,
+The base bank's journal is copied, opened once as a writer (as a reflection round opens its copy: a
+bank above 10k items keeps the IVF lists trained on the base items), and the records appended after validation (framing, checksum,
 ``source == "reflection"``, sequence numbers continuing the base bank's); the result is opened as a
 bank to check it.
 
@@ -81,6 +82,7 @@ def build(base: Path, items: Path, out: Path, without: Iterable[str] = ()) -> Me
     out.mkdir(parents=True)
     for name in (MANIFEST, JOURNAL, VERSION_FILE):
         shutil.copy2(base / name, out / name)
+    MemoryBank.open(out, writable=True).close()  # as a round's copy: a large bank keeps its IVF lists
     journal = Journal(out / JOURNAL)
     try:
         journal.append_many(kept)

@@ -43,6 +43,7 @@ def test_the_near_miss_ablation_leaves_out_exactly_the_items_written_for_near_mi
     reflections = [item for item in bank.items if item.source == "reflection"]
     assert len(reflections) == 10 and bank.version == 21710 and len(bank) == 21710
     assert not near & {item.id for item in reflections}
+    assert bank._ivf_trained_on is None  # the lists trained on the bundled items, kept (docs/memory_bank.md)
     with pytest.raises(SystemExit, match="no record with id"):
         script.build(REPO / "models" / "memory_bank", data / "reflection_items.jsonl", tmp_path / "b2", {"refl-nope"})
     bad = tmp_path / "bad.jsonl"

@@ -5,6 +5,7 @@ Items read from it are parsed lazily; every open must give what a journal-only o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
@@ -252,6 +253,52 @@ def test_ivf_index_trains_above_the_threshold_and_agrees_with_exact_search(tmp_p
     assert np.array_equal(np.fromfile(path / DATA, "<f4").reshape(1200, DIM)[1150], reread.get("item-1150").embedding)
 
 
+def test_ivf_lists_are_kept_while_the_bank_grows_so_new_items_move_only_the_results_they_enter(
+        tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(bank_module, "IVF_MIN_ITEMS", 1000)
+    monkeypatch.setattr(bank_module, "SIDE_FILE_MIN_ITEMS", 100)
+    path = tmp_path / "bank"
+    vectors = _clustered(1200, seed=0)
+    with MemoryBank.create(path, SceneVectorEmbedder(DIM)) as writer:
+        writer.append_many([_item(i, v) for i, v in enumerate(vectors[:1100])])
+    MemoryBank.open(path)  # a reader trains its own lists and writes nothing
+    assert not (path / "index-ivf-64.faiss").exists()
+    with MemoryBank.open(path, writable=True) as writer:  # a writer keeps the lists it trained
+        before = MemoryBank.open(path, ivf_nprobe=1)  # one list per query: results hang on the lists
+        writer.append_many([_item(i, v) for i, v in enumerate(vectors[1100:], start=1100)])
+    meta = json.loads((path / "index-ivf-64.json").read_text())
+    assert meta["count"] == 1100 and meta["nlist"] == 64 and meta["last_id"] == "item-1099"
+    grown = MemoryBank.open(path, ivf_nprobe=1)
+    assert len(grown) == 1200 and grown.index_description == "IVF-Flat, 64 lists, nprobe 1"
+    saved = faiss.read_index(str(path / "index-ivf-64.faiss"))
+    assert saved.ntotal == 0 and np.array_equal(grown._index.quantizer.reconstruct_n(0, 64),
+                                                saved.quantizer.reconstruct_n(0, 64))  # the lists reused
+    copy = tmp_path / "retrained"
+    shutil.copytree(path, copy, ignore=shutil.ignore_patterns("index-ivf-*"))
+    retrained = MemoryBank.open(copy, ivf_nprobe=1)  # lists trained on all 1200 items
+    new_ids = {f"item-{i}" for i in range(1100, 1200)}
+    entered = moved_by_retraining = 0
+    for q in _clustered(300, seed=2):
+        got = [item.id for item, _ in grown.retrieve(q, k=3)]
+        old = [item.id for item, _ in before.retrieve(q, k=3)]
+        if new_ids & set(got):
+            entered += 1
+        else:
+            assert got == old  # untouched by the growth
+        moved_by_retraining += not new_ids & set(r.id for r, _ in retrained.retrieve(q, k=3)) and [
+            r.id for r, _ in retrained.retrieve(q, k=3)] != old
+    assert 0 < entered < 300
+    assert moved_by_retraining > 0  # what keeping the lists prevents
+    # Lists that do not belong to these items are trained again: another journal prefix, another count
+    (path / "index-ivf-64.json").write_text(json.dumps(dict(meta, journal_crc=meta["journal_crc"] ^ 1)))
+    assert MemoryBank.open(path)._cached_ivf(64) is None
+    (path / "index-ivf-64.json").write_text(json.dumps(meta))
+    assert MemoryBank.open(path)._cached_ivf(64) is not None and MemoryBank.open(path)._cached_ivf(128) is None
+    (path / "index-ivf-64.faiss").write_bytes(b"garbage")
+    damaged = MemoryBank.open(path)
+    assert isinstance(damaged._index, faiss.IndexIVFFlat) and damaged.retrieve(vectors[1150], k=1)[0][0].id == "item-1150"
+
+
 def test_a_lazy_item_whose_record_changed_under_the_open_bank_is_an_error_naming_it(tmp_path) -> None:
     path = tmp_path / "bank"
     _bank(path, 20)
@@ -264,3 +311,22 @@ def test_a_lazy_item_whose_record_changed_under_the_open_bank_is_an_error_naming
     with pytest.raises(MemoryBankError, match=f"the record of item 'item-0' at byte {offset} no longer reads "
                                               r"back \(it holds item 'item-1'.*open it again"):
         bank.get("item-0")
+
+
+def test_bank_growth_retrieval_counts_the_probes_a_grown_bank_moves(tmp_path, monkeypatch, capsys) -> None:
+    """benchmarks/bank_growth_retrieval.py: a copy grown with lists kept moves no probe it does not enter."""
+    from tests.benchmark_scripts import load_benchmark
+
+    monkeypatch.setattr(bank_module, "IVF_MIN_ITEMS", 1000)
+    monkeypatch.setattr(bank_module, "SIDE_FILE_MIN_ITEMS", 100)
+    vectors = _clustered(1200, seed=0)
+    with MemoryBank.create(tmp_path / "base", SceneVectorEmbedder(DIM)) as writer:
+        writer.append_many([_item(i, v) for i, v in enumerate(vectors[:1100])])
+    shutil.copytree(tmp_path / "base", tmp_path / "kept")
+    with MemoryBank.open(tmp_path / "kept", writable=True) as writer:
+        writer.append_many([_item(i, v) for i, v in enumerate(vectors[1100:], start=1100)])
+    assert load_benchmark("bank_growth_retrieval").main(
+        ["--base", str(tmp_path / "base"), "--grown", f"kept={tmp_path / 'kept'}", "--probes", "200"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| kept |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "1200" and cells[3] == "yes" and int(cells[4]) > 0 and cells[5] == "0"

@@ -24,7 +24,9 @@ exact below 10k items, IVF-Flat above), an exact ``flat`` index (IndexFlatIP) or
 ``hnsw`` one (IndexHNSWFlat), chosen when opening. The index lives in memory and is built on open from
 the embeddings side file where it is valid (else from the journal, whose records are then all parsed);
 a saved HNSW graph (:meth:`MemoryBank.save_index`, files ``index-hnsw-m<M>.faiss/.json``, faiss' own
-format) spares the graph build. The side file is never trusted over the journal: it is used only when
+format) spares the graph build. IVF lists, once trained, are kept beside the journal
+(``index-ivf-<lists>.faiss/.json``) and reused while the bank grows, so that appended items never move
+the results of queries they do not enter. The side file is never trusted over the journal: it is used only when
 the journal's first bytes still have the CRC it records. Single-query searches
 are fastest with ``faiss.omp_set_num_threads(1)`` in the calling process (OpenMP start-up dominates
 otherwise, badly so on a loaded machine; see docs/benchmarks.md).
@@ -127,6 +129,7 @@ class MemoryBank:
             raise ValueError(f"index must be 'ivf', 'flat' or 'hnsw', got {index!r}")
         self.index_kind: IndexKind = index
         self._hnsw_m = hnsw_m
+        self._ivf_trained_on: dict[str, Any] | None = None  # the items this process trained IVF lists on
         # ``ivf`` starts flat: it trains its lists once the items are loaded, if there are enough
         self._index = (faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT) if index == "hnsw"
                        else faiss.IndexFlatIP(self.dim))
@@ -176,7 +179,7 @@ class MemoryBank:
                 self._index = cached
             self._index.hnsw.efSearch = hnsw_ef_search
         elif index == "ivf" and len(self._items) >= IVF_MIN_ITEMS:
-            self._index = self._trained_ivf(ivf_nprobe)
+            self._index = self._ivf(ivf_nprobe)
         self._sync_index()
         if writable:
             assert self._journal is not None
@@ -483,25 +486,81 @@ class MemoryBank:
         note = f" (an ivf bank below {IVF_MIN_ITEMS} items at open)" if self.index_kind == "ivf" else ""
         return "flat (exact)" + note
 
-    def _trained_ivf(self, nprobe: int) -> Any:
-        """An empty IVF-Flat index whose lists (k-means centroids) are trained on the items loaded.
+    def _ivf(self, nprobe: int) -> Any:
+        """The IVF-Flat index over the items loaded: its lists (k-means centroids) as saved beside the
+        journal (``index-ivf-<lists>.faiss/.json``) where they were trained on a prefix of these items and
+        these items call for as many lists, else trained now (and saved if this bank is writable).
 
         Its scores are exact inner products; only the choice of the nprobe lists scanned is approximate.
+        Keeping the lists while a bank grows (reflection items, a vehicle's live bank) keeps retrieval
+        stable: an appended item changes a query's result only where it enters the top K, across restarts
+        as within the process that appended it; retrained lists would move other queries' results too.
+        """
+        nlist = ivf_list_count(len(self._items))
+        ivf = self._cached_ivf(nlist)
+        if ivf is None:
+            ivf = self._trained_ivf(nlist)
+            if self.writable:
+                self._save_ivf(ivf)
+        ivf.nprobe = min(nprobe, nlist)
+        ivf.set_direct_map_type(faiss.DirectMap.Array)  # rows reconstructible (side file), 8 bytes each
+        return ivf
+
+    def _trained_ivf(self, nlist: int) -> Any:
+        """An empty IVF-Flat index with ``nlist`` lists trained by k-means on the items loaded.
+
         Measured on 100k real scene embeddings (docs/benchmarks.md): 512 lists, recall@3 1.0 from nprobe
         16 on, p99 0.45 ms (16) / 0.69 ms (32) wall; the default 32 (6 % of the lists) leaves a margin
         for MiniLM embeddings, where scanning 3 % of the lists gave 0.998 and 6 % 1.000 (3.7k items).
         Random vectors do not cluster and get far lower recall (0.14-0.37): IVF relies on real data.
-        Items added later go into the existing lists; the next open retrains.
         """
         n = len(self._items)
-        nlist = int(2 ** round(math.log2(1.6 * math.sqrt(n))))  # ~1.6 sqrt(n): 512 lists at 100k
         ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
         ivf.cp.max_points_per_centroid = IVF_POINTS_PER_LIST  # train on a sample: 0.2-1 s, not 5 s
         ivf.cp.niter = IVF_TRAIN_ITERATIONS
         ivf.train(self._vectors(0, n))
-        ivf.nprobe = min(nprobe, nlist)
-        ivf.set_direct_map_type(faiss.DirectMap.Array)  # rows reconstructible (side file), 8 bytes each
+        self._ivf_trained_on = {"count": n, "first_id": self._ids[0], "last_id": self._ids[n - 1],
+                                "journal_bytes": self._offset, "journal_crc": self._crc}
         return ivf
+
+    def _ivf_paths(self, nlist: int) -> tuple[str, str]:
+        stem = os.path.join(self.path, f"index-ivf-{nlist}")
+        return stem + ".faiss", stem + ".json"
+
+    def _save_ivf(self, ivf: Any) -> None:
+        """Save the trained lists without their items (the centroids: ~100 KB at 256 lists of 97-d) and
+        the items they were trained on (count, first and last id, journal length and CRC)."""
+        if self._ivf_trained_on is None:
+            return  # lists read from a saved file: already there
+        empty = faiss.clone_index(ivf)
+        empty.reset()
+        index_path, meta_path = self._ivf_paths(ivf.nlist)
+        tmp = f"{index_path}.tmp.{os.getpid()}"
+        faiss.write_index(empty, tmp)
+        os.replace(tmp, index_path)
+        _atomic_write(meta_path, json.dumps({"embedder": self.manifest["embedder"], "nlist": ivf.nlist,
+                                             **self._ivf_trained_on}).encode(), sync=False)
+
+    def _cached_ivf(self, nlist: int) -> Any | None:
+        """The saved lists if they have ``nlist`` lists and were trained on a prefix of the items just
+        loaded (checked by ids and the journal prefix's CRC), else None."""
+        index_path, meta_path = self._ivf_paths(nlist)
+        try:
+            with open(meta_path, "rb") as f:
+                meta = json.loads(f.read())
+            count = int(meta["count"])
+            if (meta["embedder"] != self.manifest["embedder"] or int(meta["nlist"]) != nlist
+                    or not 0 < count <= len(self._items)
+                    or self._ids[0] != meta["first_id"] or self._ids[count - 1] != meta["last_id"]
+                    or not self._journal_prefix_matches(int(meta["journal_bytes"]), int(meta["journal_crc"]))):
+                return None
+            index = faiss.read_index(index_path)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError):
+            return None  # no usable lists: trained again
+        if (not isinstance(index, faiss.IndexIVFFlat) or index.nlist != nlist or index.d != self.dim
+                or index.ntotal != 0 or not index.is_trained or index.metric_type != faiss.METRIC_INNER_PRODUCT):
+            return None
+        return index
 
     def _vectors(self, start: int, stop: int) -> np.ndarray:
         """The unit embeddings of rows [start, stop), from the side file where it has them."""
@@ -564,15 +623,18 @@ class MemoryBank:
         return stem + ".f32", stem + ".json"
 
     def save_index(self) -> None:
-        """Save the embeddings side file (any index) and, for ``index="hnsw"``, the HNSW graph beside
-        the journal, so that an open reads them instead of parsing every record and rebuilding the
-        graph (minutes at 100k items); it then parses only the records appended since.
+        """Save the embeddings side file (any index), the IVF lists if this process trained them, and,
+        for ``index="hnsw"``, the HNSW graph beside the journal, so that an open reads them instead of
+        parsing every record, training lists and rebuilding the graph (minutes at 100k items); it then
+        parses only the records appended since.
 
-        Any process may call it (e.g. ``luna-offline collect`` after building a bank). Both are checked
+        Any process may call it (e.g. ``luna-offline collect`` after building a bank). All are checked
         on open against the journal (its length and a CRC of its bytes) and ignored if they do not match.
         """
         with self._lock:
             self._write_side_file()
+            if isinstance(self._index, faiss.IndexIVFFlat):
+                self._save_ivf(self._index)
             if self.index_kind != "hnsw":
                 return
             index_path, meta_path = self._hnsw_cache_paths(self._hnsw_m)
@@ -697,6 +759,11 @@ class MemoryBank:
 # ---------------------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------------------
+
+
+def ivf_list_count(n: int) -> int:
+    """IVF lists for ``n`` items: about 1.6 sqrt(n), a power of two (256 at 21.7k, 512 at 100k)."""
+    return int(2 ** round(math.log2(1.6 * math.sqrt(n))))
 
 
 def stored_version(path: str | os.PathLike[str]) -> int:
