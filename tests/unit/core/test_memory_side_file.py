@@ -219,14 +219,25 @@ def _clustered(n: int, seed: int) -> np.ndarray:
     return (centres[rng.integers(0, 12, n)] + rng.normal(0, 0.15, (n, DIM))).astype(np.float32)
 
 
-def test_ivf_index_trains_above_the_threshold_and_agrees_with_exact_search(tmp_path, monkeypatch) -> None:
+@pytest.fixture
+def ivf_from_1000(monkeypatch) -> None:
+    """IVF from 1000 items (the side file from 100), so that small banks use it."""
     monkeypatch.setattr(bank_module, "IVF_MIN_ITEMS", 1000)
     monkeypatch.setattr(bank_module, "SIDE_FILE_MIN_ITEMS", 100)
-    path = tmp_path / "bank"
+
+
+def _clustered_bank(path: Path, n: int) -> tuple[np.ndarray, str]:
+    """A bank of the first ``n`` of 1200 clustered vectors; the vectors and the index it was created with."""
     vectors = _clustered(1200, seed=0)
     with MemoryBank.create(path, SceneVectorEmbedder(DIM)) as writer:
-        writer.append_many([_item(i, v) for i, v in enumerate(vectors[:900])])
-        assert writer.index_description == "flat (exact) (an ivf bank below 1000 items at open)"
+        writer.append_many([_item(i, v) for i, v in enumerate(vectors[:n])])
+        return vectors, writer.index_description
+
+
+def test_ivf_index_trains_above_the_threshold_and_agrees_with_exact_search(tmp_path, ivf_from_1000) -> None:
+    path = tmp_path / "bank"
+    vectors, created = _clustered_bank(path, 900)
+    assert created == "flat (exact) (an ivf bank below 1000 items at open)"
     small = MemoryBank.open(path)
     assert isinstance(small._index, faiss.IndexFlatIP)  # 900 < 1000: exact
     with MemoryBank.open(path, writable=True) as writer:
@@ -254,13 +265,9 @@ def test_ivf_index_trains_above_the_threshold_and_agrees_with_exact_search(tmp_p
 
 
 def test_ivf_lists_are_kept_while_the_bank_grows_so_new_items_move_only_the_results_they_enter(
-        tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(bank_module, "IVF_MIN_ITEMS", 1000)
-    monkeypatch.setattr(bank_module, "SIDE_FILE_MIN_ITEMS", 100)
+        tmp_path, ivf_from_1000) -> None:
     path = tmp_path / "bank"
-    vectors = _clustered(1200, seed=0)
-    with MemoryBank.create(path, SceneVectorEmbedder(DIM)) as writer:
-        writer.append_many([_item(i, v) for i, v in enumerate(vectors[:1100])])
+    vectors, _ = _clustered_bank(path, 1100)
     MemoryBank.open(path)  # a reader trains its own lists and writes nothing
     assert not (path / "index-ivf-64.faiss").exists()
     with MemoryBank.open(path, writable=True) as writer:  # a writer keeps the lists it trained
@@ -313,15 +320,11 @@ def test_a_lazy_item_whose_record_changed_under_the_open_bank_is_an_error_naming
         bank.get("item-0")
 
 
-def test_bank_growth_retrieval_counts_the_probes_a_grown_bank_moves(tmp_path, monkeypatch, capsys) -> None:
+def test_bank_growth_retrieval_counts_the_probes_a_grown_bank_moves(tmp_path, ivf_from_1000, capsys) -> None:
     """benchmarks/bank_growth_retrieval.py: a copy grown with lists kept moves no probe it does not enter."""
     from tests.benchmark_scripts import load_benchmark
 
-    monkeypatch.setattr(bank_module, "IVF_MIN_ITEMS", 1000)
-    monkeypatch.setattr(bank_module, "SIDE_FILE_MIN_ITEMS", 100)
-    vectors = _clustered(1200, seed=0)
-    with MemoryBank.create(tmp_path / "base", SceneVectorEmbedder(DIM)) as writer:
-        writer.append_many([_item(i, v) for i, v in enumerate(vectors[:1100])])
+    vectors, _ = _clustered_bank(tmp_path / "base", 1100)
     shutil.copytree(tmp_path / "base", tmp_path / "kept")
     with MemoryBank.open(tmp_path / "kept", writable=True) as writer:
         writer.append_many([_item(i, v) for i, v in enumerate(vectors[1100:], start=1100)])
