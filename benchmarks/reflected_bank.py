@@ -16,7 +16,8 @@ bank to check it.
 
 An ablation leaves items out: ``--without-near-misses <round>/reflections.jsonl[.xz]`` drops the items a
 round wrote for failures that were near misses only (no collision), so that their share of the round's
-gain can be measured (docs/reflection.md); the records kept are re-sequenced to continue the base bank::
+gain can be measured (docs/reflection.md), and ``--without <item id>`` drops one item; the records kept
+are re-sequenced to continue the base bank::
 
     .venv/bin/python benchmarks/reflected_bank.py --base models/memory_bank \
         --items benchmarks/data/reflection_round_s30/reflection_items.jsonl \
@@ -99,12 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--without-near-misses", type=Path, metavar="REFLECTIONS",
                         help="leave out the items this round's reflections.jsonl[.xz] wrote for near misses")
+    parser.add_argument("--without", action="append", default=[], metavar="ITEM_ID",
+                        help="leave out this item (repeatable), e.g. the second copy of a duplicated revision")
     args = parser.parse_args(argv)
-    without = near_miss_items(args.without_near_misses) if args.without_near_misses else set()
+    without = (near_miss_items(args.without_near_misses) if args.without_near_misses else set()) | set(args.without)
     bank = build(args.base, args.items, args.out, without)
     reflections = sum(item.source == "reflection" for item in bank.items)
     print(f"{args.out}: {len(bank)} items ({reflections} reflection items), version {bank.version}"
-          + (f"; left out {len(without)} near-miss item(s)" if without else ""))
+          + (f"; left out {len(without)} item(s)" if without else ""))
     return 0
 
 

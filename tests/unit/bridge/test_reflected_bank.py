@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from luna_core.memory.bank import MemoryBank
+
 from tests.benchmark_scripts import REPO, load_benchmark
 
 
@@ -44,6 +46,9 @@ def test_the_near_miss_ablation_leaves_out_exactly_the_items_written_for_near_mi
     assert len(reflections) == 10 and bank.version == 21710 and len(bank) == 21710
     assert not near & {item.id for item in reflections}
     assert bank._ivf_trained_on is None  # the lists trained on the bundled items, kept (docs/memory_bank.md)
+    assert script.main(["--base", str(REPO / "models" / "memory_bank"), "--items", str(data / "reflection_items.jsonl"),
+                        "--without", sorted(near)[0], "--out", str(tmp_path / "b1")]) == 0
+    assert MemoryBank.open(tmp_path / "b1").version == 21718
     with pytest.raises(SystemExit, match="no record with id"):
         script.build(REPO / "models" / "memory_bank", data / "reflection_items.jsonl", tmp_path / "b2", {"refl-nope"})
     bad = tmp_path / "bad.jsonl"
