@@ -473,9 +473,7 @@ def round_counts(records: Sequence[RunRecord], outcomes: Sequence[ReflectionOutc
         "requests": len(outcomes),
         "written": sum(1 for r in answered if r.memory_item_id),
         "normal": sum(1 for r in answered if r.normal),
-        "duplicates": sum(1 for r in answered if r.duplicate_of),
-        "no_grounded_revision": sum(1 for r in answered if not r.normal and not r.memory_item_id and not r.error
-                                    and not r.duplicate_of),
+        "no_grounded_revision": sum(1 for r in answered if not r.normal and not r.memory_item_id and not r.error),
         "rejected": sum(1 for r in answered if r.error),
         "pending": sum(1 for o in outcomes if o.result is None),
         "decisions": sum(r.decisions for r in records),
@@ -631,8 +629,7 @@ def _write_round_files(folder: Path, records: Sequence[RunRecord],
             request = {k: v for k, v in asdict(o.request).items() if k != "observation"}  # in the outbox
             result = None if o.result is None else {
                 "normal": o.result.normal, "revised_answer": o.result.revised_answer,
-                "memory_item_id": o.result.memory_item_id, "error": o.result.error, "hindsight": o.result.hindsight,
-                "duplicate_of": o.result.duplicate_of}
+                "memory_item_id": o.result.memory_item_id, "error": o.result.error, "hindsight": o.result.hindsight}
             f.write(json.dumps({"scenario": scenario, "request": request, "result": result}) + "\n")
     with (folder / "deploy.csv").open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -675,7 +672,7 @@ def summary_markdown(results: Sequence[RoundResult], config: RoundConfig, comman
         else:
             # Rounds written before the near-miss kind have no such count.
             row += [f"{c['failures']} ({c['collisions']} / {c.get('near_misses', 0)} / {c['stalls']} / {c['blocked']})",
-                    str(c["written"]) + (f" (+{c['duplicates']} already in the bank)" if c.get("duplicates") else ""),
+                    str(c["written"]),
                     str(c["normal"]), str(c["no_grounded_revision"]), str(c["rejected"])]
         for s in suites:
             e = res.evaluation.get(s, {})

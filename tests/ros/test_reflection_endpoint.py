@@ -11,7 +11,6 @@ names as best: a fake LLM, because no reasoning model can run here (hence "fake_
 names). Before it starts, nothing listens on the port (connection refused).
 """
 
-import dataclasses
 import json
 import os
 import re
@@ -116,10 +115,8 @@ def _start_client(tmp_path: Path, bank: Path, port: int) -> subprocess.Popen:
 
 
 def _events(stamp: float, collision: bool):
-    """A failure under AK at ``stamp`` (its decision 0.5 s earlier) and its explanation. Each decision's
-    query has its own ego speed: two decisions with one query and one revision would be one memory item."""
-    scene = dataclasses.replace(samples.scene(), ego_speed=8.2 if collision else 7.9)
-    query = PromptManager().decision_query(scene)  # action set AK, AL, CK, CL, DK, DL, SK
+    """A failure under AK at ``stamp`` (its decision 0.5 s earlier) and its explanation."""
+    query = PromptManager().decision_query(samples.scene())  # action set AK, AL, CK, CL, DK, DL, SK
     failure = T.FailureEvent(stamp, "AK", stamp - 0.5, ["stalled"] if collision else [], not collision)
     explanation = T.DecisionExplanation(stamp + 1.0, stamp - 0.5, stamp, query, ["AK", "CK"],
                                         "Recommended decisions: AK,CK\nExplanations:\n- AK: the road is free.")

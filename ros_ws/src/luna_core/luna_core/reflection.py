@@ -251,33 +251,10 @@ class ReflectionSystem:
         text = verdict.answer() if self.llm is None else self._llm_answer(request, grounding, attempt)
         # The scene of the revised decision keys the item in a scene-vector bank (retrieval by xi_t).
         scene = verdict.scene
-        vector = scene_vector(scene) if scene is not None else None
-        duplicate = self._same_revision(grounding.query, text, vector)
-        if duplicate:
-            return self._result(request, revised_answer=text, duplicate_of=duplicate,
-                                hindsight=grounding.summary(request))
         item = self.bank.append(MemoryItem(id=f"refl-{request.id}", query=grounding.query, answer=text,
                                            distribution=None, source="reflection", created=time.time(),
-                                           scene_vector=vector))
+                                           scene_vector=scene_vector(scene) if scene is not None else None))
         return self._result(request, revised_answer=text, memory_item_id=item.id, hindsight=grounding.summary(request))
-
-    def _same_revision(self, query: str, answer: str, vector: Any) -> str:
-        """The id of a reflection item with this query and answer already in the bank, else "".
-
-        Two failures of one decision (a near miss, then the collision with the same object) revise it
-        alike; a second copy would take a second of the K retrieval slots for the same example. The item
-        is found by its own embedding (similarity 1); the 16 nearest are searched, so a duplicate among
-        more than 16 identical vectors goes unnoticed and is written, as before this check."""
-        try:
-            near = self.bank.retrieve(vector if vector is not None else query, k=16)
-        except ValueError:  # e.g. a scene-vector bank and no scene: the append names the problem
-            return ""
-        for item, similarity in near:
-            if similarity < 1.0 - 1e-5:
-                break
-            if item.source == "reflection" and item.query == query and item.answer == answer:
-                return item.id
-        return ""
 
     def _llm_answer(self, request: ReflectionRequest, grounding: Grounding, attempt: int) -> str:
         """Q_refl (Eq. 29a) with the hindsight outcomes, answered by the reflection LLM (Eq. 29b); the
@@ -317,8 +294,7 @@ class ReflectionSystem:
             result = ReflectionResult(stamp=time.time(), failure_stamp=request.failure_stamp, normal=False,
                                       memory_version=int(self.bank.version), error=f"memory update refused: {exc}")
         outbox.done(request.id, {"normal": result.normal, "memory_item_id": result.memory_item_id,
-                                 "error": result.error, "hindsight": result.hindsight,
-                                 "duplicate_of": result.duplicate_of})
+                                 "error": result.error, "hindsight": result.hindsight})
         return result
 
 
@@ -328,8 +304,8 @@ class ReflectionSystem:
 
 
 def outbox_summary(outbox_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """What an outbox journal holds: requests by failure kind, their outcomes (written, already in the
-    bank, 'normal', no grounded revision, rejected, pending) and the explanations' latencies (for run summaries)."""
+    """What an outbox journal holds: requests by failure kind, their outcomes (written, 'normal', no
+    grounded revision, rejected, pending) and the explanations' latencies (for run summaries)."""
     journal = Path(outbox_dir) / "outbox.jsonl"
     records = scan(journal).records if journal.exists() else []
     puts = [r["request"] for r in records if r.get("op") == "put"]
@@ -345,9 +321,8 @@ def outbox_summary(outbox_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "without_hindsight_observation": sum(1 for p in puts if p.get("observation") is None),
         "written": sum(1 for r in results if r.get("memory_item_id")),
         "normal": sum(1 for r in results if r.get("normal")),
-        "duplicates": sum(1 for r in results if r.get("duplicate_of")),
         "no_grounded_revision": sum(1 for r in results if not r.get("normal") and not r.get("memory_item_id")
-                                    and not r.get("error") and not r.get("duplicate_of")),
+                                    and not r.get("error")),
         "rejected": sum(1 for r in results if r.get("error")),
         "pending": len(puts) - len(results),
         "explanation_latency_mean_s": sum(latencies) / len(latencies) if latencies else None,

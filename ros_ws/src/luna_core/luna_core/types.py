@@ -581,7 +581,6 @@ class ReflectionResult:
     memory_version: int = 0
     error: str = ""  # non-empty when the reflection failed validation
     hindsight: str = ""  # the hindsight check's verdict in one line (kept locally; not in luna_msgs)
-    duplicate_of: str = ""  # the bank already held this revision of this decision: that item's id (not in luna_msgs)
 
 
 @dataclass

@@ -252,7 +252,7 @@ class ReflectionClient(LunaNode):
             return
         self.diagnostics.clear("reflection")
         key = "memory_items_added" if result.memory_item_id else "normal_answers" if result.normal else \
-            "already_in_memory" if result.duplicate_of else "no_grounded_revision"
+            "no_grounded_revision"
         self.diagnostics.increment(key)
         if result.memory_item_id:
             self.version_pub.publish(UInt64(data=int(result.memory_version)))
