@@ -276,13 +276,15 @@ def test_ivf_lists_are_kept_while_the_bank_grows_so_new_items_move_only_the_resu
     meta = json.loads((path / "index-ivf-64.json").read_text())
     assert meta["count"] == 1100 and meta["nlist"] == 64 and meta["last_id"] == "item-1099"
     grown = MemoryBank.open(path, ivf_nprobe=1)
-    assert len(grown) == 1200 and grown.index_description == "IVF-Flat, 64 lists, nprobe 1"
+    assert len(grown) == 1200 and grown.ivf_lists_kept
+    assert grown.index_description == "IVF-Flat, 64 lists, nprobe 1"
     saved = faiss.read_index(str(path / "index-ivf-64.faiss"))
     assert saved.ntotal == 0 and np.array_equal(grown._index.quantizer.reconstruct_n(0, 64),
                                                 saved.quantizer.reconstruct_n(0, 64))  # the lists reused
     copy = tmp_path / "retrained"
     shutil.copytree(path, copy, ignore=shutil.ignore_patterns("index-ivf-*"))
     retrained = MemoryBank.open(copy, ivf_nprobe=1)  # lists trained on all 1200 items
+    assert not retrained.ivf_lists_kept and before.ivf_lists_kept  # before: the writer's lists, saved at its open
     new_ids = {f"item-{i}" for i in range(1100, 1200)}
     entered = moved_by_retraining = 0
     for q in _clustered(300, seed=2):

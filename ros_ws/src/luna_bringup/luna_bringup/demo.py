@@ -428,7 +428,8 @@ def _reflection_report(data: Path) -> tuple[list[str], int]:
     s = outbox_summary(outbox)
     lines = ["", "## Reflection (background, on wall time)", "",
              f"{s['requests']} failure(s) explained and reflected on ({s['collisions']} collision(s), "
-             f"{s['near_misses']} near miss(es), {s['stalls']} stall(s), {s['blocked']} blocked); revisions written {s['written']}, 'normal' {s['normal']}, no grounded "
+             f"{s['near_misses']} near miss(es), {s['stalls']} stall(s), {s['blocked']} blocked); "
+             f"revisions written {s['written']}, 'normal' {s['normal']}, no grounded "
              f"revision {s['no_grounded_revision']}, rejected {s['rejected']}, still in the outbox {s['pending']}."]
     if s["explanation_latency_max_s"] is not None:
         lines.append(f"Explanation latency: mean {s['explanation_latency_mean_s']:.1f} s, "

@@ -129,7 +129,8 @@ class MemoryBank:
             raise ValueError(f"index must be 'ivf', 'flat' or 'hnsw', got {index!r}")
         self.index_kind: IndexKind = index
         self._hnsw_m = hnsw_m
-        self._ivf_trained_on: dict[str, Any] | None = None  # the items this process trained IVF lists on
+        self._ivf_trained_on: dict[str, Any] | None = None  # what this process trained IVF lists on, unsaved
+        self._ivf_kept = False  # the IVF lists were read from the saved file
         # ``ivf`` starts flat: it trains its lists once the items are loaded, if there are enough
         self._index = (faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT) if index == "hnsw"
                        else faiss.IndexFlatIP(self.dim))
@@ -498,6 +499,7 @@ class MemoryBank:
         """
         nlist = ivf_list_count(len(self._items))
         ivf = self._cached_ivf(nlist)
+        self._ivf_kept = ivf is not None
         if ivf is None:
             ivf = self._trained_ivf(nlist)
             if self.writable:
@@ -519,8 +521,7 @@ class MemoryBank:
         ivf.cp.max_points_per_centroid = IVF_POINTS_PER_LIST  # train on a sample: 0.2-1 s, not 5 s
         ivf.cp.niter = IVF_TRAIN_ITERATIONS
         ivf.train(self._vectors(0, n))
-        self._ivf_trained_on = {"count": n, "first_id": self._ids[0], "last_id": self._ids[n - 1],
-                                "journal_bytes": self._offset, "journal_crc": self._crc}
+        self._ivf_trained_on = self._prefix_header(n)
         return ivf
 
     def _ivf_paths(self, nlist: int) -> tuple[str, str]:
@@ -531,15 +532,35 @@ class MemoryBank:
         """Save the trained lists without their items (the centroids: ~100 KB at 256 lists of 97-d) and
         the items they were trained on (count, first and last id, journal length and CRC)."""
         if self._ivf_trained_on is None:
-            return  # lists read from a saved file: already there
+            return  # lists read from a saved file, or saved already
         empty = faiss.clone_index(ivf)
         empty.reset()
         index_path, meta_path = self._ivf_paths(ivf.nlist)
         tmp = f"{index_path}.tmp.{os.getpid()}"
         faiss.write_index(empty, tmp)
         os.replace(tmp, index_path)
-        _atomic_write(meta_path, json.dumps({"embedder": self.manifest["embedder"], "nlist": ivf.nlist,
-                                             **self._ivf_trained_on}).encode(), sync=False)
+        _atomic_write(meta_path, json.dumps({"nlist": ivf.nlist, **self._ivf_trained_on}).encode(), sync=False)
+        self._ivf_trained_on = None
+
+    @property
+    def ivf_lists_kept(self) -> bool:
+        """True where this open's IVF lists were read from the saved file, i.e. trained on an earlier,
+        shorter (or equal) state of the bank, not on the items loaded now."""
+        return isinstance(self._index, faiss.IndexIVFFlat) and self._ivf_kept
+
+    def _prefix_header(self, count: int) -> dict[str, Any]:
+        """What a saved index covers: the first ``count`` items (ids of the first and last) and the
+        journal bytes they were loaded from (length, CRC); checked on open by :meth:`_covers_prefix`."""
+        return {"embedder": self.manifest["embedder"], "count": count,
+                "first_id": self._ids[0] if count else "", "last_id": self._ids[count - 1] if count else "",
+                "journal_bytes": self._offset, "journal_crc": self._crc}
+
+    def _covers_prefix(self, meta: dict[str, Any]) -> bool:
+        """Whether a saved index's header (:meth:`_prefix_header`) names a prefix of the items just loaded."""
+        count = int(meta["count"])
+        return (meta["embedder"] == self.manifest["embedder"] and count <= len(self._items)
+                and (not count or (self._ids[0] == meta["first_id"] and self._ids[count - 1] == meta["last_id"]))
+                and self._journal_prefix_matches(int(meta["journal_bytes"]), int(meta["journal_crc"])))
 
     def _cached_ivf(self, nlist: int) -> Any | None:
         """The saved lists if they have ``nlist`` lists and were trained on a prefix of the items just
@@ -548,11 +569,7 @@ class MemoryBank:
         try:
             with open(meta_path, "rb") as f:
                 meta = json.loads(f.read())
-            count = int(meta["count"])
-            if (meta["embedder"] != self.manifest["embedder"] or int(meta["nlist"]) != nlist
-                    or not 0 < count <= len(self._items)
-                    or self._ids[0] != meta["first_id"] or self._ids[count - 1] != meta["last_id"]
-                    or not self._journal_prefix_matches(int(meta["journal_bytes"]), int(meta["journal_crc"]))):
+            if int(meta["nlist"]) != nlist or not int(meta["count"]) or not self._covers_prefix(meta):
                 return None
             index = faiss.read_index(index_path)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError):
@@ -638,11 +655,7 @@ class MemoryBank:
             if self.index_kind != "hnsw":
                 return
             index_path, meta_path = self._hnsw_cache_paths(self._hnsw_m)
-            count = self._index.ntotal
-            meta = {"embedder": self.manifest["embedder"], "count": count,
-                    "first_id": self._ids[0] if count else "",
-                    "last_id": self._ids[count - 1] if count else "",
-                    "journal_bytes": self._offset, "journal_crc": self._crc}
+            meta = self._prefix_header(self._index.ntotal)
             tmp = f"{index_path}.tmp.{os.getpid()}"
             faiss.write_index(self._index, tmp)
             os.replace(tmp, index_path)
@@ -744,9 +757,7 @@ class MemoryBank:
             with open(meta_path, "rb") as f:
                 meta = json.loads(f.read())
             count = int(meta["count"])
-            if (meta["embedder"] != self.manifest["embedder"] or count > len(self._items)
-                    or (count and (self._ids[0] != meta["first_id"] or self._ids[count - 1] != meta["last_id"]))
-                    or not self._journal_prefix_matches(int(meta["journal_bytes"]), int(meta["journal_crc"]))):
+            if not self._covers_prefix(meta):
                 return None
             index = faiss.read_index(index_path)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError):
