@@ -242,6 +242,11 @@ def reflection_items_used(decision: DecisionDistribution, bank: Any) -> list[str
     return [i for i in decision.retrieved_ids if i in bank and bank.get(i).source == "reflection"]
 
 
+def _top3(probabilities: Any) -> list[list[Any]]:
+    return [[code, round(float(p), 3)] for code, p in
+            sorted(zip(ACTION_CODES, probabilities), key=lambda cp: -cp[1])[:3]]
+
+
 def decision_statistics(source: Any) -> dict[str, Any]:
     """What the stack decided in one run: count, top actions, the three most probable actions of every
     decision by its scene stamp (near-ties show there), scenes that could not be described, the
@@ -256,13 +261,15 @@ def decision_statistics(source: Any) -> dict[str, Any]:
     using = 0
     for d in decisions:
         top[d.top_action] = top.get(d.top_action, 0) + 1
-        entry: dict[str, Any] = {"stamp": round(float(d.stamp), 3),
-                                 "top3": [[code, round(float(p), 3)] for code, p in
-                                          sorted(zip(ACTION_CODES, d.probabilities), key=lambda cp: -cp[1])[:3]]}
+        entry: dict[str, Any] = {"stamp": round(float(d.stamp), 3), "top3": _top3(d.probabilities)}
         used = reflection_items_used(d, bank)
         if used:
             using += 1
             entry["reflection_items"] = used
+            similarity = dict(zip(d.retrieved_ids, d.retrieved_similarities))
+            entry["reflection_similarity"] = [round(similarity[i], 4) for i in used if i in similarity]
+            if d.student_probabilities is not None:  # the lessons changed the student's distribution
+                entry["student_top3"] = _top3(d.student_probabilities)
             for item_id in used:
                 used_by_item[item_id] = used_by_item.get(item_id, 0) + 1
         timeline.append(entry)

@@ -65,6 +65,7 @@ class StackSettings:
     memory_bank: str = ""  # memory bank folder; "" = the bundled default (models/memory_bank)
     k: int = 3  # retrieved items per decision (the K = 0 variant overrides it)
     gamma_p: float = 0.1
+    lesson_weight: float = 0.0  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
     decision_every: int = 20  # simulation steps (0.1 s) between decisions: T_d = 2.0 s (CALMM-Drive C_d)
     population: int = 128  # Diffusion-ES members per candidate action
     iterations: int = 2  # renoise-denoise rounds
@@ -80,10 +81,10 @@ class StackSettings:
     def __post_init__(self) -> None:
         if self.k < 0 or self.decision_every < 1 or self.population < 4 or self.iterations < 0 \
                 or self.search_seed < 0 or self.time_budget < 0 or not 0.0 <= self.gamma_p <= 1.0 \
-                or self.autocast not in AUTOCASTS:
+                or not 0.0 <= self.lesson_weight <= 1.0 or self.autocast not in AUTOCASTS:
             raise StackConfigError(f"invalid stack settings {self}: need k >= 0, decision_every >= 1, "
                                    "population >= 4, iterations >= 0, search_seed >= 0, time_budget >= 0, "
-                                   f"0 <= gamma_p <= 1, autocast one of {', '.join(AUTOCASTS)}")
+                                   f"0 <= gamma_p <= 1, 0 <= lesson_weight <= 1, autocast one of {', '.join(AUTOCASTS)}")
 
     @property
     def decision_period(self) -> float:
@@ -96,9 +97,9 @@ class StackSettings:
         if name in STUDENT_PLANNERS:
             return self
         if name in ORACLE_PLANNERS:
-            return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k)
+            return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, lesson_weight=d.lesson_weight)
         return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, gamma_p=d.gamma_p,
-                       decision_every=d.decision_every)
+                       lesson_weight=d.lesson_weight, decision_every=d.decision_every)
 
     def describe(self, decisions: bool = True) -> str:
         """One line for result tables (``decisions``: also how the stack decides)."""
@@ -110,7 +111,8 @@ class StackSettings:
         if not decisions:
             return search
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
-                f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, K = {self.k}); "
+                f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, K = {self.k}"
+                f"{f', lesson weight {self.lesson_weight:g}' if self.lesson_weight else ''}); "
                 f"{search}")
 
 
@@ -122,6 +124,10 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
     group.add_argument("--memory-bank", default=d.memory_bank,
                        help=f"{memory_bank_help} (default: the bundled models/memory_bank)")
     group.add_argument("--k", type=int, default=d.k, help=f"retrieved memory items per decision (default {d.k})")
+    group.add_argument("--lesson-weight", type=float, default=d.lesson_weight,
+                       help="weight w of the retrieved reflection items' recommended decisions in each decision, "
+                            "pi' = (1 - w) pi_hat + w q (luna_core.lessons); default 0 = the paper's (a reflection "
+                            "item is only an example in the prompt)")
     group.add_argument("--decision-every", type=int, default=d.decision_every,
                        help=f"simulation steps between decisions (default {d.decision_every}: "
                             f"T_d = {d.decision_period:.1f} s)")
@@ -142,7 +148,7 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
 def stack_settings_from_args(args: argparse.Namespace, **other: Any) -> StackSettings:
     """StackSettings from the options of ``add_stack_arguments`` (and ``other`` fields, e.g. ``device``)."""
     return StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
-                         decision_every=args.decision_every, population=args.population,
+                         lesson_weight=args.lesson_weight, decision_every=args.decision_every, population=args.population,
                          iterations=args.iterations, search_seed=args.search_seed, time_budget=args.time_budget,
                          autocast=args.autocast, **other)
 
@@ -219,7 +225,7 @@ def heuristic_config(settings: StackSettings, k: int | None = None) -> Heuristic
     try:
         return HeuristicStackConfig(student=settings.student, memory_bank=settings.memory_bank if k > 0 else NO_BANK,
                                     default_bank="bundled", device=settings.device, autocast=settings.autocast, k=k,
-                                    gamma_p=settings.gamma_p)
+                                    gamma_p=settings.gamma_p, lesson_weight=settings.lesson_weight)
     except CoreConfigError as exc:
         raise StackConfigError(str(exc)) from None
 
@@ -268,16 +274,18 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
 
 
 def make_decision_source(variant: str = "luna", student: str = "", memory_bank: str = "", k: int = 3,
-                         gamma_p: float = 0.1, device: str = "cpu", autocast: str = "none") -> SceneDecisionSource:
+                         gamma_p: float = 0.1, device: str = "cpu", autocast: str = "none",
+                         lesson_weight: float = 0.0) -> SceneDecisionSource:
     """The decision source of stack ``variant`` (one of ``STUDENT_PLANNERS``): xi_t from each planner
     input, then the variant's heuristic system. ``student`` / ``memory_bank`` are folders ("" = the
     bundled models/student, models/memory_bank); ``k`` retrieved items (``luna-k0`` uses 0);
-    ``gamma_p`` is the candidate-set threshold (Eq. 19). Student and bank are loaded once per process.
+    ``gamma_p`` is the candidate-set threshold (Eq. 19); ``lesson_weight`` the weight of retrieved
+    reflection lessons (``luna_core.lessons``, 0 = the paper's). Student and bank are loaded once per process.
     Raises ``StackConfigError`` naming the folder that cannot be loaded, or the bad setting."""
     from luna_bridge.reflection_round import SceneDecisionSource
 
     settings = StackSettings(student=student, memory_bank=memory_bank, k=k, gamma_p=gamma_p, device=device,
-                             autocast=autocast)
+                             autocast=autocast, lesson_weight=lesson_weight)
     return SceneDecisionSource(heuristic_for(variant, settings))
 
 
@@ -340,4 +348,5 @@ def make_stack_planner(variant: str, scenario: Scenario | None = None,
                             OracleDecisionSource(scenario, s.gamma_p, one_hot=variant == "luna-onehot-oracle",
                                                  privileged=variant != "luna-oracle-cv"))
     return StackPlanner(variant, search_planner(True, s),
-                        make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device, s.autocast))
+                        make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device, s.autocast,
+                                             s.lesson_weight))

@@ -133,14 +133,18 @@ def test_eval_and_reflect_read_the_stack_options_alike() -> None:
     assert defaults == StackSettings()
     assert stack_settings_from_args(_parsed(["reflect", "--suite", "x", "--out", "o"]), device="cpu") == defaults
     flags = ["--student", "s", "--memory-bank", "b", "--k", "1", "--decision-every", "10", "--population", "64",
-             "--iterations", "1", "--search-seed", "2", "--time-budget", "0.4", "--autocast", "bfloat16"]
+             "--iterations", "1", "--search-seed", "2", "--time-budget", "0.4", "--autocast", "bfloat16",
+             "--lesson-weight", "0.5"]
     from_eval = stack_settings_from_args(_parsed(["eval", "--suite", "x", *flags]))
     reflect_args = _parsed(["reflect", "--suite", "x", "--out", "o", *flags, "--device", "cuda"])
     assert from_eval == StackSettings(student="s", memory_bank="b", k=1, decision_every=10, population=64,
-                                      iterations=1, search_seed=2, time_budget=0.4, autocast="bfloat16")
+                                      iterations=1, search_seed=2, time_budget=0.4, autocast="bfloat16",
+                                      lesson_weight=0.5)
     assert stack_settings_from_args(reflect_args, device=reflect_args.device) == replace(from_eval, device="cuda")
     with pytest.raises(StackConfigError, match="population >= 4"):
         stack_settings_from_args(_parsed(["eval", "--suite", "x", "--population", "2"]))
+    with pytest.raises(StackConfigError, match="lesson_weight"):
+        stack_settings_from_args(_parsed(["eval", "--suite", "x", "--lesson-weight", "1.5"]))
 
 
 @pytest.mark.slow  # three student forward passes and 13 closed-loop runs: ~25 s wall on the shared machine
@@ -172,7 +176,9 @@ def test_eval_runs_the_stack_variants_deterministically(artifacts, tmp_path: Pat
     # the item is named, per decision and per item, and is a reflection item of the bank the run read
     (item_id,) = results["luna"]["decisions"]["reflection_items"]
     assert results["luna"]["decisions"]["reflection_items"][item_id] == 1
-    assert results["luna"]["decisions"]["timeline"][0]["reflection_items"] == [item_id]
+    first = results["luna"]["decisions"]["timeline"][0]
+    assert first["reflection_items"] == [item_id] and 0.0 < first["reflection_similarity"][0] <= 1.0001
+    assert "student_top3" not in first  # lesson weight 0 (the default): the student's distribution
     with MemoryBank.open(settings(artifacts).memory_bank) as bank:
         assert bank.get(item_id).source == "reflection"
     assert results["luna-no-reflection"]["decisions"]["using_reflection_items"] == 0

@@ -117,7 +117,7 @@ def test_reset_forgets_the_previous_items(system):
     sticky = HeuristicSystem(system.student, system.prompts, system.bank, HeuristicConfig(k=2, retrieval_margin=1.0))
 
     def ids(scene: T.SceneDescriptor) -> list[str]:  # retrieval only: no student forward pass
-        return [item.id for item in sticky.retrieve(scene, system.prompts.decision_query(scene))]
+        return [item.id for item, _ in sticky.retrieve(scene, system.prompts.decision_query(scene))]
 
     first = ids(slow)
     assert ids(fast) == first  # kept within the margin

@@ -77,6 +77,7 @@ def test_missing_artifacts_are_named(tmp_path) -> None:
     (lambda: HeuristicStackConfig(k=1.5), "HeuristicStackConfig.k"),
     (lambda: HeuristicStackConfig(gamma_p=1.5), "HeuristicStackConfig.gamma_p"),
     (lambda: HeuristicStackConfig(retrieval_margin=math.nan), "HeuristicStackConfig.retrieval_margin"),
+    (lambda: HeuristicStackConfig(lesson_weight=-0.1), "HeuristicStackConfig.lesson_weight"),
     (lambda: HeuristicStackConfig(device="tpu"), "HeuristicStackConfig.device"),
     (lambda: HeuristicStackConfig(default_bank="shared"), "HeuristicStackConfig.default_bank"),
     (lambda: HeuristicStackConfig(max_context_tokens=-5), "HeuristicStackConfig.max_context_tokens"),

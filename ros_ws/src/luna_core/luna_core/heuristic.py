@@ -1,7 +1,8 @@
 """The heuristic system at run time (LUNA-AD Sec. III-C3, III-E1): decide periodically, explain on failure.
 
 ``decide(scene)``: Q_md from the scene (P_md, Eq. 11), K memory items retrieved by cosine similarity,
-one forward pass of the student (Eq. 16) with impossible actions masked, the candidate set (Eq. 19).
+one forward pass of the student (Eq. 16) with impossible actions masked, the retrieved reflection
+lessons weighted in when ``lesson_weight`` > 0 (``luna_core.lessons``), the candidate set (Eq. 19).
 ``explain(decision, failure)``: the student's explanation of that decision (Eq. 25-28), prefixed by
 its probability-ranked candidate actions, generated greedily and interruptible; an action the student
 names wrongly after its code is renamed from the code, and text cut by the budget ends at its last
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from luna_core.lessons import lessons_of, weigh_lessons
 from luna_core.prompts.parsers import complete_sentences, repair_action_names
 from luna_core.scene import scene_vector
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
@@ -72,6 +74,10 @@ class HeuristicConfig:
     # rationale (the teacher's are 60-80 tokens each).
     explanation_cpu_max_tokens: int = 96
     explanation_max_time: float = 60.0  # s; an explanation is abandoned after this
+    # w of pi' = (1 - w) pi_hat + w q: how much the retrieved reflection items' recommended decisions
+    # weigh against the student's own distribution (luna_core.lessons); 0 = the paper's behaviour
+    # (a lesson is only an example in the prompt).
+    lesson_weight: float = 0.0
 
 
 class HeuristicSystem:
@@ -102,9 +108,9 @@ class HeuristicSystem:
         name = str(self.bank.manifest["embedder"].get("name", ""))
         return scene_vector(scene) if name.startswith("scene-vector:") else query
 
-    def retrieve(self, scene: SceneDescriptor, query: str) -> list[MemoryItem]:
-        """The K items most similar to the scene, best first, or the previous decision's items while
-        they are nearly as similar (``retrieval_margin``)."""
+    def retrieve(self, scene: SceneDescriptor, query: str) -> list[tuple[MemoryItem, float]]:
+        """The K items most similar to the scene with their cosine similarity, best first, or the
+        previous decision's items while they are nearly as similar (``retrieval_margin``)."""
         if self.bank is None or self.config.k <= 0:
             return []
         with self._bank_lock:
@@ -112,11 +118,11 @@ class HeuristicSystem:
             best = self.bank.retrieve(q, self.config.k)
             previous = [self.bank.get(i) for i in self._previous_ids if i in self.bank]
             if best and len(previous) == len(best) == len(self._previous_ids):
-                kept = float(np.mean([np.dot(item.embedding, q) for item in previous]))
-                if kept >= float(np.mean([score for _, score in best])) - self.config.retrieval_margin:
-                    return previous
+                kept = [float(np.dot(item.embedding, q)) for item in previous]
+                if np.mean(kept) >= float(np.mean([score for _, score in best])) - self.config.retrieval_margin:
+                    return list(zip(previous, kept))
             self._previous_ids = [item.id for item, _ in best]
-            return [item for item, _ in best]
+            return best
 
     def reset(self) -> None:
         """A new episode: the next decision retrieves the exact top K (no previous items to keep)."""
@@ -134,11 +140,16 @@ class HeuristicSystem:
         retrieved = self.retrieve(scene, query)
         # xi_t only for a head that reads it (StudentConfig.head_scene_dim): nothing extra per decision otherwise
         xi = scene_vector(scene) if self.student.config.head_scene_dim else None
-        probabilities, prompt = self.student.predict(query, retrieved, mask=scene.action_mask(), scene_vector=xi)
+        mask = scene.action_mask()
+        student_p, prompt = self.student.predict(query, [item for item, _ in retrieved], mask=mask, scene_vector=xi)
         used = retrieved[:prompt.examples_used]  # the least similar items are dropped first
+        lessons = lessons_of(used, mask) if self.config.lesson_weight > 0.0 else []
+        probabilities = weigh_lessons(student_p, lessons, self.config.lesson_weight)
         return DecisionDistribution(stamp=scene.stamp, probabilities=probabilities,
                                     candidate_set=candidate_set(probabilities, self.config.gamma_p), query=query,
-                                    retrieved_ids=[item.id for item in used],
+                                    retrieved_ids=[item.id for item, _ in used],
+                                    retrieved_similarities=[round(score, 6) for _, score in used],
+                                    student_probabilities=student_p if lessons else None,
                                     latency=time.perf_counter() - started, scene_stamp=scene.stamp,
                                     memory_version=self.memory_version,
                                     examples_dropped=len(retrieved) - len(used),

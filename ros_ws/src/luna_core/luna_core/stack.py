@@ -92,6 +92,7 @@ class HeuristicStackConfig:
     k: int = 3  # retrieved memory items per decision (K)
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
     retrieval_margin: float = 0.005  # keep the previous K items within this similarity (KV-cache reuse)
+    lesson_weight: float = 0.0  # w of the retrieved reflection lessons (luna_core.lessons); 0 = the paper's
 
     def __post_init__(self) -> None:
         for name in ("student", "base_model", "memory_bank"):
@@ -105,6 +106,7 @@ class HeuristicStackConfig:
         _check_int(self, "k", 0)
         _check_finite(self, "gamma_p", 0.0, 1.0)
         _check_finite(self, "retrieval_margin", 0.0, 1.0)
+        _check_finite(self, "lesson_weight", 0.0, 1.0)
 
     @property
     def retrieves(self) -> bool:
@@ -114,7 +116,8 @@ class HeuristicStackConfig:
     def heuristic_config(self) -> HeuristicConfig:
         from luna_core.heuristic import HeuristicConfig
 
-        return HeuristicConfig(k=self.k, gamma_p=self.gamma_p, retrieval_margin=self.retrieval_margin)
+        return HeuristicConfig(k=self.k, gamma_p=self.gamma_p, retrieval_margin=self.retrieval_margin,
+                               lesson_weight=self.lesson_weight)
 
 
 def load_student(config: HeuristicStackConfig) -> DualHeadStudent:

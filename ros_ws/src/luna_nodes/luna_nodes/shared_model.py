@@ -28,6 +28,9 @@ MODEL_PARAMS = [
     ParamSpec("retrieval_margin", float, 0.005, "Keep the previous decision's retrieved items while their mean "
               "cosine similarity is within this of the best K's (their KV cache is reused); 0 = always the "
               "top K.", min=0.0, max=1.0),
+    ParamSpec("lesson_weight", float, 0.0, "Weight w of the retrieved reflection items' recommended decisions "
+              "in the published distribution, pi' = (1 - w) pi_hat + w q (luna_core.lessons); 0 = the paper's "
+              "behaviour: a reflection item is only an example in the prompt.", min=0.0, max=1.0),
 ]
 
 
@@ -81,7 +84,8 @@ def heuristic_config(params: dict) -> HeuristicStackConfig:
                                 memory_bank=params["memory_bank"], default_bank="live", device=params["device"],
                                 autocast=params["autocast"],
                                 max_context_tokens=params["max_context_tokens"], k=params["k"],
-                                gamma_p=params["gamma_p"], retrieval_margin=params["retrieval_margin"])
+                                gamma_p=params["gamma_p"], retrieval_margin=params["retrieval_margin"],
+                                lesson_weight=params["lesson_weight"])
 
 
 def load_heuristic(params: dict) -> HeuristicSystem:
