@@ -11,7 +11,13 @@ moves each way. Where either side's runs retrieved reflection items (a bank grow
 reflect``), each suite's line also counts the decisions on each side and those that used one, and
 ``--items`` traces the moves to the items: per reflection item of the second side, the runs whose
 decisions used it, how many of them gained or lost, and their summed score change (a run that used several items counts
-for each).
+for each). Each suite's line gives both sides' NR and R CLS on the runs compared.
+
+``--rerun-of-a``: the second folder holds only the runs that could move (e.g. those whose decisions used
+a reflection item, rerun with a setting that acts only on them); every run it lacks is taken from the
+first folder, unchanged, so the CLS lines are whole suites:
+
+    .venv/bin/python benchmarks/compare_runs.py <round 0> luna <reruns> luna --rerun-of-a --items
 """
 import argparse
 import glob
@@ -61,17 +67,23 @@ def main() -> None:
     p.add_argument("--min-diff", type=float, help="list every run that moved by more, with its failing metrics")
     p.add_argument("--items", action="store_true", help="per reflection item of the second side: the runs that "
                    "used it and their score changes")
+    p.add_argument("--rerun-of-a", action="store_true", help="the second folder reruns some of the first's runs: "
+                   "a run it lacks is the first's, unchanged")
     args = p.parse_args()
     rows = []
     for suite in args.suite or SUITES:
         same = n = 0
         decisions = {"a": [0, 0], "b": [0, 0]}  # side -> [decisions, decisions using reflection items]
+        scores: dict[str, tuple[list[float], list[float]]] = {}  # mode -> (a's scores, b's scores)
         for mode in ["non_reactive", "reactive"]:
-            for f in glob.glob(f"{args.a}/{suite}/scenarios/{args.planner_a}/{mode}/*.json"):
+            for f in sorted(glob.glob(f"{args.a}/{suite}/scenarios/{args.planner_a}/{mode}/*.json")):
                 g = f"{args.b}/{suite}/scenarios/{args.planner_b}/{mode}/{os.path.basename(f)}"
-                if os.path.exists(g):
-                    ra, rb = json.load(open(f)), json.load(open(g))
+                if os.path.exists(g) or args.rerun_of_a:
+                    ra = json.load(open(f))
+                    rb = json.load(open(g)) if os.path.exists(g) else ra
                     d = rb["score"] - ra["score"]
+                    scores.setdefault(mode, ([], []))[0].append(ra["score"])
+                    scores[mode][1].append(rb["score"])
                     n += 1
                     same += abs(d) < 1e-9
                     rows.append((d, suite, mode[:1].upper(), os.path.basename(f)[:-5], ra, rb))
@@ -80,6 +92,8 @@ def main() -> None:
                         decisions[side][0] += counts.get("count", 0)
                         decisions[side][1] += counts.get("using_reflection_items", 0)
         line = f"{suite}: {n} runs compared, {same} identical"
+        for mode, (a, b) in scores.items():
+            line += f"; {'NR' if mode == 'non_reactive' else 'R'} CLS {100 * sum(a) / len(a):.2f} -> {100 * sum(b) / len(b):.2f}"
         if decisions["a"][1] or decisions["b"][1]:
             line += (f"; decisions {decisions['a'][0]} / {decisions['b'][0]}, using reflection items "
                      f"{decisions['a'][1]} / {decisions['b'][1]}")

@@ -219,8 +219,8 @@ def test_compare_runs_counts_decisions_using_reflection_items_where_a_side_has_t
     script = [sys.executable, str(REPO / "benchmarks" / "compare_runs.py"), str(tmp_path / "before"), "luna",
               str(tmp_path / "after"), "luna", "--suite", "synthetic-hard"]
     out = subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[0] == ("synthetic-hard: 2 runs compared, 1 identical; decisions 16 / 16, using reflection items "
-                      "0 / 3")
+    assert out[0] == ("synthetic-hard: 2 runs compared, 1 identical; R CLS 100.00 -> 75.00; decisions 16 / 16, "
+                      "using reflection items 0 / 3")
     assert "-0.500 synthetic-hard R b_00 1.000 -> 0.500" in out
     # the items behind a move: named beside the run, and per item its runs and their summed change
     record(tmp_path / "after", "b_00", 0.5, {"count": 8, "using_reflection_items": 3,
@@ -240,4 +240,10 @@ def test_compare_runs_counts_decisions_using_reflection_items_where_a_side_has_t
     # no reflection items on either side (or result files that predate the count): the plain line
     record(tmp_path / "after", "b_00", 0.5, None)
     out = subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[0] == "synthetic-hard: 2 runs compared, 1 identical"
+    assert out[0] == "synthetic-hard: 2 runs compared, 1 identical; R CLS 100.00 -> 75.00"
+    # a folder rerunning only the runs that can move: the runs it lacks are the first folder's
+    (tmp_path / "after" / "synthetic-hard/scenarios/luna/reactive/a_00.json").unlink()
+    out = subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "synthetic-hard: 1 runs compared, 0 identical; R CLS 100.00 -> 50.00"
+    out = subprocess.run(script + ["--rerun-of-a"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "synthetic-hard: 2 runs compared, 1 identical; R CLS 100.00 -> 75.00"
