@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from luna_core.geometry import AUTOCASTS
+from luna_core.lessons import DEFAULT_LESSON_WEIGHT
 from luna_core.types import ACTION_CODES, DecisionDistribution, MemoryItem, PlannerInput, Trajectory
 
 from luna_bridge.scenario import SIM_DT, Scenario
@@ -65,7 +66,7 @@ class StackSettings:
     memory_bank: str = ""  # memory bank folder; "" = the bundled default (models/memory_bank)
     k: int = 3  # retrieved items per decision (the K = 0 variant overrides it)
     gamma_p: float = 0.1
-    lesson_weight: float = 0.0  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
+    lesson_weight: float = DEFAULT_LESSON_WEIGHT  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
     decision_every: int = 20  # simulation steps (0.1 s) between decisions: T_d = 2.0 s (CALMM-Drive C_d)
     population: int = 128  # Diffusion-ES members per candidate action
     iterations: int = 2  # renoise-denoise rounds
@@ -112,7 +113,7 @@ class StackSettings:
             return search
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
                 f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, K = {self.k}"
-                f"{f', lesson weight {self.lesson_weight:g}' if self.lesson_weight else ''}); "
+                f", lesson weight {self.lesson_weight:g}); "
                 f"{search}")
 
 
@@ -126,8 +127,8 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
     group.add_argument("--k", type=int, default=d.k, help=f"retrieved memory items per decision (default {d.k})")
     group.add_argument("--lesson-weight", type=float, default=d.lesson_weight,
                        help="weight w of the retrieved reflection items' recommended decisions in each decision, "
-                            "pi' = (1 - w) pi_hat + w q (luna_core.lessons); default 0 = the paper's (a reflection "
-                            "item is only an example in the prompt)")
+                            f"pi' = (1 - w) pi_hat + w q (luna_core.lessons; default {d.lesson_weight:g}); 0 = the "
+                            "paper's (a reflection item is only an example in the prompt)")
     group.add_argument("--decision-every", type=int, default=d.decision_every,
                        help=f"simulation steps between decisions (default {d.decision_every}: "
                             f"T_d = {d.decision_period:.1f} s)")
@@ -275,7 +276,7 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
 
 def make_decision_source(variant: str = "luna", student: str = "", memory_bank: str = "", k: int = 3,
                          gamma_p: float = 0.1, device: str = "cpu", autocast: str = "none",
-                         lesson_weight: float = 0.0) -> SceneDecisionSource:
+                         lesson_weight: float = DEFAULT_LESSON_WEIGHT) -> SceneDecisionSource:
     """The decision source of stack ``variant`` (one of ``STUDENT_PLANNERS``): xi_t from each planner
     input, then the variant's heuristic system. ``student`` / ``memory_bank`` are folders ("" = the
     bundled models/student, models/memory_bank); ``k`` retrieved items (``luna-k0`` uses 0);

@@ -42,7 +42,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     scene = samples.scene()
     with MemoryBank.open(bank_path, writable=True) as bank:
         bank.append(T.MemoryItem(id=REFLECTION_ID, query=PromptManager().decision_query(scene),
-                                 answer="Recommended decisions: DK\nExplanations: the lead brakes.",
+                                 answer="Recommended decisions: DK\nExplanations:\n- DK: the lead brakes.",
                                  source="reflection"))
     return student, bank_path
 
@@ -178,7 +178,7 @@ def test_eval_runs_the_stack_variants_deterministically(artifacts, tmp_path: Pat
     assert results["luna"]["decisions"]["reflection_items"][item_id] == 1
     first = results["luna"]["decisions"]["timeline"][0]
     assert first["reflection_items"] == [item_id] and 0.0 < first["reflection_similarity"][0] <= 1.0001
-    assert "student_top3" not in first  # lesson weight 0 (the default): the student's distribution
+    assert "student_top3" in first and first["top3"][0][0] == "DK"  # the default lesson weight: w = 0.5 on DK
     with MemoryBank.open(settings(artifacts).memory_bank) as bank:
         assert bank.get(item_id).source == "reflection"
     assert results["luna-no-reflection"]["decisions"]["using_reflection_items"] == 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from luna_core.lessons import lessons_of, weigh_lessons
+from luna_core.lessons import DEFAULT_LESSON_WEIGHT, lessons_of, weigh_lessons
 from luna_core.prompts.parsers import complete_sentences, repair_action_names
 from luna_core.scene import scene_vector
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
@@ -77,7 +77,7 @@ class HeuristicConfig:
     # w of pi' = (1 - w) pi_hat + w q: how much the retrieved reflection items' recommended decisions
     # weigh against the student's own distribution (luna_core.lessons); 0 = the paper's behaviour
     # (a lesson is only an example in the prompt).
-    lesson_weight: float = 0.0
+    lesson_weight: float = DEFAULT_LESSON_WEIGHT
 
 
 class HeuristicSystem:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from luna_core.failure_gate import FailureGate
 from luna_core.geometry import DEVICE_NAMES, is_device_name
+from luna_core.lessons import DEFAULT_LESSON_WEIGHT
 from luna_core.monitor import MonitorParameters, ProgressMonitor
 from luna_core.scene import SceneConfig, SceneDescriptor, build_scene
 from luna_core.types import (DecisionDistribution, EgoState, FailureEvent, LaneGraph, Route, TrackedObjects,
@@ -92,7 +93,7 @@ class HeuristicStackConfig:
     k: int = 3  # retrieved memory items per decision (K)
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
     retrieval_margin: float = 0.005  # keep the previous K items within this similarity (KV-cache reuse)
-    lesson_weight: float = 0.0  # w of the retrieved reflection lessons (luna_core.lessons); 0 = the paper's
+    lesson_weight: float = DEFAULT_LESSON_WEIGHT  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
 
     def __post_init__(self) -> None:
         for name in ("student", "base_model", "memory_bank"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from luna_core.heuristic import HeuristicSystem
+from luna_core.lessons import DEFAULT_LESSON_WEIGHT
 from luna_core.stack import HeuristicStackConfig, build_heuristic_system
 from luna_nodes.params import ParamSpec
 
@@ -28,9 +29,10 @@ MODEL_PARAMS = [
     ParamSpec("retrieval_margin", float, 0.005, "Keep the previous decision's retrieved items while their mean "
               "cosine similarity is within this of the best K's (their KV cache is reused); 0 = always the "
               "top K.", min=0.0, max=1.0),
-    ParamSpec("lesson_weight", float, 0.0, "Weight w of the retrieved reflection items' recommended decisions "
-              "in the published distribution, pi' = (1 - w) pi_hat + w q (luna_core.lessons); 0 = the paper's "
-              "behaviour: a reflection item is only an example in the prompt.", min=0.0, max=1.0),
+    ParamSpec("lesson_weight", float, DEFAULT_LESSON_WEIGHT, "Weight w of the retrieved reflection items' "
+              "recommended decisions in the published distribution, pi' = (1 - w) pi_hat + w q "
+              "(luna_core.lessons); 0 = the paper's behaviour: a reflection item is only an example in the prompt.",
+              min=0.0, max=1.0),
 ]
 
 
