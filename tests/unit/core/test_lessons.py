@@ -74,7 +74,7 @@ def parts(tmp_path_factory):
 
 def test_decide_weighs_a_retrieved_lesson_and_says_so(parts):
     student, bank, scene = parts
-    plain = HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=3)).decide(scene)
+    plain = HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=3, lesson_weight=0.0)).decide(scene)
     weighted = HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=3, lesson_weight=0.5)).decide(scene)
     assert plain.retrieved_ids == weighted.retrieved_ids and plain.retrieved_ids[0] == "refl-stop"
     assert len(weighted.retrieved_similarities) == 3 and weighted.retrieved_similarities[0] == pytest.approx(1.0)

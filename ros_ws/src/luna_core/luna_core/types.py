@@ -478,16 +478,16 @@ class DecisionDistribution:
     candidate_set: list[str] = field(default_factory=list)  # codes sorted by probability, descending
     query: str = ""  # Q_md without the retrieved context
     retrieved_ids: list[str] = field(default_factory=list)
-    retrieved_similarities: list[float] = field(default_factory=list)  # cosine, one per retrieved id
-    # pi_hat as the student gave it, when retrieved reflection lessons were weighted into
-    # ``probabilities`` (luna_core.lessons); None when the distribution is the student's.
-    student_probabilities: np.ndarray | None = None
     latency: float = 0.0  # s, model forward pass incl. retrieval
     scene_stamp: float = 0.0
     memory_version: int = 0
     # How the prompt was shortened to fit the student's context window (luna_core.student.context):
     examples_dropped: int = 0  # retrieved items left out (retrieved_ids lists only the ones used)
     objects_dropped: int = 0  # farthest objects left out of the current traffic state
+    retrieved_similarities: list[float] = field(default_factory=list)  # cosine, one per retrieved id
+    # pi_hat as the student gave it, when retrieved reflection lessons were weighted into
+    # ``probabilities`` (luna_core.lessons); None when the distribution is the student's.
+    student_probabilities: np.ndarray | None = None
 
     @property
     def top_action(self) -> str:
