@@ -11,7 +11,9 @@ moves each way. Where either side's runs retrieved reflection items (a bank grow
 reflect``), each suite's line also counts the decisions on each side and those that used one, and
 ``--items`` traces the moves to the items: per reflection item of the second side, the runs whose
 decisions used it, how many of them gained or lost, and their summed score change (a run that used several items counts
-for each). Each suite's line gives both sides' NR and R CLS on the runs compared.
+for each). Each suite's line gives both sides' NR and R CLS on the runs compared and, where reflection
+lessons acted on a side's decisions (``luna_core.lessons``), in how many decisions and in how many of
+them the lesson changed the top action.
 
 ``--rerun-of-a``: the second folder holds only the runs that could move (e.g. those whose decisions used
 a reflection item, rerun with a setting that acts only on them); every run it lacks is taken from the
@@ -73,7 +75,8 @@ def main() -> None:
     rows = []
     for suite in args.suite or SUITES:
         same = n = 0
-        decisions = {"a": [0, 0], "b": [0, 0]}  # side -> [decisions, decisions using reflection items]
+        # side -> [decisions, using reflection items, a lesson acted, a lesson changed the top action]
+        decisions = {"a": [0, 0, 0, 0], "b": [0, 0, 0, 0]}
         scores: dict[str, tuple[list[float], list[float]]] = {}  # mode -> (a's scores, b's scores)
         for mode in ["non_reactive", "reactive"]:
             for f in sorted(glob.glob(f"{args.a}/{suite}/scenarios/{args.planner_a}/{mode}/*.json")):
@@ -91,12 +94,18 @@ def main() -> None:
                         counts = result.get("decisions") or {}
                         decisions[side][0] += counts.get("count", 0)
                         decisions[side][1] += counts.get("using_reflection_items", 0)
+                        acted = [e for e in counts.get("timeline") or [] if e.get("student_top3")]
+                        decisions[side][2] += len(acted)
+                        decisions[side][3] += sum(e["student_top3"][0][0] != e["top3"][0][0] for e in acted)
         line = f"{suite}: {n} runs compared, {same} identical"
         for mode, (a, b) in scores.items():
             line += f"; {'NR' if mode == 'non_reactive' else 'R'} CLS {100 * sum(a) / len(a):.2f} -> {100 * sum(b) / len(b):.2f}"
         if decisions["a"][1] or decisions["b"][1]:
             line += (f"; decisions {decisions['a'][0]} / {decisions['b'][0]}, using reflection items "
                      f"{decisions['a'][1]} / {decisions['b'][1]}")
+        if decisions["a"][2] or decisions["b"][2]:
+            line += (f"; a lesson acted in {decisions['a'][2]} / {decisions['b'][2]} (top action changed in "
+                     f"{decisions['a'][3]} / {decisions['b'][3]})")
         print(line)
     rows.sort(key=lambda r: r[:4])
     print(f"all: {len(rows)} runs compared, {sum(1 for r in rows if abs(r[0]) < 1e-9)} identical")

@@ -1,7 +1,8 @@
 """One scenario's runs side by side across evaluation folders: score, failing metrics, the ego's and the
 expert's progress along the route (m), the planner's cycles by mode, how often Eq. 22 chose a* beside the
 most likely candidate, and the decision timeline (the top three actions at each T_d) that the stack
-planners store in their result files. It is how docs/benchmarks.md reads a run that flips between seeds
+planners store in their result files; a decision that retrieved reflection items names them with their
+similarity and, where their lesson acted (``luna_core.lessons``), the student's own top three. It is how docs/benchmarks.md reads a run that flips between seeds
 or differs from the oracle:
 
     .venv/bin/python benchmarks/run_decisions.py s1=out/eval/seed1:luna s2=out/eval/seed2:luna \
@@ -24,6 +25,25 @@ from run_spread import MODES, parse_single_variant  # noqa: E402
 PROGRESS = "ego_progress_along_expert_route"
 
 
+def _top3_text(top3: list) -> str:
+    return "/".join(f"{a} {p:.2f}" for a, p in top3)
+
+
+def _decision_text(entry: dict[str, Any]) -> str:
+    """One timeline entry: its stamp and top three, then the reflection items it used (with their
+    similarity) and the student's own top three where a lesson changed the distribution."""
+    text = f"{entry['stamp']:.0f} s {_top3_text(entry['top3'])}"
+    items = entry.get("reflection_items") or []
+    if items:
+        similarity = entry.get("reflection_similarity") or []
+        named = [f"{i[:13]} {similarity[k]:.3f}" if k < len(similarity) else i[:13] for k, i in enumerate(items)]
+        text += f" [{', '.join(named)}"
+        if entry.get("student_top3"):
+            text += f"; student {_top3_text(entry['student_top3'])}"
+        text += "]"
+    return text
+
+
 def describe(record: dict[str, Any]) -> list[str]:
     """Lines for one run: score, failing metrics, progress in metres, then the decisions."""
     metrics = record.get("metrics", {})
@@ -41,8 +61,7 @@ def describe(record: dict[str, Any]) -> list[str]:
     decisions = record.get("decisions") or {}
     timeline = decisions.get("timeline")
     if timeline:
-        lines.append("decisions: " + "  ".join(
-            f"{d['stamp']:.0f} s " + "/".join(f"{a} {p:.2f}" for a, p in d["top3"]) for d in timeline))
+        lines.append("decisions: " + "  ".join(_decision_text(d) for d in timeline))
     elif decisions.get("top_actions"):
         lines.append(f"decisions by top action: {dict(sorted(decisions['top_actions'].items()))} (no timeline)")
     return lines

@@ -177,8 +177,10 @@ def test_run_decisions_prints_score_progress_and_decision_timeline_per_variant(t
                         "ego_progress_along_expert_route": {"score": 0.1, "statistics": {
                             "ego_progress": 1.43, "expert_progress": 12.59, "ratio": 0.11}}}}))
 
-    record(tmp_path / "new", "luna", 0.0, {"timeline": [{"stamp": 0.0, "top3": [["CK", 0.47], ["AK", 0.26],
-                                                                              ["SK", 0.16]]}]},
+    record(tmp_path / "new", "luna", 0.0, {"timeline": [
+        {"stamp": 0.0, "top3": [["CK", 0.47], ["AK", 0.26], ["SK", 0.16]]},
+        {"stamp": 2.0, "top3": [["DK", 0.6], ["CK", 0.3], ["SK", 0.1]], "reflection_items": ["refl-015d0806abcdef"],
+         "reflection_similarity": [0.9805], "student_top3": [["CK", 0.6], ["DK", 0.2], ["SK", 0.1]]}]},
            {"cycles": 9, "modes": {"decision": 8, "emergency_brake": 1}, "picks_beside_argmax": 3})
     record(tmp_path / "old", "luna", 0.8, {"top_actions": {"CK": 2, "AK": 1}})
     script = [sys.executable, str(REPO / "benchmarks" / "run_decisions.py"), f"new={tmp_path / 'new'}:luna",
@@ -187,7 +189,8 @@ def test_run_decisions_prints_score_progress_and_decision_timeline_per_variant(t
     assert "peach_1 (R):" in out and "peach_1 (NR):" in out
     assert ("new: score 0.00; failing: ego_is_making_progress, ego_progress_along_expert_route; "
             "progress 1.4 m of the expert's 12.6 m") in out
-    assert "decisions: 0 s CK 0.47/AK 0.26/SK 0.16" in out
+    assert ("decisions: 0 s CK 0.47/AK 0.26/SK 0.16  2 s DK 0.60/CK 0.30/SK 0.10 [refl-015d0806 0.981; "
+            "student CK 0.60/DK 0.20/SK 0.10]") in out
     assert "a* not the most likely candidate in 3 of 8 decision cycles" in out
     assert "planner cycles by mode: {'decision': 8, 'emergency_brake': 1}" in out
     assert out.count("most likely candidate") == 1  # the old file predates the count
@@ -225,11 +228,15 @@ def test_compare_runs_counts_decisions_using_reflection_items_where_a_side_has_t
     # the items behind a move: named beside the run, and per item its runs and their summed change
     record(tmp_path / "after", "b_00", 0.5, {"count": 8, "using_reflection_items": 3,
                                              "reflection_items": {"refl-x": 2, "refl-y": 1}})
-    record(tmp_path / "after", "c_00", 1.0, {"count": 8, "using_reflection_items": 1,
-                                             "reflection_items": {"refl-x": 1}})
+    lesson = {"reflection_items": ["refl-x"], "student_top3": [["CK", 0.6]]}  # a lesson acted on two decisions,
+    record(tmp_path / "after", "c_00", 1.0, {"count": 8, "using_reflection_items": 1,  # changing the top once
+                                             "reflection_items": {"refl-x": 1},
+                                             "timeline": [{"stamp": 0.0, "top3": [["DK", 0.5]], **lesson},
+                                                          {"stamp": 2.0, "top3": [["CK", 0.4]], **lesson}]})
     record(tmp_path / "before", "c_00", 0.75, {"count": 8, "using_reflection_items": 0})
     out = subprocess.run(script + ["--items", "--min-diff", "0.1"], capture_output=True, text=True,
                          check=True).stdout.splitlines()
+    assert out[0].endswith("using reflection items 0 / 4; a lesson acted in 0 / 2 (top action changed in 0 / 1)")
     assert "| refl-x | 3 | 2 | 1 | 1 | -0.250 |" in out
     assert "| refl-y | 1 | 1 | 0 | 1 | -0.500 |" in out
     assert out.index("| refl-x | 3 | 2 | 1 | 1 | -0.250 |") < out.index("| refl-y | 1 | 1 | 0 | 1 | -0.500 |")

@@ -14,9 +14,8 @@ the paper's behaviour. An item whose answer does not parse, or whose recommendat
 impossible now, gives no lesson (its text was validated when it was written; the bank is a file).
 
 The default w = 0.5 (a lesson weighs as much as the student's own belief) was set before measuring and
-is the only weight measured: on the standard set with the session-30 round's bank it turned the hard
-suite's +2.85 / +0.96 CLS (NR / R, lessons as examples only) into +4.53 / +3.38, at a cost on
-synthetic-random (docs/reflection.md, session 32). A bank without reflection items decides as before.
+is the only weight measured (docs/reflection.md, session 32). A bank without reflection items decides
+as before.
 """
 
 from __future__ import annotations
