@@ -9,7 +9,8 @@ import torch
 
 from luna_core import types as T
 from luna_core.heuristic import HeuristicConfig, HeuristicSystem
-from luna_core.lessons import Lesson, lessons_of, recommended_codes, weigh_lessons
+from luna_core.lessons import (CAUSE_SPEED_TOLERANCE, Lesson, LessonCause, cause_of, lessons_of, recommended_codes,
+                               repeated_reflections, weigh_lessons)
 from luna_core.memory.bank import MemoryBank
 from luna_core.prompts import PromptManager
 from luna_core.student import DualHeadStudent
@@ -18,13 +19,22 @@ from tests.heuristic_fixtures import make_bank, make_student_dir
 
 torch.set_num_threads(1)  # the CI machine is shared
 
-STOP_ANSWER = ("Recommended decisions: SK,DK\nExplanations:\n- SK: Vehicle stalled 20 m ahead (same lane); clear.\n"
-               "- DK: Vehicle stalled 20 m ahead (same lane); clear. CK instead: hits stalled in 2.1 s.")
+# A grounded revision as luna_core.hindsight writes it, about samples.scene()'s lead veh-1 (7.8 m/s, same lane)
+STOP_ANSWER = ("Recommended decisions: SK,DK\nExplanations:\n"
+               "- SK: Vehicle veh-1 19 m ahead (same lane) at 8 m/s; clear, 12 m progress. CK instead: hits veh-1 in "
+               "2.1 s.\n- DK: Vehicle veh-1 19 m ahead (same lane) at 8 m/s; clear, 15 m progress.")
 
 
-def item(item_id: str, answer: str, source: str = "reflection") -> T.MemoryItem:
-    return T.MemoryItem(id=item_id, query=PromptManager().decision_query(samples.scene()), answer=answer,
+def item(item_id: str, answer: str, source: str = "reflection", scene: T.SceneDescriptor | None = None) -> T.MemoryItem:
+    return T.MemoryItem(id=item_id, query=PromptManager().decision_query(scene or samples.scene()), answer=answer,
                         source=source)
+
+
+def with_lead(speed: float, relation: str = "same lane", bearing: float = 0.05) -> T.SceneDescriptor:
+    scene = samples.scene()
+    scene.objects[0] = T.ObjectDescription("car-9", T.ObjectClass.VEHICLE, 40.0, bearing, 0.0, speed, 4.6, 1.9,
+                                           relation)
+    return scene
 
 
 def p_of(**codes: float) -> np.ndarray:
@@ -53,10 +63,53 @@ def test_only_parsed_reflection_items_with_a_possible_recommendation_are_lessons
     retrieved = [(item("refl-ok", STOP_ANSWER), 0.9),
                  (item("teacher-1", STOP_ANSWER, source="teacher"), 0.95),  # a teacher example is no lesson
                  (item("refl-bad", "I would stop."), 0.8),  # an answer that does not parse
-                 (item("refl-sk", "Recommended decisions: SK\nExplanations:\n- SK: stop."), 0.7)]  # only SK, masked
+                 (item("refl-sk", "Recommended decisions: SK\nExplanations:\n- SK: Vehicle veh-1 19 m ahead "
+                       "(same lane) at 8 m/s; clear, 12 m progress."), 0.7)]  # only SK, masked
     assert recommended_codes(retrieved[2][0]) == ()
-    assert lessons_of(retrieved, mask) == [Lesson("refl-ok", 0.9, ("DK",))]
-    assert [lesson.recommended for lesson in lessons_of(retrieved, None)] == [("SK", "DK"), ("SK",)]
+    scene = samples.scene()
+    assert lessons_of(retrieved, scene, mask) == [Lesson("refl-ok", 0.9, ("DK",))]
+    assert [lesson.recommended for lesson in lessons_of(retrieved, scene, None)] == [("SK", "DK"), ("SK",)]
+
+
+def test_a_lesson_names_the_object_its_failed_decision_hit_else_its_decisive_object_or_light():
+    assert cause_of(item("r", STOP_ANSWER)) == LessonCause("vehicle", "same lane", True, 7.8)
+    # "blocked behind" names the cause too; the id is read without the sentence's period
+    blocked = STOP_ANSWER.replace("hits veh-1 in 2.1 s.", "blocked behind ped-7.")
+    assert cause_of(item("r", blocked)) == LessonCause("pedestrian", "junction", True, 1.2)
+    # what the executed decision did names no object: the revision's decisive object
+    ttc = STOP_ANSWER.replace("hits veh-1 in 2.1 s.", "TTC below 1 s.")
+    assert cause_of(item("r", ttc)) == LessonCause("vehicle", "same lane", True, 7.8)
+    # an object the query does not describe falls back to the decisive object as well
+    assert cause_of(item("r", STOP_ANSWER.replace("hits veh-1", "hits on2"))) == LessonCause("vehicle", "same lane",
+                                                                                            True, 7.8)
+    light = "Recommended decisions: SK\nExplanations:\n- SK: Yellow light; vehicle veh-1 19 m ahead (same lane) at 8 m/s."
+    assert cause_of(item("r", light)) == LessonCause("light", "Yellow")
+    # a reason reworded (e.g. by an LLM) names no cause: the item stays an example in the prompt only
+    reworded = "Recommended decisions: SK,DK\nExplanations:\n- SK: Stop for the car ahead.\n- DK: Slow down."
+    assert cause_of(item("r", reworded)) is None
+    assert lessons_of([(item("r", reworded), 0.9)], samples.scene(), None) == []
+
+
+def test_a_lesson_acts_only_where_the_scene_has_a_cause_like_its_own():
+    cause = LessonCause("vehicle", "same lane", True, 0.0)  # a stalled car ahead in the ego lane
+    assert cause.present_in(with_lead(0.0)) and cause.present_in(with_lead(CAUSE_SPEED_TOLERANCE))
+    assert not cause.present_in(with_lead(12.6))  # a lead moving with the ego's traffic
+    assert not cause.present_in(with_lead(0.0, relation="left lane"))
+    assert not cause.present_in(with_lead(0.0, bearing=3.0))  # behind the ego
+    assert LessonCause("light", "Yellow").present_in(samples.scene())
+    assert not LessonCause("light", "Red").present_in(samples.scene())
+    # the stalled-car lesson written in one scene, retrieved in another
+    stalled = item("refl-stalled", STOP_ANSWER.replace("veh-1", "car-9").replace("at 8 m/s", "at 0 m/s"),
+                   scene=with_lead(0.0))
+    assert lessons_of([(stalled, 0.92)], with_lead(12.6), None) == []
+    assert lessons_of([(stalled, 0.92)], with_lead(1.0), None) == [Lesson("refl-stalled", 0.92, ("SK", "DK"))]
+
+
+def test_a_revision_written_twice_counts_once():
+    first, twin, other = item("refl-1", STOP_ANSWER), item("refl-2", STOP_ANSWER), item("refl-3", STOP_ANSWER + " ")
+    teacher = item("teacher-1", STOP_ANSWER, source="teacher")
+    assert repeated_reflections([(first, 0.9), (teacher, 0.9), (twin, 0.9), (other, 0.8)]) == {"refl-2"}
+    assert repeated_reflections([(teacher, 0.9), (item("teacher-2", STOP_ANSWER, source="teacher"), 0.9)]) == set()
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +145,32 @@ def test_decide_without_a_retrieved_lesson_is_the_students(parts):
     config = HeuristicConfig(k=1, lesson_weight=0.5)
     d = HeuristicSystem(student, PromptManager(), bank, config).decide(far)
     assert d.retrieved_ids == ["item-0"] and d.student_probabilities is None
+
+
+def test_decide_without_the_lessons_cause_in_the_scene_is_the_students(parts):
+    student, bank, scene = parts
+    faster = samples.scene()
+    faster.ego_speed = 7.0
+    faster.objects[0].speed = 7.8 + 2.0 * CAUSE_SPEED_TOLERANCE  # the lead the lesson was about is not like this one
+    d = HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=3, lesson_weight=0.5)).decide(faster)
+    assert "refl-stop" in d.retrieved_ids  # retrieved as an example all the same
+    assert d.student_probabilities is None
+
+
+def test_retrieval_replaces_a_repeated_revision_with_the_next_item(tmp_path):
+    bank_path, teacher_ids = make_bank(tmp_path)
+    scene = samples.scene()
+    scene.ego_speed = 7.0
+    with MemoryBank.open(bank_path, writable=True) as bank:
+        for item_id in ("refl-stop", "refl-stop-again"):
+            bank.append(T.MemoryItem(id=item_id, query=PromptManager().decision_query(scene), answer=STOP_ANSWER,
+                                     source="reflection"))
+    with MemoryBank.open(bank_path, writable=False) as bank:
+        assert {i.id for i, _ in bank.retrieve(PromptManager().decision_query(scene), 2)} == {"refl-stop",
+                                                                                          "refl-stop-again"}
+        system = HeuristicSystem(DualHeadStudent.from_pretrained(make_student_dir(tmp_path), device="cpu"),
+                                 PromptManager(), bank, HeuristicConfig(k=3, lesson_weight=0.5))
+        retrieved = system.retrieve(scene, PromptManager().decision_query(scene))
+    ids = [i.id for i, _ in retrieved]
+    assert len(ids) == 3 and len({"refl-stop", "refl-stop-again"} & set(ids)) == 1
+    assert set(ids[1:]) <= set(teacher_ids)

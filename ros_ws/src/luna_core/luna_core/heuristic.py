@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from luna_core.lessons import DEFAULT_LESSON_WEIGHT, lessons_of, weigh_lessons
+from luna_core.lessons import DEFAULT_LESSON_WEIGHT, lessons_of, repeated_reflections, weigh_lessons
 from luna_core.prompts.parsers import complete_sentences, repair_action_names
 from luna_core.scene import scene_vector
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
@@ -110,12 +110,17 @@ class HeuristicSystem:
 
     def retrieve(self, scene: SceneDescriptor, query: str) -> list[tuple[MemoryItem, float]]:
         """The K items most similar to the scene with their cosine similarity, best first, or the
-        previous decision's items while they are nearly as similar (``retrieval_margin``)."""
+        previous decision's items while they are nearly as similar (``retrieval_margin``). A reflection
+        item repeating a better one is replaced by the next item (``lessons.repeated_reflections``)."""
         if self.bank is None or self.config.k <= 0:
             return []
         with self._bank_lock:
             q = self.bank.embedder.embed_query(self._retrieval_key(scene, query))
             best = self.bank.retrieve(q, self.config.k)
+            repeated: set[str] = set()
+            while more := repeated_reflections(best):
+                repeated |= more
+                best = self.bank.retrieve(q, self.config.k, exclude_ids=repeated)
             previous = [self.bank.get(i) for i in self._previous_ids if i in self.bank]
             if best and len(previous) == len(best) == len(self._previous_ids):
                 kept = [float(np.dot(item.embedding, q)) for item in previous]
@@ -143,7 +148,7 @@ class HeuristicSystem:
         mask = scene.action_mask()
         student_p, prompt = self.student.predict(query, [item for item, _ in retrieved], mask=mask, scene_vector=xi)
         used = retrieved[:prompt.examples_used]  # the least similar items are dropped first
-        lessons = lessons_of(used, mask) if self.config.lesson_weight > 0.0 else []
+        lessons = lessons_of(used, scene, mask) if self.config.lesson_weight > 0.0 else []
         probabilities = weigh_lessons(student_p, lessons, self.config.lesson_weight)
         return DecisionDistribution(stamp=scene.stamp, probabilities=probabilities,
                                     candidate_set=candidate_set(probabilities, self.config.gamma_p), query=query,

@@ -16,20 +16,46 @@ impossible now, gives no lesson (its text was validated when it was written; the
 The default w = 0.5 (a lesson weighs as much as the student's own belief) was set before measuring and
 is the only weight measured (docs/reflection.md, session 32). A bank without reflection items decides
 as before.
+
+A lesson is about its cause, so it acts only where the scene has one like it (``LessonCause``): the
+object the failed decision hit or was held behind (as the grounded revision names it, "CK instead: hits
+v3 in 2.1 s"), else the revision's decisive object, else the red or yellow light it names. Alike: the
+same kind of object in the same lane relation, on the same side (ahead / behind), moving within
+``CAUSE_SPEED_TOLERANCE`` of it. An item whose cause cannot be read (e.g. a reason an LLM reworded)
+stays an example in the prompt only. A reflection item with the same query and answer as a better
+retrieved one is one failure written twice (a deterministic rerun reproduces it): it is retrieved once
+(``repeated_reflections``).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from luna_core.prompts.parsers import MalformedModelOutput, action_set_of, parse_ranked_answer
-from luna_core.types import ACTION_INDEX, NUM_ACTIONS, MemoryItem
+from luna_core.prompts.parsers import MalformedModelOutput, RankedAnswer, action_set_of, parse_ranked_answer
+from luna_core.scene import CLASS_WORD
+from luna_core.types import ACTION_INDEX, NUM_ACTIONS, MemoryItem, SceneDescriptor
 
 
 DEFAULT_LESSON_WEIGHT = 0.5  # w; 0 = the paper's (a lesson is only an example in the prompt)
+# Set before measuring: a stalled car (0 m/s) and a crawling queue (<= 2 m/s) are alike, a car moving
+# with the ego's traffic is not.
+CAUSE_SPEED_TOLERANCE = 2.0  # m/s
+
+# The renderings this reads are luna_core.scene.render_traffic_state (the query) and
+# luna_core.hindsight.HindsightVerdict.answer with teacher.brief_rationale (the revision).
+_OBJECT_LINE = re.compile(r"^- (?P<id>\S+) (?P<kind>vehicle|pedestrian|cyclist|static object), (?P<relation>[^:]+): "
+                          r"[0-9.]+ m, (?P<bearing>-?\d+) deg, heading -?\d+ deg(?:, (?P<speed>[0-9.]+) m/s)?, ",
+                          re.MULTILINE)
+_CUTTING_IN = ", moving into the ego lane"
+_ID = r"([A-Za-z0-9_.:-]*[A-Za-z0-9_:-])"  # luna_core.scene.safe_id, without a sentence's final period
+_EXECUTED_OBJECT = re.compile(r"\binstead: (?:hits " + _ID + r" in|blocked behind " + _ID + r")")
+_DECISIVE_OBJECT = re.compile(r"^(?:Vehicle|Pedestrian|Cyclist|Obstacle) " + _ID + r" \d+ m (?:ahead|behind)")
+_LIGHT = re.compile(r"^(Red|Yellow) light\b")
 
 
 @dataclass(frozen=True)
@@ -41,23 +67,85 @@ class Lesson:
     recommended: tuple[str, ...]  # the revision's codes that are possible now, best first
 
 
+@dataclass(frozen=True)
+class LessonCause:
+    """What a reflection item's failure was about, as its query described it (module docstring)."""
+
+    kind: str  # "vehicle", "pedestrian", "cyclist", "static object"; "light" for a traffic light
+    relation: str  # the lane relation ("same lane", "left lane", "junction", ...); a light's phase ("Red")
+    ahead: bool = True
+    speed: float = 0.0  # m/s
+
+    def present_in(self, scene: SceneDescriptor) -> bool:
+        """Whether ``scene`` has a cause like this one."""
+        if self.kind == "light":
+            return scene.traffic_light.value == self.relation
+        return any(CLASS_WORD[o.object_class] == self.kind and o.lane_relation == self.relation
+                   and (math.cos(o.bearing) >= 0.0) == self.ahead
+                   and abs(o.speed - self.speed) <= CAUSE_SPEED_TOLERANCE for o in scene.objects)
+
+
+def _parsed(item: MemoryItem) -> RankedAnswer | None:
+    try:
+        return parse_ranked_answer(item.answer, action_set_of(item.query), kind="reflection")
+    except MalformedModelOutput:
+        return None
+
+
 def recommended_codes(item: MemoryItem) -> tuple[str, ...]:
     """The codes a reflection item recommends, best first; () when its answer does not parse."""
-    try:
-        return tuple(parse_ranked_answer(item.answer, action_set_of(item.query), kind="reflection").ranked)
-    except MalformedModelOutput:
-        return ()
+    answer = _parsed(item)
+    return tuple(answer.ranked) if answer is not None else ()
 
 
-def lessons_of(retrieved: Sequence[tuple[MemoryItem, float]], mask: np.ndarray | None) -> list[Lesson]:
-    """The lessons among the (item, similarity) examples a decision used; ``mask`` (10,) marks the
-    actions possible now (None = all)."""
+def _described_object(query: str, object_id: str) -> LessonCause | None:
+    for m in _OBJECT_LINE.finditer(query):
+        if m["id"] == object_id:
+            return LessonCause(m["kind"], m["relation"].removesuffix(_CUTTING_IN),
+                               math.cos(math.radians(int(m["bearing"]))) >= 0.0, float(m["speed"] or 0.0))
+    return None
+
+
+def cause_of(item: MemoryItem) -> LessonCause | None:
+    """The cause a reflection item's revision names (module docstring); None when it cannot be read."""
+    answer = _parsed(item)
+    if answer is None or not answer.ranked:
+        return None
+    first = answer.explanations.get(answer.ranked[0], "")
+    executed = _EXECUTED_OBJECT.search(first)
+    if executed and (cause := _described_object(item.query, executed[1] or executed[2])) is not None:
+        return cause
+    if light := _LIGHT.match(first):
+        return LessonCause("light", light[1])
+    decisive = _DECISIVE_OBJECT.match(first)
+    return _described_object(item.query, decisive[1]) if decisive else None
+
+
+def repeated_reflections(retrieved: Sequence[tuple[MemoryItem, float]]) -> set[str]:
+    """Ids of the reflection items whose query and answer a better-ranked reflection item already has."""
+    seen, repeated = set(), set()
+    for item, _ in retrieved:
+        if item.source == "reflection":
+            key = (item.query, item.answer)
+            if key in seen:
+                repeated.add(item.id)
+            seen.add(key)
+    return repeated
+
+
+def lessons_of(retrieved: Sequence[tuple[MemoryItem, float]], scene: SceneDescriptor,
+               mask: np.ndarray | None) -> list[Lesson]:
+    """The lessons among the (item, similarity) examples a decision used for ``scene``: reflection
+    items whose cause the scene has; ``mask`` (10,) marks the actions possible now (None = all)."""
     lessons = []
     for item, similarity in retrieved:
-        if item.source != "reflection":
+        if item.source != "reflection" or similarity <= 0.0:
+            continue
+        cause = cause_of(item)
+        if cause is None or not cause.present_in(scene):
             continue
         codes = tuple(c for c in recommended_codes(item) if mask is None or mask[ACTION_INDEX[c]])
-        if codes and similarity > 0.0:
+        if codes:
             lessons.append(Lesson(item.id, float(similarity), codes))
     return lessons
 

@@ -267,7 +267,7 @@ def _select_objects(lm: LaneMap, topo: _Topology, objects: TrackedObjects | None
 # Text rendering
 # --------------------------------------------------------------------------------------------------
 
-_CLASS_WORD = {ObjectClass.VEHICLE: "vehicle", ObjectClass.PEDESTRIAN: "pedestrian",
+CLASS_WORD = {ObjectClass.VEHICLE: "vehicle", ObjectClass.PEDESTRIAN: "pedestrian",
                ObjectClass.BICYCLE: "cyclist", ObjectClass.STATIC: "static object"}
 
 
@@ -308,7 +308,7 @@ def render_traffic_state(scene: SceneDescriptor) -> str:
         for o in scene.objects:
             speed = "" if o.object_class is ObjectClass.STATIC else f", {o.speed:.2f} m/s"
             relation = o.lane_relation + (", moving into the ego lane" if o.cutting_in else "")
-            lines.append(f"- {safe_id(o.id)} {_CLASS_WORD[o.object_class]}, {relation}: "
+            lines.append(f"- {safe_id(o.id)} {CLASS_WORD[o.object_class]}, {relation}: "
                          f"{o.distance:.2f} m, {_deg(o.bearing)}, heading {_deg(o.heading)}{speed}, "
                          f"{o.length:.2f} x {o.width:.2f} m.")
     else:
