@@ -9,11 +9,13 @@ import torch
 
 from luna_core import types as T
 from luna_core.heuristic import HeuristicConfig, HeuristicSystem
+from luna_core.hindsight import HindsightVerdict
 from luna_core.lessons import (CAUSE_SPEED_TOLERANCE, Lesson, LessonCause, cause_of, lessons_of, recommended_codes,
                                repeated_reflections, weigh_lessons)
 from luna_core.memory.bank import MemoryBank
 from luna_core.prompts import PromptManager
 from luna_core.student import DualHeadStudent
+from luna_core.teacher import ActionOutcome
 from tests import samples
 from tests.heuristic_fixtures import make_bank, make_student_dir
 
@@ -88,6 +90,22 @@ def test_a_lesson_names_the_object_its_failed_decision_hit_else_its_decisive_obj
     reworded = "Recommended decisions: SK,DK\nExplanations:\n- SK: Stop for the car ahead.\n- DK: Slow down."
     assert cause_of(item("r", reworded)) is None
     assert lessons_of([(item("r", reworded), 0.9)], samples.scene(), None) == []
+
+
+def test_the_cause_is_read_from_what_the_hindsight_check_writes():
+    # the revision as luna_core.hindsight renders it (not a hand-written copy): a change of either
+    # rendering that the cause reader does not follow fails here
+    scene = samples.scene()
+    verdict = HindsightVerdict(executed="CK", outcomes={
+        "SK": ActionOutcome(0.9, progress=12.0), "DK": ActionOutcome(0.8, progress=15.0),
+        "CK": ActionOutcome(0.0, collision=True, reason="collides with veh-1 after 2.1 s", issue="hits veh-1 in 2.1 s")},
+        safe=["SK", "DK"], unsafe={"CK": "collides with veh-1 after 2.1 s"}, revise=True, listed=["SK", "DK"],
+        scene=scene)
+    revision = T.MemoryItem(id="refl-h", query=PromptManager().decision_query(scene), answer=verdict.answer(),
+                            source="reflection")
+    assert "CK instead: hits veh-1 in 2.1 s" in revision.answer
+    assert cause_of(revision) == LessonCause("vehicle", "same lane", True, 7.8)
+    assert lessons_of([(revision, 0.9)], scene, None) == [Lesson("refl-h", 0.9, ("SK", "DK"))]
 
 
 def test_a_lesson_acts_only_where_the_scene_has_a_cause_like_its_own():
