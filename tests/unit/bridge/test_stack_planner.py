@@ -34,7 +34,8 @@ REFLECTION_ID = "reflection-1"
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """An untrained student on disk and a bank of 2 teacher items + 1 reflection item (K = 3 retrieves
-    all three, so the full stack always sees the reflection item)."""
+    all three, so the full stack always sees the reflection item). The item is a grounded revision about
+    a lead in the ego lane at 7.8 m/s: the scenarios' lead (6 m/s) is like it, so its lesson acts."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("stack")
     student = make_student_dir(root)
@@ -42,7 +43,8 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     scene = samples.scene()
     with MemoryBank.open(bank_path, writable=True) as bank:
         bank.append(T.MemoryItem(id=REFLECTION_ID, query=PromptManager().decision_query(scene),
-                                 answer="Recommended decisions: DK\nExplanations:\n- DK: the lead brakes.",
+                                 answer="Recommended decisions: DK\nExplanations:\n- DK: Vehicle veh-1 19 m ahead "
+                                        "(same lane) at 8 m/s; clear, 15 m progress. CK instead: hits veh-1 in 2.1 s.",
                                  source="reflection"))
     return student, bank_path
 
