@@ -9,9 +9,9 @@ With ``--min-diff`` every run whose score differs by more is listed with the met
 below 1) on each side and the reflection items each side's decisions used; otherwise the six largest
 moves each way. Where either side's runs retrieved reflection items (a bank grown by ``luna-bridge
 reflect``), each suite's line also counts the decisions on each side and those that used one, and
-``--items`` traces the moves to the items: per reflection item of the second side, the runs whose
-decisions used it, how many of them gained or lost, and their summed score change (a run that used several items counts
-for each). Each suite's line gives both sides' NR and R CLS on the runs compared and, where reflection
+``--items`` traces the moves to the items: per reflection item of the second side, the decisions that
+used it and those of them where a lesson acted, the runs whose decisions used it, how many of them gained
+or lost, and their summed score change (a run that used several items counts for each). Each suite's line gives both sides' NR and R CLS on the runs compared and, where reflection
 lessons acted on a side's decisions (``luna_core.lessons``), in how many decisions and in how many of
 them the lesson changed the top action.
 
@@ -38,6 +38,17 @@ def items_of(result: dict) -> dict[str, int]:
     return (result.get("decisions") or {}).get("reflection_items") or {}
 
 
+def acted_of(result: dict) -> dict[str, int]:
+    """Reflection item id -> decisions of the run that used it and where a lesson acted (the timeline names
+    a decision's reflection items, not which of them passed the cause check)."""
+    acted: dict[str, int] = {}
+    for entry in (result.get("decisions") or {}).get("timeline") or []:
+        if entry.get("student_top3"):
+            for item_id in entry.get("reflection_items") or []:
+                acted[item_id] = acted.get(item_id, 0) + 1
+    return acted
+
+
 def used_items(ra: dict, rb: dict) -> str:
     a, b = sorted(items_of(ra)), sorted(items_of(rb))
     return f"  items: {a} -> {b}" if a or b else ""
@@ -46,17 +57,18 @@ def used_items(ra: dict, rb: dict) -> str:
 def print_items(rows: list) -> None:
     by_item: dict[str, list] = {}
     for r in rows:
+        acted = acted_of(r[5])
         for item_id, n in items_of(r[5]).items():
-            by_item.setdefault(item_id, []).append((r, n))
+            by_item.setdefault(item_id, []).append((r, n, acted.get(item_id, 0)))
     if not by_item:
         print("no run of the second side names a reflection item")
         return
-    print("| reflection item | decisions | runs | gained | lost | summed change |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for item_id, used in sorted(by_item.items(), key=lambda kv: -sum(r[0] for r, _ in kv[1])):
-        deltas = [r[0] for r, _ in used]
-        print(f"| {item_id} | {sum(n for _, n in used)} | {len(used)} | {sum(1 for d in deltas if d > 1e-9)} | "
-              f"{sum(1 for d in deltas if d < -1e-9)} | {sum(deltas):+.3f} |")
+    print("| reflection item | decisions | a lesson acted | runs | gained | lost | summed change |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for item_id, used in sorted(by_item.items(), key=lambda kv: -sum(u[0][0] for u in kv[1])):
+        deltas = [r[0] for r, _, _ in used]
+        print(f"| {item_id} | {sum(n for _, n, _ in used)} | {sum(a for _, _, a in used)} | {len(used)} | "
+              f"{sum(1 for d in deltas if d > 1e-9)} | {sum(1 for d in deltas if d < -1e-9)} | {sum(deltas):+.3f} |")
 
 
 def main() -> None:

@@ -237,9 +237,9 @@ def test_compare_runs_counts_decisions_using_reflection_items_where_a_side_has_t
     out = subprocess.run(script + ["--items", "--min-diff", "0.1"], capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert out[0].endswith("using reflection items 0 / 4; a lesson acted in 0 / 2 (top action changed in 0 / 1)")
-    assert "| refl-x | 3 | 2 | 1 | 1 | -0.250 |" in out
-    assert "| refl-y | 1 | 1 | 0 | 1 | -0.500 |" in out
-    assert out.index("| refl-x | 3 | 2 | 1 | 1 | -0.250 |") < out.index("| refl-y | 1 | 1 | 0 | 1 | -0.500 |")
+    assert "| refl-x | 3 | 2 | 2 | 1 | 1 | -0.250 |" in out
+    assert "| refl-y | 1 | 0 | 1 | 0 | 1 | -0.500 |" in out
+    assert out.index("| refl-x | 3 | 2 | 2 | 1 | 1 | -0.250 |") < out.index("| refl-y | 1 | 0 | 1 | 0 | 1 | -0.500 |")
     assert ("-0.500 synthetic-hard R b_00 1.000 -> 0.500  fails: [] -> ['no_ego_at_fault_collisions']  "
             "items: [] -> ['refl-x', 'refl-y']") in out
     for side in ("before", "after"):
