@@ -11,9 +11,10 @@ moves each way. Where either side's runs retrieved reflection items (a bank grow
 reflect``), each suite's line also counts the decisions on each side and those that used one, and
 ``--items`` traces the moves to the items: per reflection item of the second side, the decisions that
 used it and those of them where a lesson acted, the runs whose decisions used it, how many of them gained
-or lost, and their summed score change (a run that used several items counts for each). Each suite's line gives both sides' NR and R CLS on the runs compared and, where reflection
-lessons acted on a side's decisions (``luna_core.lessons``), in how many decisions and in how many of
-them the lesson changed the top action.
+or lost, and their summed score change (a run that used several items counts for each). Each suite's
+line gives both sides' NR and R CLS on the runs compared and, where reflection lessons acted on a side's
+decisions (``luna_core.lessons``), in how many decisions and in how many of them the lesson changed the
+top action.
 
 ``--rerun-of-a``: the second folder holds only the runs that could move (e.g. those whose decisions used
 a reflection item, rerun with a setting that acts only on them); every run it lacks is taken from the
@@ -67,8 +68,9 @@ def print_items(rows: list) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for item_id, used in sorted(by_item.items(), key=lambda kv: -sum(u[0][0] for u in kv[1])):
         deltas = [r[0] for r, _, _ in used]
+        gained, lost = sum(1 for d in deltas if d > 1e-9), sum(1 for d in deltas if d < -1e-9)
         print(f"| {item_id} | {sum(n for _, n, _ in used)} | {sum(a for _, _, a in used)} | {len(used)} | "
-              f"{sum(1 for d in deltas if d > 1e-9)} | {sum(1 for d in deltas if d < -1e-9)} | {sum(deltas):+.3f} |")
+              f"{gained} | {lost} | {sum(deltas):+.3f} |")
 
 
 def main() -> None:

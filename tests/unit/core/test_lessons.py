@@ -84,7 +84,12 @@ def test_a_lesson_names_the_object_its_failed_decision_hit_else_its_decisive_obj
     # an object the query does not describe falls back to the decisive object as well
     assert cause_of(item("r", STOP_ANSWER.replace("hits veh-1", "hits on2"))) == LessonCause("vehicle", "same lane",
                                                                                             True, 7.8)
-    light = "Recommended decisions: SK\nExplanations:\n- SK: Yellow light; vehicle veh-1 19 m ahead (same lane) at 8 m/s."
+    cone = samples.scene()
+    cone.objects.append(T.ObjectDescription("cone-2", T.ObjectClass.STATIC, 9.0, 0.0, 0.0, 0.0, 0.5, 0.5,
+                                            "same lane"))
+    static = "Recommended decisions: CL\nExplanations:\n- CL: Obstacle cone-2 9 m ahead (same lane); clear."
+    assert cause_of(item("r", static, scene=cone)) == LessonCause("static object", "same lane", True, 0.0)
+    light = "Recommended decisions: SK\nExplanations:\n- SK: Yellow light; vehicle veh-1 19 m ahead (same lane)."
     assert cause_of(item("r", light)) == LessonCause("light", "Yellow")
     # a reason reworded (e.g. by an LLM) names no cause: the item stays an example in the prompt only
     reworded = "Recommended decisions: SK,DK\nExplanations:\n- SK: Stop for the car ahead.\n- DK: Slow down."
@@ -98,7 +103,8 @@ def test_the_cause_is_read_from_what_the_hindsight_check_writes():
     scene = samples.scene()
     verdict = HindsightVerdict(executed="CK", outcomes={
         "SK": ActionOutcome(0.9, progress=12.0), "DK": ActionOutcome(0.8, progress=15.0),
-        "CK": ActionOutcome(0.0, collision=True, reason="collides with veh-1 after 2.1 s", issue="hits veh-1 in 2.1 s")},
+        "CK": ActionOutcome(0.0, collision=True, reason="collides with veh-1 after 2.1 s",
+                            issue="hits veh-1 in 2.1 s")},
         safe=["SK", "DK"], unsafe={"CK": "collides with veh-1 after 2.1 s"}, revise=True, listed=["SK", "DK"],
         scene=scene)
     revision = T.MemoryItem(id="refl-h", query=PromptManager().decision_query(scene), answer=verdict.answer(),
