@@ -113,7 +113,8 @@ def main() -> None:
                         decisions[side][3] += sum(e["student_top3"][0][0] != e["top3"][0][0] for e in acted)
         line = f"{suite}: {n} runs compared, {same} identical"
         for mode, (a, b) in scores.items():
-            line += f"; {'NR' if mode == 'non_reactive' else 'R'} CLS {100 * sum(a) / len(a):.2f} -> {100 * sum(b) / len(b):.2f}"
+            label = "NR" if mode == "non_reactive" else "R"
+            line += f"; {label} CLS {100 * sum(a) / len(a):.2f} -> {100 * sum(b) / len(b):.2f}"
         if decisions["a"][1] or decisions["b"][1]:
             line += (f"; decisions {decisions['a'][0]} / {decisions['b'][0]}, using reflection items "
                      f"{decisions['a'][1]} / {decisions['b'][1]}")
