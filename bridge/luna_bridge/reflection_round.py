@@ -24,8 +24,8 @@ Round 0 evaluates the stack with the source bank: the row without reflection ite
    machinery (``--eval-set standard``, or ``--eval-suite``), NR and R by default.
 
 Outputs in ``<out>``: ``rounds.md`` / ``rounds.json`` (the table: failures found, revisions written,
-normal, no grounded revision, rejected, the bank, NR/R CLS per suite per round), and per round
-``round_<r>/``: ``deploy/<scenario>.json`` (each deployment run: its score, failures, explanations and
+normal, no grounded revision, rejected, the bank and its repeated revisions, NR/R CLS per suite per
+round), and per round ``round_<r>/``: ``deploy/<scenario>.json`` (each deployment run: its score, failures, explanations and
 reflection requests), ``memory_bank/``, ``outbox/`` (the reflection journal, with every hindsight
 observation), ``reflections.jsonl`` (each failure, its explanation, the verdict and the outcome),
 ``deploy.csv`` (per deployed scenario) and ``eval/<suite>/`` (the evaluation's files: per_scenario.csv,
@@ -452,6 +452,9 @@ class RoundResult:
     counts: dict[str, Any] = field(default_factory=dict)
     evaluation: dict[str, dict[str, Any]] = field(default_factory=dict)  # suite -> NR/R CLS, SR, runs
     wall_time: float = 0.0
+    # reflection items repeating an earlier one's query and answer (one failure written again; retrieved
+    # once, luna_core.lessons.repeated_reflections); None in a round.json written before the count
+    reflection_repeats: int | None = None
 
 
 def round_counts(records: Sequence[RunRecord], outcomes: Sequence[ReflectionOutcome]) -> dict[str, Any]:
@@ -510,11 +513,14 @@ def evaluate_bank(bank: Path, config: RoundConfig, out: Path, command: str) -> d
     return table
 
 
-def _bank_sizes(path: Path) -> tuple[int, int]:
+def _bank_sizes(path: Path) -> tuple[int, int, int]:
+    """Items, reflection items, and reflection items that repeat an earlier one."""
+    from luna_core.lessons import repeated_reflections
     from luna_core.memory.bank import MemoryBank
 
     with MemoryBank.open(path) as bank:
-        return len(bank), sum(1 for i in bank if i.source == "reflection")
+        reflections = [(i, 1.0) for i in bank if i.source == "reflection"]
+        return len(bank), len(reflections), len(repeated_reflections(reflections))
 
 
 def reflect_round(r: int, deploy_set: Sequence[Scenario], previous_bank: Path, config: RoundConfig,
@@ -553,9 +559,9 @@ def reflect_round(r: int, deploy_set: Sequence[Scenario], previous_bank: Path, c
         outbox.close()
         bank.close()
     _write_round_files(folder, records, [(s, o) for (s, _), o in zip(requests, outcomes)])
-    items, reflections = _bank_sizes(bank_path)
+    items, reflections, repeats = _bank_sizes(bank_path)
     result = RoundResult(r, str(bank_path), items, reflections, round_counts(records, outcomes),
-                         wall_time=time.perf_counter() - started)
+                         wall_time=time.perf_counter() - started, reflection_repeats=repeats)
     _write_json(folder / ROUND_FILE, asdict(result))
     return result
 
@@ -583,8 +589,8 @@ def run_rounds(deploy_set: Sequence[Scenario], config: RoundConfig, command: str
     except (LLMConfigError, CoreConfigError) as exc:
         raise ReflectionRoundError(str(exc)) from None
     results = []
-    items, reflections = _bank_sizes(source_bank)
-    zero = RoundResult(0, str(source_bank), items, reflections)
+    items, reflections, repeats = _bank_sizes(source_bank)
+    zero = RoundResult(0, str(source_bank), items, reflections, reflection_repeats=repeats)
     previous = source_bank
     for r in range(config.rounds + 1):
         folder = out / f"round_{r}"
@@ -592,6 +598,8 @@ def run_rounds(deploy_set: Sequence[Scenario], config: RoundConfig, command: str
             result = zero
         elif (folder / ROUND_FILE).exists():
             result = RoundResult(**json.loads((folder / ROUND_FILE).read_text(encoding="utf-8")))
+            if result.reflection_repeats is None and Path(result.bank).exists():
+                result.reflection_repeats = _bank_sizes(Path(result.bank))[2]
         else:  # new, or interrupted: its deployment runs on disk are kept (reflect_round)
             result = reflect_round(r, deploy_set, previous, config, llm)
         if config.evaluation:  # the round's wall time so far is its deployment and reflection (reflect_round's)
@@ -659,14 +667,15 @@ def summary_markdown(results: Sequence[RoundResult], config: RoundConfig, comman
     by = f"the LLM at {config.endpoint} (agreeing with hindsight)" if config.endpoint else "the hindsight check"
     lines += [f"Stack: {config.stack.describe()}; deployment {'reactive' if config.reactive else 'non-reactive'}; "
               f"reflection by {by}.", ""]
-    header = ["round", "bank items (reflection)", "failures (coll. / near miss / stall / blocked)", "written", "normal",
-              "no grounded revision", "rejected"]
+    header = ["round", "bank items (reflection / repeats)", "failures (coll. / near miss / stall / blocked)",
+              "written", "normal", "no grounded revision", "rejected"]
     for s in suites:
         header += [f"{s} NR-CLS", f"{s} R-CLS"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for res in results:
         c = res.counts
-        row = [str(res.round), f"{res.bank_items} ({res.reflection_items})"]
+        repeats = "-" if res.reflection_repeats is None else res.reflection_repeats
+        row = [str(res.round), f"{res.bank_items} ({res.reflection_items} / {repeats})"]
         if res.round == 0:
             row += ["-"] * 5
         else:

@@ -59,7 +59,8 @@ def test_reflect_command_rounds_reflect_in_hindsight_into_copies_and_evaluate_ea
     for r in (0, 1):
         assert (out / f"round_{r}" / "eval" / "suite" / "per_scenario.csv").exists()
         assert rounds[r]["evaluation"]["suite"]["scenarios"] == 1 and rounds[r]["evaluation"]["suite"]["NR-CLS"] >= 0
-    assert "| round | bank items (reflection) |" in printed and "| 1 | " in printed
+    assert "| round | bank items (reflection / repeats) |" in printed and "| 1 | " in printed
+    assert rounds[0]["reflection_repeats"] == 0 and rounds[1]["reflection_repeats"] == 0  # one failure, one item
 
     # A rerun resumes (the round is read back, the evaluation runs are on disk). An interrupted round keeps
     # its deployment runs (not driven again) and redoes the reflection into a fresh copy: the same items.

@@ -3,6 +3,7 @@ monitor replayed over a log, as the node sees it), the bank copy, the outbox dra
 input errors."""
 
 import json
+from dataclasses import asdict
 import socket
 
 import numpy as np
@@ -180,6 +181,36 @@ def test_configuration_errors_stop_the_round_before_it_drives(source_bank, tmp_p
     code = cli.main(base + ["--out", str(tmp_path / "b"), "--population", "2"])
     assert code == 2 and "population >= 4" in capsys.readouterr().err
     assert not (tmp_path / "a" / "memory_bank").exists() and not (tmp_path / "b" / "memory_bank").exists()
+
+
+def test_the_rounds_table_counts_reflection_items_that_repeat_an_earlier_one(source_bank, tmp_path):
+    from luna_bridge import reflection_round as rr
+
+    bank_path = tmp_path / "round_1" / "memory_bank"
+    copy_bank(source_bank, bank_path)
+    query = PromptManager().decision_query(samples.scene())
+    with MemoryBank.open(bank_path, writable=True) as bank:
+        for item_id, answer in (("refl-1", "Recommended decisions: DK\nExplanations:\n- DK: slow."),
+                                ("refl-2", "Recommended decisions: SK\nExplanations:\n- SK: stop."),
+                                ("refl-3", "Recommended decisions: DK\nExplanations:\n- DK: slow.")):  # refl-1 again
+            bank.append(MemoryItem(id=item_id, query=query, answer=answer, source="reflection"))
+    assert rr._bank_sizes(bank_path) == (4, 3, 1)
+    assert rr._bank_sizes(source_bank) == (1, 0, 0)
+    config = RoundConfig(out_dir=tmp_path)
+    table = rr.summary_markdown([rr.RoundResult(0, str(source_bank), 1, 0, reflection_repeats=0),
+                                 rr.RoundResult(1, str(bank_path), 4, 3, rr.round_counts([], []),
+                                                reflection_repeats=1),
+                                 rr.RoundResult(2, str(bank_path), 4, 3, rr.round_counts([], []))], config)
+    assert "| 0 | 1 (0 / 0) |" in table and "| 1 | 4 (3 / 1) |" in table
+    assert "| 2 | 4 (3 / -) |" in table  # a round.json written before the count
+    # such a round read back by run_rounds gets the count from its bank
+    older = {k: v for k, v in asdict(rr.RoundResult(1, str(bank_path), 4, 3, rr.round_counts([], []))).items()
+             if k != "reflection_repeats"}
+    (tmp_path / "round_1" / rr.ROUND_FILE).write_text(json.dumps(older))
+    config = RoundConfig(out_dir=tmp_path, rounds=1, stack=rr.StackSettings(memory_bank=str(source_bank)))
+    results = rr.run_rounds([object()], config)
+    assert [r.reflection_repeats for r in results] == [0, 1]
+    assert json.loads((tmp_path / "round_1" / rr.ROUND_FILE).read_text())["reflection_repeats"] == 1
 
 
 def test_a_rounds_wall_time_is_counted_once(source_bank, tmp_path, monkeypatch):
