@@ -26,8 +26,9 @@ Round 0 evaluates the stack with the source bank: the row without reflection ite
 Outputs in ``<out>``: ``rounds.md`` / ``rounds.json`` (the table: failures found, revisions written,
 normal, no grounded revision, rejected, the bank and its repeated revisions, NR/R CLS per suite per
 round), and per round ``round_<r>/``: ``deploy/<scenario>.json`` (each deployment run: its score,
-failures, explanations and reflection requests), ``memory_bank/``, ``outbox/`` (the reflection journal, with every hindsight
-observation), ``reflections.jsonl`` (each failure, its explanation, the verdict and the outcome),
+failures, explanations and reflection requests), ``memory_bank/``, ``outbox/`` (the reflection
+journal, with every hindsight observation), ``reflections.jsonl`` (each failure, its explanation, the
+verdict and the outcome),
 ``deploy.csv`` (per deployed scenario) and ``eval/<suite>/`` (the evaluation's files: per_scenario.csv,
 summary.md, one result per run). A rerun resumes: finished rounds are read back, an interrupted round
 keeps the deployment runs on disk (and redoes its reflection into a fresh copy of the bank), evaluations
