@@ -10,11 +10,11 @@ lesson weight w > 0 a retrieved lesson also acts on the distribution itself:
 q: the decisions the retrieved reflection items recommend (each item's recommended codes equally
 likely, items weighted by their cosine similarity to the scene), restricted to the actions possible
 now. Without a reflection item among the examples the decision is the student's, unchanged; w = 0 is
-the paper's behaviour. An item whose answer does not parse, or whose recommendations are all
+the paper's behaviour (but for a repeated revision, retrieved once: below). An item whose answer does not parse, or whose recommendations are all
 impossible now, gives no lesson (its text was validated when it was written; the bank is a file).
 
 The default w = 0.5 (a lesson weighs as much as the student's own belief) was set before measuring and
-is the only weight measured (docs/reflection.md, session 32). A bank without reflection items decides
+is the only weight measured (docs/reflection.md, sessions 32-33). A bank without reflection items decides
 as before.
 
 A lesson is about its cause, so it acts only where the scene has one like it (``LessonCause``): the
