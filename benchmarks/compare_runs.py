@@ -39,14 +39,18 @@ def items_of(result: dict) -> dict[str, int]:
     return (result.get("decisions") or {}).get("reflection_items") or {}
 
 
+def lesson_decisions(result: dict) -> list[dict]:
+    """The run's timeline entries where a lesson acted (they carry the student's own top three)."""
+    return [e for e in (result.get("decisions") or {}).get("timeline") or [] if e.get("student_top3")]
+
+
 def acted_of(result: dict) -> dict[str, int]:
     """Reflection item id -> decisions of the run that used it and where a lesson acted (the timeline names
     a decision's reflection items, not which of them passed the cause check)."""
     acted: dict[str, int] = {}
-    for entry in (result.get("decisions") or {}).get("timeline") or []:
-        if entry.get("student_top3"):
-            for item_id in entry.get("reflection_items") or []:
-                acted[item_id] = acted.get(item_id, 0) + 1
+    for entry in lesson_decisions(result):
+        for item_id in entry.get("reflection_items") or []:
+            acted[item_id] = acted.get(item_id, 0) + 1
     return acted
 
 
@@ -108,7 +112,7 @@ def main() -> None:
                         counts = result.get("decisions") or {}
                         decisions[side][0] += counts.get("count", 0)
                         decisions[side][1] += counts.get("using_reflection_items", 0)
-                        acted = [e for e in counts.get("timeline") or [] if e.get("student_top3")]
+                        acted = lesson_decisions(result)
                         decisions[side][2] += len(acted)
                         decisions[side][3] += sum(e["student_top3"][0][0] != e["top3"][0][0] for e in acted)
         line = f"{suite}: {n} runs compared, {same} identical"

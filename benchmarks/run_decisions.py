@@ -2,8 +2,8 @@
 expert's progress along the route (m), the planner's cycles by mode, how often Eq. 22 chose a* beside the
 most likely candidate, and the decision timeline (the top three actions at each T_d) that the stack
 planners store in their result files; a decision that retrieved reflection items names them with their
-similarity and, where their lesson acted (``luna_core.lessons``), the student's own top three. It is how docs/benchmarks.md reads a run that flips between seeds
-or differs from the oracle:
+similarity and, where their lesson acted (``luna_core.lessons``), the student's own top three. It is how
+docs/benchmarks.md reads a run that flips between seeds or differs from the oracle:
 
     .venv/bin/python benchmarks/run_decisions.py s1=out/eval/seed1:luna s2=out/eval/seed2:luna \
         oracle=out/eval/oracle:luna-oracle --suite commonroad --only USA_Peach-3_2_T-1

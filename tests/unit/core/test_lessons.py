@@ -10,7 +10,7 @@ import torch
 from luna_core import types as T
 from luna_core.heuristic import HeuristicConfig, HeuristicSystem
 from luna_core.hindsight import HindsightVerdict
-from luna_core.lessons import (CAUSE_SPEED_TOLERANCE, Lesson, LessonCause, cause_of, lessons_of, recommended_codes,
+from luna_core.lessons import (CAUSE_SPEED_TOLERANCE, Lesson, LessonCause, cause_of, lessons_of,
                                repeated_reflections, weigh_lessons)
 from luna_core.memory.bank import MemoryBank
 from luna_core.prompts import PromptManager
@@ -67,7 +67,7 @@ def test_only_parsed_reflection_items_with_a_possible_recommendation_are_lessons
                  (item("refl-bad", "I would stop."), 0.8),  # an answer that does not parse
                  (item("refl-sk", "Recommended decisions: SK\nExplanations:\n- SK: Vehicle veh-1 19 m ahead "
                        "(same lane) at 8 m/s; clear, 12 m progress."), 0.7)]  # only SK, masked
-    assert recommended_codes(retrieved[2][0]) == ()
+    assert cause_of(retrieved[2][0]) is None  # an answer that does not parse
     scene = samples.scene()
     assert lessons_of(retrieved, scene, mask) == [Lesson("refl-ok", 0.9, ("DK",))]
     assert [lesson.recommended for lesson in lessons_of(retrieved, scene, None)] == [("SK", "DK"), ("SK",)]

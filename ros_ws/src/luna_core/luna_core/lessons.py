@@ -10,8 +10,9 @@ lesson weight w > 0 a retrieved lesson also acts on the distribution itself:
 q: the decisions the retrieved reflection items recommend (each item's recommended codes equally
 likely, items weighted by their cosine similarity to the scene), restricted to the actions possible
 now. Without a reflection item among the examples the decision is the student's, unchanged; w = 0 is
-the paper's behaviour (but for a repeated revision, retrieved once: below). An item whose answer does not parse, or whose recommendations are all
-impossible now, gives no lesson (its text was validated when it was written; the bank is a file).
+the paper's behaviour (but for a repeated revision, retrieved once: below). An item whose answer does
+not parse, or whose recommendations are all impossible now, gives no lesson (its text was validated
+when it was written; the bank is a file).
 
 The default w = 0.5 (a lesson weighs as much as the student's own belief) was set before measuring and
 is the only weight measured (docs/reflection.md, sessions 32-33). A bank without reflection items decides
@@ -37,7 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from luna_core.prompts.parsers import MalformedModelOutput, RankedAnswer, action_set_of, parse_ranked_answer
-from luna_core.scene import CLASS_WORD
+from luna_core.scene import CLASS_WORD, CUTTING_IN_TEXT, SAFE_ID_CHARS
 from luna_core.types import ACTION_INDEX, NUM_ACTIONS, MemoryItem, SceneDescriptor
 
 
@@ -51,8 +52,7 @@ CAUSE_SPEED_TOLERANCE = 2.0  # m/s
 _OBJECT_LINE = re.compile(r"^- (?P<id>\S+) (?P<kind>vehicle|pedestrian|cyclist|static object), (?P<relation>[^:]+): "
                           r"[0-9.]+ m, (?P<bearing>-?\d+) deg, heading -?\d+ deg(?:, (?P<speed>[0-9.]+) m/s)?, ",
                           re.MULTILINE)
-_CUTTING_IN = ", moving into the ego lane"
-_ID = r"([A-Za-z0-9_.:-]*[A-Za-z0-9_:-])"  # luna_core.scene.safe_id, without a sentence's final period
+_ID = f"([{SAFE_ID_CHARS}]*[{SAFE_ID_CHARS.replace('.', '')}])"  # an object id, not a sentence's final period
 _EXECUTED_OBJECT = re.compile(r"\binstead: (?:hits " + _ID + r" in|blocked behind " + _ID + r")")
 _DECISIVE_OBJECT = re.compile(r"^(?:Vehicle|Pedestrian|Cyclist|Obstacle) " + _ID + r" \d+ m (?:ahead|behind)")
 _LIGHT = re.compile(r"^(Red|Yellow) light\b")
@@ -92,23 +92,18 @@ def _parsed(item: MemoryItem) -> RankedAnswer | None:
         return None
 
 
-def recommended_codes(item: MemoryItem) -> tuple[str, ...]:
-    """The codes a reflection item recommends, best first; () when its answer does not parse."""
-    answer = _parsed(item)
-    return tuple(answer.ranked) if answer is not None else ()
-
-
 def _described_object(query: str, object_id: str) -> LessonCause | None:
     for m in _OBJECT_LINE.finditer(query):
         if m["id"] == object_id:
-            return LessonCause(m["kind"], m["relation"].removesuffix(_CUTTING_IN),
+            return LessonCause(m["kind"], m["relation"].removesuffix(CUTTING_IN_TEXT),
                                math.cos(math.radians(int(m["bearing"]))) >= 0.0, float(m["speed"] or 0.0))
     return None
 
 
-def cause_of(item: MemoryItem) -> LessonCause | None:
-    """The cause a reflection item's revision names (module docstring); None when it cannot be read."""
-    answer = _parsed(item)
+def cause_of(item: MemoryItem, answer: RankedAnswer | None = None) -> LessonCause | None:
+    """The cause a reflection item's revision names (module docstring); None when it cannot be read.
+    ``answer``: the item's answer already parsed."""
+    answer = answer or _parsed(item)
     if answer is None or not answer.ranked:
         return None
     first = answer.explanations.get(answer.ranked[0], "")
@@ -141,10 +136,11 @@ def lessons_of(retrieved: Sequence[tuple[MemoryItem, float]], scene: SceneDescri
     for item, similarity in retrieved:
         if item.source != "reflection" or similarity <= 0.0:
             continue
-        cause = cause_of(item)
+        answer = _parsed(item)
+        cause = cause_of(item, answer)
         if cause is None or not cause.present_in(scene):
             continue
-        codes = tuple(c for c in recommended_codes(item) if mask is None or mask[ACTION_INDEX[c]])
+        codes = tuple(c for c in answer.ranked if mask is None or mask[ACTION_INDEX[c]])
         if codes:
             lessons.append(Lesson(item.id, float(similarity), codes))
     return lessons

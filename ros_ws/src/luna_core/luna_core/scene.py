@@ -268,13 +268,15 @@ def _select_objects(lm: LaneMap, topo: _Topology, objects: TrackedObjects | None
 # --------------------------------------------------------------------------------------------------
 
 CLASS_WORD = {ObjectClass.VEHICLE: "vehicle", ObjectClass.PEDESTRIAN: "pedestrian",
-               ObjectClass.BICYCLE: "cyclist", ObjectClass.STATIC: "static object"}
+              ObjectClass.BICYCLE: "cyclist", ObjectClass.STATIC: "static object"}
+SAFE_ID_CHARS = "A-Za-z0-9_.:-"  # the characters an object id keeps in a prompt (a regex class body)
+CUTTING_IN_TEXT = ", moving into the ego lane"  # after the lane relation of an object cutting in
 
 
 def safe_id(object_id: str) -> str:
     """An object id as it may appear in a prompt: no control characters or markup, at most 24 chars
     (ids come from perception and must not inject text into prompts)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", str(object_id))[:24]
+    cleaned = re.sub(f"[^{SAFE_ID_CHARS}]", "_", str(object_id))[:24]
     return cleaned or "_"
 
 
@@ -307,7 +309,7 @@ def render_traffic_state(scene: SceneDescriptor) -> str:
         lines.append("Objects (id, type, relation: distance, line-of-sight angle, heading, speed, length x width):")
         for o in scene.objects:
             speed = "" if o.object_class is ObjectClass.STATIC else f", {o.speed:.2f} m/s"
-            relation = o.lane_relation + (", moving into the ego lane" if o.cutting_in else "")
+            relation = o.lane_relation + (CUTTING_IN_TEXT if o.cutting_in else "")
             lines.append(f"- {safe_id(o.id)} {CLASS_WORD[o.object_class]}, {relation}: "
                          f"{o.distance:.2f} m, {_deg(o.bearing)}, heading {_deg(o.heading)}{speed}, "
                          f"{o.length:.2f} x {o.width:.2f} m.")
