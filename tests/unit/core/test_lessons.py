@@ -129,6 +129,23 @@ def test_a_lesson_acts_only_where_the_scene_has_a_cause_like_its_own():
     assert lessons_of([(stalled, 0.92)], with_lead(1.0), None) == [Lesson("refl-stalled", 0.92, ("SK", "DK"))]
 
 
+def test_a_car_that_moved_in_from_an_adjacent_lane_is_a_cut_in_cause():
+    # at the failed decision car-9 drove in the left lane; keeping the lane then hit it: it cut in afterwards
+    cut_in = STOP_ANSWER.replace("veh-1", "car-9")
+    written = item("refl-cut", cut_in, scene=with_lead(6.0, relation="left lane", bearing=0.3))
+    assert cause_of(written) == LessonCause("vehicle", "left lane", True, 6.0, cutting_in=True)
+    cruising, cutting = (with_lead(6.0, relation="left lane", bearing=0.3) for _ in range(2))
+    cutting.objects[0].cutting_in = True
+    assert lessons_of([(written, 0.95)], cruising, None) == []  # a left-lane car that keeps its lane
+    assert lessons_of([(written, 0.95)], cutting, None) == [Lesson("refl-cut", 0.95, ("SK", "DK"))]
+    # an object the query already shows cutting in is a cut-in cause whatever names it
+    decisive = "Recommended decisions: DK\nExplanations:\n- DK: Vehicle car-9 40 m ahead (left lane) at 6 m/s; clear."
+    assert cause_of(item("refl-seen", decisive, scene=cutting)) == LessonCause("vehicle", "left lane", True, 6.0, True)
+    assert cause_of(item("refl-lane", decisive, scene=cruising)).cutting_in is False
+    # a lead in the ego lane that the failed decision hit is no cut-in
+    assert cause_of(item("r", STOP_ANSWER)).cutting_in is False
+
+
 def test_a_revision_written_twice_counts_once():
     first, twin, other = item("refl-1", STOP_ANSWER), item("refl-2", STOP_ANSWER), item("refl-3", STOP_ANSWER + " ")
     teacher = item("teacher-1", STOP_ANSWER, source="teacher")

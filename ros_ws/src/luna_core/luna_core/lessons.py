@@ -38,7 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from luna_core.prompts.parsers import MalformedModelOutput, RankedAnswer, action_set_of, parse_ranked_answer
-from luna_core.scene import CLASS_WORD, CUTTING_IN_TEXT, SAFE_ID_CHARS
+from luna_core.scene import CLASS_WORD, CUTTING_IN_TEXT, LEFT_LANE, RIGHT_LANE, SAFE_ID_CHARS
 from luna_core.types import ACTION_INDEX, NUM_ACTIONS, MemoryItem, SceneDescriptor
 
 
@@ -75,6 +75,7 @@ class LessonCause:
     relation: str  # the lane relation ("same lane", "left lane", "junction", ...); a light's phase ("Red")
     ahead: bool = True
     speed: float = 0.0  # m/s
+    cutting_in: bool = False  # it moved from its adjacent lane into the ego lane
 
     def present_in(self, scene: SceneDescriptor) -> bool:
         """Whether ``scene`` has a cause like this one."""
@@ -82,7 +83,8 @@ class LessonCause:
             return scene.traffic_light.value == self.relation
         return any(CLASS_WORD[o.object_class] == self.kind and o.lane_relation == self.relation
                    and (math.cos(o.bearing) >= 0.0) == self.ahead
-                   and abs(o.speed - self.speed) <= CAUSE_SPEED_TOLERANCE for o in scene.objects)
+                   and abs(o.speed - self.speed) <= CAUSE_SPEED_TOLERANCE
+                   and (o.cutting_in or not self.cutting_in) for o in scene.objects)
 
 
 def _parsed(item: MemoryItem) -> RankedAnswer | None:
@@ -92,11 +94,15 @@ def _parsed(item: MemoryItem) -> RankedAnswer | None:
         return None
 
 
-def _described_object(query: str, object_id: str) -> LessonCause | None:
+def _described_object(query: str, object_id: str, entered_ego_lane: bool = False) -> LessonCause | None:
+    """The query's object ``object_id`` as a cause; ``entered_ego_lane``: the failed decision hit it or was
+    held behind it, so one in an adjacent lane then moved into the ego lane."""
     for m in _OBJECT_LINE.finditer(query):
         if m["id"] == object_id:
-            return LessonCause(m["kind"], m["relation"].removesuffix(CUTTING_IN_TEXT),
-                               math.cos(math.radians(int(m["bearing"]))) >= 0.0, float(m["speed"] or 0.0))
+            relation = m["relation"].removesuffix(CUTTING_IN_TEXT)
+            cutting_in = relation != m["relation"] or (entered_ego_lane and relation in (LEFT_LANE, RIGHT_LANE))
+            return LessonCause(m["kind"], relation, math.cos(math.radians(int(m["bearing"]))) >= 0.0,
+                               float(m["speed"] or 0.0), cutting_in)
     return None
 
 
@@ -108,7 +114,7 @@ def cause_of(item: MemoryItem, answer: RankedAnswer | None = None) -> LessonCaus
         return None
     first = answer.explanations.get(answer.ranked[0], "")
     executed = _EXECUTED_OBJECT.search(first)
-    if executed and (cause := _described_object(item.query, executed[1] or executed[2])) is not None:
+    if executed and (cause := _described_object(item.query, executed[1] or executed[2], True)) is not None:
         return cause
     if light := _LIGHT.match(first):
         return LessonCause("light", light[1])
