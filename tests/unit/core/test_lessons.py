@@ -188,14 +188,22 @@ def test_decide_without_a_retrieved_lesson_is_the_students(parts):
     assert d.retrieved_ids == ["item-0"] and d.student_probabilities is None
 
 
-def test_decide_without_the_lessons_cause_in_the_scene_is_the_students(parts):
+def test_a_reflection_item_whose_cause_the_scene_lacks_is_neither_lesson_nor_example(parts):
     student, bank, scene = parts
     faster = samples.scene()
     faster.ego_speed = 7.0
     faster.objects[0].speed = 7.8 + 2.0 * CAUSE_SPEED_TOLERANCE  # the lead the lesson was about is not like this one
     d = HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=3, lesson_weight=0.5)).decide(faster)
-    assert "refl-stop" in d.retrieved_ids  # retrieved as an example all the same
+    assert "refl-stop" not in d.retrieved_ids and len(d.retrieved_ids) == 3  # the next item in its place
     assert d.student_probabilities is None
+    # w = 0, the paper's: every retrieved reflection item is an example in the prompt
+    paper = HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=3, lesson_weight=0.0)).decide(faster)
+    assert "refl-stop" in paper.retrieved_ids
+    # nor is it kept from the previous decision's examples (retrieval_margin) once its cause has gone
+    system = HeuristicSystem(student, PromptManager(), bank, HeuristicConfig(k=3, lesson_weight=0.5,
+                                                                           retrieval_margin=1.0))
+    assert system.decide(scene).retrieved_ids[0] == "refl-stop"
+    assert "refl-stop" not in system.decide(faster).retrieved_ids
 
 
 def test_retrieval_replaces_a_repeated_revision_with_the_next_item(tmp_path):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from luna_core.lessons import DEFAULT_LESSON_WEIGHT, lessons_of, repeated_reflections, weigh_lessons
+from luna_core.lessons import DEFAULT_LESSON_WEIGHT, absent_causes, lessons_of, repeated_reflections, weigh_lessons
 from luna_core.prompts.parsers import complete_sentences, repair_action_names
 from luna_core.scene import scene_vector
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
@@ -111,23 +111,30 @@ class HeuristicSystem:
     def retrieve(self, scene: SceneDescriptor, query: str) -> list[tuple[MemoryItem, float]]:
         """The K items most similar to the scene with their cosine similarity, best first, or the
         previous decision's items while they are nearly as similar (``retrieval_margin``). A reflection
-        item repeating a better one is replaced by the next item (``lessons.repeated_reflections``)."""
+        item repeating a better one, and with lessons on (w > 0) one whose cause the scene lacks, is
+        replaced by the next item (``luna_core.lessons``)."""
         if self.bank is None or self.config.k <= 0:
             return []
         with self._bank_lock:
             q = self.bank.embedder.embed_query(self._retrieval_key(scene, query))
             best = self.bank.retrieve(q, self.config.k)
-            repeated: set[str] = set()
-            while more := repeated_reflections(best):
-                repeated |= more
-                best = self.bank.retrieve(q, self.config.k, exclude_ids=repeated)
+            excluded: set[str] = set()
+            while more := self._out_of_place(best, scene) - excluded:
+                excluded |= more
+                best = self.bank.retrieve(q, self.config.k, exclude_ids=excluded)
             previous = [self.bank.get(i) for i in self._previous_ids if i in self.bank]
-            if best and len(previous) == len(best) == len(self._previous_ids):
+            if best and len(previous) == len(best) == len(self._previous_ids) \
+                    and not self._out_of_place([(item, 0.0) for item in previous], scene):
                 kept = [float(np.dot(item.embedding, q)) for item in previous]
                 if np.mean(kept) >= float(np.mean([score for _, score in best])) - self.config.retrieval_margin:
                     return list(zip(previous, kept))
             self._previous_ids = [item.id for item, _ in best]
             return best
+
+    def _out_of_place(self, retrieved: list[tuple[MemoryItem, float]], scene: SceneDescriptor) -> set[str]:
+        """The retrieved reflection items not to show for ``scene`` (``retrieve``)."""
+        out = repeated_reflections(retrieved)
+        return out | absent_causes(retrieved, scene) if self.config.lesson_weight > 0.0 else out
 
     def reset(self) -> None:
         """A new episode: the next decision retrieves the exact top K (no previous items to keep)."""

@@ -10,7 +10,8 @@ lesson weight w > 0 a retrieved lesson also acts on the distribution itself:
 q: the decisions the retrieved reflection items recommend (each item's recommended codes equally
 likely, items weighted by their cosine similarity to the scene), restricted to the actions possible
 now. Without a reflection item among the examples the decision is the student's, unchanged; w = 0 is
-the paper's behaviour (but for a repeated revision, retrieved once: below). An item whose answer does
+the paper's behaviour (every retrieved reflection item an example, but for a repeated revision, retrieved
+once: below). An item whose answer does
 not parse, or whose recommendations are all impossible now, gives no lesson (its text was validated
 when it was written; the bank is a file).
 
@@ -23,9 +24,11 @@ object the failed decision hit or was held behind (as the grounded revision name
 v3 in 2.1 s"), else the revision's decisive object, else the red or yellow light it names. Alike: the
 same kind of object in the same lane relation, on the same side (ahead / behind), moving within
 ``CAUSE_SPEED_TOLERANCE`` of it. An item whose cause cannot be read (e.g. a reason an LLM reworded)
-stays an example in the prompt only. A reflection item with the same query and answer as a better
-retrieved one is one failure written twice (a deterministic rerun reproduces it): it is retrieved once
-(``repeated_reflections``).
+stays an example in the prompt only. With w > 0 a reflection item whose cause the scene lacks is not
+retrieved at all (``absent_causes``; the next item takes its place): as an example in the prompt it moved
+the student where its lesson did not apply (docs/reflection.md, session 34). A reflection item with the
+same query and answer as a better retrieved one is one failure written twice (a deterministic rerun
+reproduces it): it is retrieved once (``repeated_reflections``).
 """
 
 from __future__ import annotations
@@ -132,6 +135,12 @@ def repeated_reflections(retrieved: Sequence[tuple[MemoryItem, float]]) -> set[s
                 repeated.add(item.id)
             seen.add(key)
     return repeated
+
+
+def absent_causes(retrieved: Sequence[tuple[MemoryItem, float]], scene: SceneDescriptor) -> set[str]:
+    """Ids of the reflection items among ``retrieved`` whose cause can be read and ``scene`` lacks."""
+    return {item.id for item, _ in retrieved if item.source == "reflection"
+            and (cause := cause_of(item)) is not None and not cause.present_in(scene)}
 
 
 def lessons_of(retrieved: Sequence[tuple[MemoryItem, float]], scene: SceneDescriptor,
