@@ -127,8 +127,9 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
     group.add_argument("--k", type=int, default=d.k, help=f"retrieved memory items per decision (default {d.k})")
     group.add_argument("--lesson-weight", type=float, default=d.lesson_weight,
                        help="weight w of the retrieved reflection items' recommended decisions in each decision, "
-                            f"pi' = (1 - w) pi_hat + w q (luna_core.lessons; default {d.lesson_weight:g}); 0 = the "
-                            "paper's (a reflection item is only an example in the prompt)")
+                            f"pi' = (1 - w) pi_hat + w q (luna_core.lessons; default {d.lesson_weight:g}); with w > 0 a "
+                            "reflection item is used only where the scene has its cause; 0 = the paper's (every "
+                            "retrieved reflection item is only an example in the prompt)")
     group.add_argument("--decision-every", type=int, default=d.decision_every,
                        help=f"simulation steps between decisions (default {d.decision_every}: "
                             f"T_d = {d.decision_period:.1f} s)")

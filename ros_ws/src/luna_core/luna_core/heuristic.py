@@ -75,8 +75,9 @@ class HeuristicConfig:
     explanation_cpu_max_tokens: int = 96
     explanation_max_time: float = 60.0  # s; an explanation is abandoned after this
     # w of pi' = (1 - w) pi_hat + w q: how much the retrieved reflection items' recommended decisions
-    # weigh against the student's own distribution (luna_core.lessons); 0 = the paper's behaviour
-    # (a lesson is only an example in the prompt).
+    # weigh against the student's own distribution (luna_core.lessons); with w > 0 a reflection item is
+    # retrieved only where the scene has its cause; 0 = the paper's behaviour (every retrieved reflection
+    # item is only an example in the prompt).
     lesson_weight: float = DEFAULT_LESSON_WEIGHT
 
 

@@ -31,7 +31,8 @@ MODEL_PARAMS = [
               "top K.", min=0.0, max=1.0),
     ParamSpec("lesson_weight", float, DEFAULT_LESSON_WEIGHT, "Weight w of the retrieved reflection items' "
               "recommended decisions in the published distribution, pi' = (1 - w) pi_hat + w q "
-              "(luna_core.lessons); 0 = the paper's behaviour: a reflection item is only an example in the prompt.",
+              "(luna_core.lessons); with w > 0 a reflection item is used only where the scene has its cause; 0 = the "
+              "paper's behaviour: every retrieved reflection item is only an example in the prompt.",
               min=0.0, max=1.0),
 ]
 
