@@ -10,10 +10,9 @@ lesson weight w > 0 a retrieved lesson also acts on the distribution itself:
 q: the decisions the retrieved reflection items recommend (each item's recommended codes equally
 likely, items weighted by their cosine similarity to the scene), restricted to the actions possible
 now. Without a reflection item among the examples the decision is the student's, unchanged; w = 0 is
-the paper's behaviour (every retrieved reflection item an example, but for a repeated revision, retrieved
-once: below). An item whose answer does
-not parse, or whose recommendations are all impossible now, gives no lesson (its text was validated
-when it was written; the bank is a file).
+the paper's behaviour (every retrieved reflection item an example, but for a repeated revision,
+retrieved once: below). An item whose answer does not parse, or whose recommendations are all
+impossible now, gives no lesson (its text was validated when it was written; the bank is a file).
 
 The default w = 0.5 (a lesson weighs as much as the student's own belief) was set before measuring and
 is the only weight measured (docs/reflection.md, sessions 32-33). A bank without reflection items decides
@@ -36,11 +35,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
-from luna_core.prompts.parsers import MalformedModelOutput, RankedAnswer, action_set_of, parse_ranked_answer
+from luna_core.prompts.parsers import MalformedModelOutput, action_set_of, parse_ranked_answer
 from luna_core.scene import CLASS_WORD, CUTTING_IN_TEXT, LEFT_LANE, RIGHT_LANE, SAFE_ID_CHARS
 from luna_core.types import ACTION_INDEX, NUM_ACTIONS, MemoryItem, SceneDescriptor
 
@@ -90,11 +90,6 @@ class LessonCause:
                    and (o.cutting_in or not self.cutting_in) for o in scene.objects)
 
 
-def _parsed(item: MemoryItem) -> RankedAnswer | None:
-    try:
-        return parse_ranked_answer(item.answer, action_set_of(item.query), kind="reflection")
-    except MalformedModelOutput:
-        return None
 
 
 def _described_object(query: str, object_id: str, entered_ego_lane: bool = False) -> LessonCause | None:
@@ -109,20 +104,29 @@ def _described_object(query: str, object_id: str, entered_ego_lane: bool = False
     return None
 
 
-def cause_of(item: MemoryItem, answer: RankedAnswer | None = None) -> LessonCause | None:
-    """The cause a reflection item's revision names (module docstring); None when it cannot be read.
-    ``answer``: the item's answer already parsed."""
-    answer = answer or _parsed(item)
-    if answer is None or not answer.ranked:
-        return None
-    first = answer.explanations.get(answer.ranked[0], "")
+@lru_cache(maxsize=4096)  # retrieval and the lessons read the same few items at every decision
+def _reading(query: str, answer: str) -> tuple[LessonCause | None, tuple[str, ...]]:
+    """A reflection item's cause (None when it cannot be read) and its recommended codes, best first
+    (none when the answer does not parse)."""
+    try:
+        parsed = parse_ranked_answer(answer, action_set_of(query), kind="reflection")
+    except MalformedModelOutput:
+        return None, ()
+    if not parsed.ranked:
+        return None, ()
+    first = parsed.explanations.get(parsed.ranked[0], "")
     executed = _EXECUTED_OBJECT.search(first)
-    if executed and (cause := _described_object(item.query, executed[1] or executed[2], True)) is not None:
-        return cause
+    if executed and (cause := _described_object(query, executed[1] or executed[2], True)) is not None:
+        return cause, tuple(parsed.ranked)
     if light := _LIGHT.match(first):
-        return LessonCause("light", light[1])
+        return LessonCause("light", light[1]), tuple(parsed.ranked)
     decisive = _DECISIVE_OBJECT.match(first)
-    return _described_object(item.query, decisive[1]) if decisive else None
+    return (_described_object(query, decisive[1]) if decisive else None), tuple(parsed.ranked)
+
+
+def cause_of(item: MemoryItem) -> LessonCause | None:
+    """The cause a reflection item's revision names (module docstring); None when it cannot be read."""
+    return _reading(item.query, item.answer)[0]
 
 
 def repeated_reflections(retrieved: Sequence[tuple[MemoryItem, float]]) -> set[str]:
@@ -151,11 +155,10 @@ def lessons_of(retrieved: Sequence[tuple[MemoryItem, float]], scene: SceneDescri
     for item, similarity in retrieved:
         if item.source != "reflection" or similarity <= 0.0:
             continue
-        answer = _parsed(item)
-        cause = cause_of(item, answer)
+        cause, recommended = _reading(item.query, item.answer)
         if cause is None or not cause.present_in(scene):
             continue
-        codes = tuple(c for c in answer.ranked if mask is None or mask[ACTION_INDEX[c]])
+        codes = tuple(c for c in recommended if mask is None or mask[ACTION_INDEX[c]])
         if codes:
             lessons.append(Lesson(item.id, float(similarity), codes))
     return lessons
