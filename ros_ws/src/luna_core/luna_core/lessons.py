@@ -90,8 +90,6 @@ class LessonCause:
                    and (o.cutting_in or not self.cutting_in) for o in scene.objects)
 
 
-
-
 def _described_object(query: str, object_id: str, entered_ego_lane: bool = False) -> LessonCause | None:
     """The query's object ``object_id`` as a cause; ``entered_ego_lane``: the failed decision hit it or was
     held behind it, so one in an adjacent lane then moved into the ego lane."""
