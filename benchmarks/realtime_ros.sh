@@ -4,7 +4,7 @@
 # replanning every 0.5 s with the 0.4 s anytime budget), driven at wall-clock speed by
 # `luna-bridge ros --realtime` on the demo's three scenarios. Writes OUT/realtime.json and
 # OUT/realtime.md (per scenario: trajectory and decision delays with histograms, missed deadlines from
-# /diagnostics) and the stack's log OUT/stack.log.
+# /diagnostics, and where the time goes: each process's CPU over the run) and the stack's log OUT/stack.log.
 #
 #   benchmarks/realtime_ros.sh [OUT]        (default out/realtime; in your own ROS_DOMAIN_ID)
 set -euo pipefail

@@ -7,7 +7,8 @@ published last; after the first trajectory it never waits for one, as a vehicle 
 what a real-time run has to show: every trajectory's and decision's delay from the instant it was
 planned or decided for to its arrival here, how old the tracked trajectory was at each step, steps
 the bridge itself was late for, and the nodes' own ``/diagnostics`` counters (the planner's
-``missed_deadlines`` and cycle time, the decision node's latency and skipped cycles).
+``missed_deadlines`` and cycle time, the decision node's latency and skipped cycles), and where the time
+goes: each process's CPU over the run from its nodes' ``process_cpu_s``, beside the bridge's own.
 
 Wire time is the wall clock: simulation time t is sent as t + offset, the offset taken when the first
 trajectory has arrived (start-up, model loading, the first search) so that the run then starts on time.
@@ -16,6 +17,7 @@ trajectory has arrived (start-up, model loading, the first search) so that the r
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -56,6 +58,10 @@ class RealtimeRecord:
     late_steps: int = 0  # steps the bridge itself started later than one period after their time
     steps: int = 0
     diagnostics: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # node -> key -> values
+    # node -> (wall stamp, pid, process CPU s) from /diagnostics, once the run has started
+    cpu: dict[str, list[tuple[float, int, float]]] = field(default_factory=dict)
+    # the bridge process's (wall monotonic s, CPU s) at the start of the run and at its latest step
+    bridge_clock: list[tuple[float, float]] = field(default_factory=list)
 
 
 class RealtimeStackPlanner(RosStackPlanner):
@@ -94,13 +100,20 @@ class RealtimeStackPlanner(RosStackPlanner):
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
         for status in msg.status:
             node = status.name.removeprefix("luna: ")
-            for kv in status.values:
-                if kv.key in DIAGNOSTIC_KEYS:
-                    try:
-                        value = float(kv.value)
-                    except ValueError:
-                        continue
-                    self.record.diagnostics.setdefault(node, {}).setdefault(kv.key, []).append(value)
+            values = {kv.key: kv.value for kv in status.values}
+            for key in DIAGNOSTIC_KEYS:
+                try:
+                    value = float(values[key])
+                except (KeyError, ValueError):
+                    continue
+                self.record.diagnostics.setdefault(node, {}).setdefault(key, []).append(value)
+            if self.wall_zero is None:
+                continue  # start-up (model loading, the first search) is not the run's
+            try:
+                sample = (convert.from_time(msg.header.stamp), int(values["pid"]), float(values["process_cpu_s"]))
+            except (KeyError, ValueError):
+                continue  # a node that does not report its process
+            self.record.cpu.setdefault(node, []).append(sample)
 
     # -- Planner protocol ---------------------------------------------------------------------------
 
@@ -130,7 +143,16 @@ class RealtimeStackPlanner(RosStackPlanner):
         self.current = self.latest
         self.record.steps += 1
         self.record.trajectory_age.append(t - self.current.stamp)
+        self._clock_bridge()
         return self.current
+
+    def _clock_bridge(self) -> None:
+        """The bridge's own CPU: the run's first entry, then its latest step."""
+        sample = (time.monotonic(), time.process_time())
+        if len(self.record.bridge_clock) < 2:
+            self.record.bridge_clock.append(sample)
+        else:
+            self.record.bridge_clock[-1] = sample
 
     def _start(self, planner_input: PlannerInput) -> Trajectory:
         """The first step: publish the state (kept current on the wire) until the stack answers, then
@@ -165,6 +187,7 @@ class RealtimeStackPlanner(RosStackPlanner):
         self.latest.stamp = t  # planned from this (only) state, whatever wire time it was sent at
         self.current = self.latest
         self.record.steps += 1
+        self._clock_bridge()
         return self.current
 
     def _publish_inputs(self, planner_input: PlannerInput) -> None:
@@ -200,14 +223,34 @@ def summary(values: list[float]) -> dict[str, float | int | list[int]]:
             "max": float(a.max()), "histogram": histogram(values)}
 
 
+def cpu_use(samples: list[tuple[float, int, float]]) -> dict[str, float | int]:
+    """CPU seconds and wall seconds a process spent between its first and last sample, and their ratio
+    in cores (1.0 = one core busy the whole time); a restarted process (new pid) starts a new span."""
+    cpu = wall = 0.0
+    for prev, cur in zip(samples, samples[1:]):
+        if cur[1] == prev[1] and cur[0] > prev[0] and cur[2] >= prev[2]:
+            cpu += cur[2] - prev[2]
+            wall += cur[0] - prev[0]
+    return {"pid": samples[-1][1], "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
+            "cores": round(cpu / wall, 3) if wall > 0 else 0.0}
+
+
 def report(scenario: str, record: RealtimeRecord, config: RealtimeConfig, cls: float) -> dict:
-    """The run's figures: latency summaries and histograms, deadline counts, the nodes' counters."""
+    """The run's figures: latency summaries and histograms, deadline counts, the nodes' counters, and
+    each process's CPU use over the run."""
     nodes = {}
     for node, keys in sorted(record.diagnostics.items()):
         entry: dict[str, object] = {}
         for key, values in sorted(keys.items()):
             entry[key] = summary(values) if key.endswith("_s") else int(values[-1])
         nodes[node] = entry
+    for node, samples in sorted(record.cpu.items()):
+        nodes.setdefault(node, {})["process"] = cpu_use(samples)
+    bridge = {}
+    if len(record.bridge_clock) == 2:
+        (w0, c0), (w1, c1) = record.bridge_clock
+        bridge = {"pid": os.getpid(), "cpu_s": round(c1 - c0, 3), "wall_s": round(w1 - w0, 3),
+                  "cores": round((c1 - c0) / (w1 - w0), 3) if w1 > w0 else 0.0}
     missed = sum(int(n.get("missed_deadlines", 0)) for n in nodes.values())
     return {
         "scenario": scenario, "cls": cls, "rate": config.rate, "steps": record.steps,
@@ -222,6 +265,8 @@ def report(scenario: str, record: RealtimeRecord, config: RealtimeConfig, cls: f
         "bridge_late_steps": record.late_steps,
         "missed_deadlines": missed,
         "nodes": nodes,
+        "bridge_process": bridge,
+        "machine_cores": os.cpu_count(),
     }
 
 
@@ -236,6 +281,7 @@ def markdown(reports: list[dict]) -> str:
         lines.append(f"| {r['scenario']} | {r['cls']:.3f} | {r['steps']} | {fmt(td, ('p50', 'p95', 'max'))} | "
                      f"{r['trajectories_over_replan_period']} | {fmt(dd, ('p50', 'max'))} | "
                      f"{r['decisions_later_than_t_d']} | {r['missed_deadlines']} | {r['bridge_late_steps']} |")
+    lines += ["", *time_per_process(reports)]
     edges = [f"<= {e:g}" for e in BINS] + [f"> {BINS[-1]:g}"]
     lines += ["", "Delay histograms (counts per bin, s):", "", "| scenario | delay | " + " | ".join(edges) + " |",
               "|---|---|" + "---:|" * len(edges)]
@@ -245,3 +291,34 @@ def markdown(reports: list[dict]) -> str:
             if s["count"]:
                 lines.append(f"| {r['scenario']} | {label} | " + " | ".join(str(c) for c in s["histogram"]) + " |")
     return "\n".join(lines) + "\n"
+
+
+#: The /diagnostics value that times a node's own work per cycle or decision.
+OWN_TIME_KEYS = ("cycle_time_s", "latency_s")
+
+
+def time_per_process(reports: list[dict]) -> list[str]:
+    """Where the time goes: per scenario, each process of the stack (its nodes) and the bridge, the CPU
+    it used over the run in cores, and its nodes' own time per cycle or decision."""
+    cores = next((r.get("machine_cores") for r in reports if r.get("machine_cores")), None)
+    lines = [f"Where the time goes (CPU over the run, in cores: 1.00 = one core busy all the time; this machine "
+             f"has {cores or '?'} cores; own time = the node's cycle time or decision latency):", "",
+             "| scenario | process (its nodes) | CPU (cores) | CPU (s) | own time p50 / max (s) |",
+             "|---|---|---:|---:|---|"]
+    for r in reports:
+        processes: dict[int, list[str]] = {}
+        for node, entry in sorted(r["nodes"].items()):
+            if "process" in entry:
+                processes.setdefault(entry["process"]["pid"], []).append(node)
+        rows = []
+        for names in processes.values():
+            use = r["nodes"][names[0]]["process"]
+            own = [f"{n}: {s['p50']:.2f} / {s['max']:.2f}" for n in names for key in OWN_TIME_KEYS
+                   if (s := r["nodes"][n].get(key)) and s.get("count")]
+            rows.append((use["cores"], f"| {r['scenario']} | {' + '.join(names)} | {use['cores']:.2f} | "
+                                       f"{use['cpu_s']:.1f} | {'; '.join(own) or '-'} |"))
+        lines += [row for _, row in sorted(rows, reverse=True)]
+        if b := r.get("bridge_process"):
+            lines.append(f"| {r['scenario']} | the bridge (simulator, this process) | {b['cores']:.2f} | "
+                         f"{b['cpu_s']:.1f} | - |")
+    return lines

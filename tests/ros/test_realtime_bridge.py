@@ -1,13 +1,14 @@
 """The real-time bridge (``luna-bridge ros --realtime``) drives a planner node on system time at
 wall-clock speed over real DDS: it paces the simulation, never waits for a trajectory after the first,
-and reports every trajectory's delay and the node's /diagnostics counters."""
+and reports every trajectory's delay, the node's /diagnostics counters and its process's CPU."""
 
 import time
 
 import pytest
 
 from luna_bridge.ros_bridge import lockstep_simulation_config
-from luna_bridge.ros_realtime import BINS, RealtimeConfig, RealtimeStackPlanner, histogram, markdown, report
+from luna_bridge.ros_realtime import (BINS, RealtimeConfig, RealtimeStackPlanner, cpu_use, histogram, markdown,
+                                     report)
 from luna_bridge.sim.simulator import simulate
 from tests.ros.helpers import start_node, stop_process
 from tests.scenario_samples import lead_vehicle_scenario
@@ -16,6 +17,15 @@ from tests.scenario_samples import lead_vehicle_scenario
 def test_histogram_bins_are_upper_edges_with_an_overflow_bin() -> None:
     assert histogram([0.0, 0.1, 0.10001, 0.5, 3.0, 7.0]) == [2, 1, 0, 0, 1, 0, 0, 0, 0, 1, 1]
     assert len(histogram([])) == len(BINS) + 1
+
+
+def test_cpu_use_spans_each_process_and_a_restart_starts_a_new_span() -> None:
+    # (wall s, pid, process CPU s): 0.5 core for 2 s, then a restart (new pid, its CPU from 0) at 0.25 core
+    samples = [(10.0, 7, 3.0), (11.0, 7, 3.5), (12.0, 7, 4.0), (12.5, 9, 0.2), (14.5, 9, 0.7)]
+    use = cpu_use(samples)
+    assert use["pid"] == 9
+    assert use["cpu_s"] == 1.5 and use["wall_s"] == 4.0 and use["cores"] == 0.375
+    assert cpu_use([(1.0, 3, 2.0)]) == {"pid": 3, "cpu_s": 0.0, "wall_s": 0.0, "cores": 0.0}
 
 
 @pytest.mark.realtime  # wall-clock delays: run alone, after the parallel phase of `make test`
@@ -47,5 +57,11 @@ def test_realtime_bridge_drives_a_planner_node_at_wall_clock_speed(tmp_path, ros
     assert r["decision_delay_s"] == {"count": 0}  # no decision node in this test
     ego = log.ego_array()
     assert ego[-1, 0] - ego[0, 0] > 10.0  # the ego drove on along the road
+    # where the time goes: the planner's process (this node, by its pid) and the bridge's own CPU
+    process = r["nodes"]["planner"]["process"]
+    assert process["pid"] == node.pid
+    assert process["wall_s"] >= 1.0 and 0.0 < process["cpu_s"] <= process["wall_s"] * r["machine_cores"]
+    assert r["bridge_process"]["wall_s"] >= 0.9 * scenario.duration and r["bridge_process"]["cpu_s"] > 0.0
     text = markdown([r])
     assert "| lead_vehicle |" in text and "trajectory (planner)" in text
+    assert f"| lead_vehicle | planner | {process['cores']:.2f} |" in text and "the bridge (simulator" in text

@@ -58,7 +58,13 @@ FIRST_ODOMETRY_WAIT = 30.0
 
 class Diagnostics:
     """A node's health: named conditions (each with a level and message) plus key values, published
-    as one ``diagnostic_msgs/DiagnosticStatus`` at 1 Hz. The worst condition sets the level."""
+    as one ``diagnostic_msgs/DiagnosticStatus`` at 1 Hz. The worst condition sets the level.
+
+    Every status also carries ``pid`` and ``process_cpu_s``, the CPU seconds (user + system, all
+    threads) of the node's process so far: where a stack's time goes per node is then read from
+    /diagnostics alone (``luna-bridge ros --realtime``'s report). Nodes sharing a process report the
+    same figure.
+    """
 
     def __init__(self, node: Node, period: float = 1.0) -> None:
         self._node = node
@@ -133,7 +139,9 @@ class Diagnostics:
         return DiagnosticStatus(level=level,
                                 name=f"luna: {self._node.get_name()}", message=message,
                                 hardware_id=self._node.get_fully_qualified_name(),
-                                values=[KeyValue(key=str(k), value=_fmt(v)) for k, v in sorted(values.items())])
+                                values=[KeyValue(key=str(k), value=_fmt(v)) for k, v in sorted(values.items())]
+                                + [KeyValue(key="pid", value=str(os.getpid())),
+                                   KeyValue(key="process_cpu_s", value=f"{time.process_time():.3f}")])
 
     def publish(self) -> None:
         msg = DiagnosticArray()

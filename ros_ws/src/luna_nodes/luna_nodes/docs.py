@@ -41,7 +41,8 @@ def interface_markdown(iface: NodeInterface) -> str:
 
     return "\n".join([BEGIN, "", "### Inputs", "", topics(iface.inputs), "", "### Outputs", "",
                       topics(iface.outputs + [("/diagnostics", "diagnostic_msgs/DiagnosticArray",
-                                                 "reliable, 1 Hz")]),
+                                                 "reliable, 1 Hz; with `pid` and `process_cpu_s` (the "
+                                                 "process's CPU seconds)")]),
                       "", "### Parameters", "", markdown_table(iface.params) if iface.params else "_none_",
                       "", END])
 
