@@ -302,7 +302,8 @@ def time_per_process(reports: list[dict]) -> list[str]:
     it used over the run in cores, and its nodes' own time per cycle or decision."""
     cores = next((r.get("machine_cores") for r in reports if r.get("machine_cores")), None)
     lines = [f"Where the time goes (CPU over the run, in cores: 1.00 = one core busy all the time; this machine "
-             f"has {cores or '?'} cores; own time = the node's cycle time or decision latency):", "",
+             f"has {cores or '?'} cores; own time = the node's latest cycle time or decision latency, as reported each "
+             "second):", "",
              "| scenario | process (its nodes) | CPU (cores) | CPU (s) | own time p50 / max (s) |",
              "|---|---|---:|---:|---|"]
     for r in reports:
