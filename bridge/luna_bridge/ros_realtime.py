@@ -60,8 +60,9 @@ class RealtimeRecord:
     diagnostics: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # node -> key -> values
     # node -> (wall stamp, pid, process CPU s) from /diagnostics, once the run has started
     cpu: dict[str, list[tuple[float, int, float]]] = field(default_factory=dict)
-    # the bridge process's (wall monotonic s, CPU s) at the start of the run and at its latest step
-    bridge_clock: list[tuple[float, float]] = field(default_factory=list)
+    # the bridge process's (wall monotonic s, CPU s, the machine's busy CPU s or None) at the start of the
+    # run and at its latest step
+    bridge_clock: list[tuple[float, float, float | None]] = field(default_factory=list)
 
 
 class RealtimeStackPlanner(RosStackPlanner):
@@ -147,8 +148,8 @@ class RealtimeStackPlanner(RosStackPlanner):
         return self.current
 
     def _clock_bridge(self) -> None:
-        """The bridge's own CPU: the run's first entry, then its latest step."""
-        sample = (time.monotonic(), time.process_time())
+        """The bridge's own CPU and the machine's: the run's first entry, then its latest step."""
+        sample = (time.monotonic(), time.process_time(), machine_busy_cpu_s())
         if len(self.record.bridge_clock) < 2:
             self.record.bridge_clock.append(sample)
         else:
@@ -223,6 +224,20 @@ def summary(values: list[float]) -> dict[str, float | int | list[int]]:
             "max": float(a.max()), "histogram": histogram(values)}
 
 
+def machine_busy_cpu_s() -> float | None:
+    """CPU seconds all cores of this machine have been busy since boot (Linux ``/proc/stat``: user, nice,
+    system and interrupt time), or None where that cannot be read. Over a run it shows the time no /diagnostics names:
+    a process loading its models before its nodes spin, a standby, anything else on the machine."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        ticks = [int(v) for v in fields[1:]]
+        # user, nice, system, irq, softirq (guest time is in user's; steal is the hypervisor's)
+        return (ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def cpu_use(samples: list[tuple[float, int, float]]) -> dict[str, float | int]:
     """CPU seconds and wall seconds a process spent between its first and last sample, and their ratio
     in cores (1.0 = one core busy the whole time); a restarted process (new pid) starts a new span."""
@@ -246,11 +261,15 @@ def report(scenario: str, record: RealtimeRecord, config: RealtimeConfig, cls: f
         nodes[node] = entry
     for node, samples in sorted(record.cpu.items()):
         nodes.setdefault(node, {})["process"] = cpu_use(samples)
-    bridge = {}
+    bridge, machine = {}, {}
     if len(record.bridge_clock) == 2:
-        (w0, c0), (w1, c1) = record.bridge_clock
-        bridge = {"pid": os.getpid(), "cpu_s": round(c1 - c0, 3), "wall_s": round(w1 - w0, 3),
-                  "cores": round((c1 - c0) / (w1 - w0), 3) if w1 > w0 else 0.0}
+        (w0, c0, m0), (w1, c1, m1) = record.bridge_clock
+        wall = w1 - w0
+        bridge = {"pid": os.getpid(), "cpu_s": round(c1 - c0, 3), "wall_s": round(wall, 3),
+                  "cores": round((c1 - c0) / wall, 3) if wall > 0 else 0.0}
+        if m0 is not None and m1 is not None:
+            machine = {"cpu_s": round(m1 - m0, 3), "wall_s": round(wall, 3),
+                       "cores": round((m1 - m0) / wall, 3) if wall > 0 else 0.0}
     missed = sum(int(n.get("missed_deadlines", 0)) for n in nodes.values())
     return {
         "scenario": scenario, "cls": cls, "rate": config.rate, "steps": record.steps,
@@ -266,6 +285,7 @@ def report(scenario: str, record: RealtimeRecord, config: RealtimeConfig, cls: f
         "missed_deadlines": missed,
         "nodes": nodes,
         "bridge_process": bridge,
+        "machine": machine,
         "machine_cores": os.cpu_count(),
     }
 
@@ -299,13 +319,14 @@ OWN_TIME_KEYS = ("cycle_time_s", "latency_s")
 
 def time_per_process(reports: list[dict]) -> list[str]:
     """Where the time goes: per scenario, each process of the stack (its nodes) and the bridge, the CPU
-    it used over the run in cores, and its nodes' own time per cycle or decision."""
+    it used over the run in cores, and its nodes' own time per cycle or decision; then the whole machine
+    and what no /diagnostics accounts for (a process's span without reports is not counted for it)."""
     cores = next((r.get("machine_cores") for r in reports if r.get("machine_cores")), None)
     lines = [f"Where the time goes (CPU over the run, in cores: 1.00 = one core busy all the time; this machine "
              f"has {cores or '?'} cores; own time = the node's latest cycle time or decision latency, as reported each "
              "second):", "",
-             "| scenario | process (its nodes) | CPU (cores) | CPU (s) | own time p50 / max (s) |",
-             "|---|---|---:|---:|---|"]
+             "| scenario | process (its nodes) | CPU (cores) | CPU (s) | reported over (s) | own time p50 / max (s) |",
+             "|---|---|---:|---:|---:|---|"]
     for r in reports:
         processes: dict[int, list[str]] = {}
         for node, entry in sorted(r["nodes"].items()):
@@ -317,9 +338,17 @@ def time_per_process(reports: list[dict]) -> list[str]:
             own = [f"{n}: {s['p50']:.2f} / {s['max']:.2f}" for n in names for key in OWN_TIME_KEYS
                    if (s := r["nodes"][n].get(key)) and s.get("count")]
             rows.append((use["cores"], f"| {r['scenario']} | {' + '.join(names)} | {use['cores']:.2f} | "
-                                       f"{use['cpu_s']:.1f} | {'; '.join(own) or '-'} |"))
+                                       f"{use['cpu_s']:.1f} | {use['wall_s']:.1f} | {'; '.join(own) or '-'} |"))
         lines += [row for _, row in sorted(rows, reverse=True)]
-        if b := r.get("bridge_process"):
+        b, m = r.get("bridge_process"), r.get("machine")
+        if b:
             lines.append(f"| {r['scenario']} | the bridge (simulator, this process) | {b['cores']:.2f} | "
-                         f"{b['cpu_s']:.1f} | - |")
+                         f"{b['cpu_s']:.1f} | {b['wall_s']:.1f} | - |")
+        if b and m:
+            named = b["cpu_s"] + sum(r["nodes"][names[0]]["process"]["cpu_s"] for names in processes.values())
+            rest = max(0.0, m["cpu_s"] - named)
+            lines.append(f"| {r['scenario']} | not in /diagnostics (model loading, standbys, other processes) | "
+                         f"{rest / m['wall_s']:.2f} | {rest:.1f} | {m['wall_s']:.1f} | - |")
+            lines.append(f"| {r['scenario']} | **the whole machine** | **{m['cores']:.2f}** | {m['cpu_s']:.1f} | "
+                         f"{m['wall_s']:.1f} | - |")
     return lines

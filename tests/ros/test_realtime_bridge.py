@@ -62,6 +62,12 @@ def test_realtime_bridge_drives_a_planner_node_at_wall_clock_speed(tmp_path, ros
     assert process["pid"] == node.pid
     assert process["wall_s"] >= 1.0 and 0.0 < process["cpu_s"] <= process["wall_s"] * r["machine_cores"]
     assert r["bridge_process"]["wall_s"] >= 0.9 * scenario.duration and r["bridge_process"]["cpu_s"] > 0.0
+    # the whole machine over the same span did at least what this process did, with at most all its cores
+    machine = r["machine"]
+    assert machine["wall_s"] == r["bridge_process"]["wall_s"]
+    assert machine["cpu_s"] >= 0.9 * r["bridge_process"]["cpu_s"]
+    assert machine["cores"] <= r["machine_cores"] * 1.05
     text = markdown([r])
     assert "| lead_vehicle |" in text and "trajectory (planner)" in text
     assert f"| lead_vehicle | planner | {process['cores']:.2f} |" in text and "the bridge (simulator" in text
+    assert f"| lead_vehicle | **the whole machine** | **{machine['cores']:.2f}** |" in text
