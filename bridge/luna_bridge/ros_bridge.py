@@ -28,6 +28,7 @@ from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
 
 import luna_msgs.msg as lm
+from luna_core.blas import limit_blas_for_good
 from luna_core.types import DecisionDistribution, PlannerInput, Trajectory
 from luna_msgs_py import convert, qos
 
@@ -64,6 +65,9 @@ class RosStackPlanner:
                  context: rclpy.Context | None = None) -> None:
         self.scenario = scenario
         self.config = config
+        # The bridge waits for the stack or the wall clock between steps: idle BLAS helper threads would spin
+        # on the cores the stack needs (luna_core.blas).
+        limit_blas_for_good()
         self.node = Node("luna_bridge", context=context)  # one per running stack: see drive_next
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)

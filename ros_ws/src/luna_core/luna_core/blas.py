@@ -5,6 +5,11 @@ derivatives, the tracker's least-squares fits) over every core. On the shared co
 threads wait for a core: that product took 19 ms with 2 threads under load and 0.3 ms with one
 (docs/benchmarks.md, "Planner cycle"). OpenBLAS splits the output among its threads, each element is
 computed by the same kernel either way, so the results are bit-identical with one thread.
+
+A process that works in short periodic bursts (a node, the ROS bridge) limits BLAS for good
+(``limit_blas_for_good``): after each call OpenBLAS's helper threads busy-wait for the next one, and at
+2-10 Hz they never stop. In the real-time bridge one such thread burned a whole core: 16.4 s of CPU in a
+17 s run, against 1.8 s with one thread (docs/benchmarks.md, "Real time over ROS").
 """
 
 from __future__ import annotations
@@ -24,3 +29,8 @@ def _blas_pools():
 def single_threaded_blas() -> AbstractContextManager:
     """Context in which NumPy's BLAS runs on the calling thread only (restored on exit)."""
     return _blas_pools().limit(limits=1)
+
+
+def limit_blas_for_good() -> None:
+    """NumPy's BLAS on the calling thread only, for the rest of the process (no helper threads to spin)."""
+    _blas_pools().limit(limits=1)  # the limit holds until restored, and nothing restores it

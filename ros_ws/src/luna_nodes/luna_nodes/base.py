@@ -29,6 +29,7 @@ from rclpy.lifecycle import LifecycleNode
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock as Clock_
 
+from luna_core.blas import limit_blas_for_good
 from luna_core.ego_history import ReportedValues
 from luna_core.types import TrackedObjects, usable_objects
 from luna_msgs_py import convert, qos
@@ -414,6 +415,7 @@ def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = No
     Started as a standby (``STANDBY_ENV``), the process first runs ``preload`` with its command line and
     waits for its promotion (``await_promotion``) before it creates anything.
     """
+    limit_blas_for_good()  # a node works in bursts: idle BLAS helper threads would spin on its cores
     if os.environ.pop(STANDBY_ENV, "") == "1" and not await_promotion(preload, sys.argv if args is None else args):
         return 0
     rclpy.init(args=args)
