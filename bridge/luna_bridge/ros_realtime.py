@@ -35,7 +35,7 @@ from luna_bridge.scenario import SIM_DT, Scenario
 BINS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 #: /diagnostics values recorded per node (the last value each node reported is kept for counters).
 DIAGNOSTIC_KEYS = ("cycle_time_s", "missed_deadlines", "cycles", "latency_s", "decisions", "skipped_cycles_busy",
-                   "failed_decisions", "planner_failures")
+                   "failed_decisions", "planner_failures", "rejected_inputs")
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ class RealtimeStackPlanner(RosStackPlanner):
         self.record = RealtimeRecord()
         self.wall_zero: float | None = None  # monotonic wall time of simulation time 0
         self._last_decision_stamp: float | None = None
+        self._wire_sent_until: float | None = None  # the newest odometry stamp sent, any scenario (wire time)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, qos.DIAGNOSTICS)
 
     # -- recording ----------------------------------------------------------------------------------
@@ -155,11 +156,20 @@ class RealtimeStackPlanner(RosStackPlanner):
         else:
             self.record.bridge_clock[-1] = sample
 
+    def _publish_ego(self, ego, t: float) -> None:
+        super()._publish_ego(ego, t)
+        wire = t + self.config.time_offset
+        self._wire_sent_until = wire if self._wire_sent_until is None else max(self._wire_sent_until, wire)
+
     def _start(self, planner_input: PlannerInput) -> Trajectory:
-        """The first step: publish the state (kept current on the wire) until the stack answers, then
-        start the clock."""
+        """The first step: publish the state (kept current on the wire) until the stack answers with a
+        trajectory planned from it, then start the clock."""
         t = planner_input.time
         span = t - planner_input.ego_history[0].stamp
+        if self._wire_sent_until is not None:
+            # A scenario after another: its history goes out stamped up to `span` before now, and the stack
+            # refuses odometry older than what it last heard. Wait until all of it is newer.
+            self._spin_until(lambda: time.time() - span > self._wire_sent_until + 0.05, span + 1.0)
         anchored = [0.0]
 
         def anchor() -> None:
@@ -178,7 +188,9 @@ class RealtimeStackPlanner(RosStackPlanner):
                 self._publish_inputs(planner_input)
 
         anchor()
-        arrived = self._spin_until(lambda: self.latest is not None, self.realtime.start_timeout, heartbeat=heartbeat)
+        # Planned from this scenario's state: not a trajectory of the previous scenario still on its way.
+        arrived = self._spin_until(lambda: self.latest is not None and self.latest.stamp >= t - 1e-6,
+                                   self.realtime.start_timeout, heartbeat=heartbeat)
         if not arrived:
             raise PlannerTimeout(f"no trajectory within {self.realtime.start_timeout:.0f} s of the start "
                                  "(is `luna up` running on system time, without --sim-time?)")

@@ -2,16 +2,23 @@
 wall-clock speed over real DDS: it paces the simulation, never waits for a trajectory after the first,
 and reports every trajectory's delay, the node's /diagnostics counters and its process's CPU."""
 
+import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 
+import luna_bridge
+
 from luna_bridge.ros_bridge import lockstep_simulation_config
+from luna_bridge.ros_command import load_any_scenario
 from luna_bridge.ros_realtime import (BINS, RealtimeConfig, RealtimeStackPlanner, cpu_use, histogram, markdown,
                                      report)
 from luna_bridge.sim.simulator import simulate
 from tests.ros.helpers import start_node, stop_process
 from tests.scenario_samples import lead_vehicle_scenario
+
+HARD = Path(luna_bridge.__file__).parent / "scenarios" / "data" / "hard"
 
 
 def test_histogram_bins_are_upper_edges_with_an_overflow_bin() -> None:
@@ -41,13 +48,24 @@ def test_realtime_bridge_drives_a_planner_node_at_wall_clock_speed(tmp_path, ros
         deadline = time.monotonic() + 3.0  # the node's diagnostics come at 1 Hz
         while "planner" not in bridge.record.diagnostics and time.monotonic() < deadline:
             bridge.executor.spin_once(timeout_sec=0.05)
+        r = report(scenario.name, bridge.record, config, 1.0)
+        # A second scenario right after, on the same node, with 2 s of logged history before its start: that
+        # history goes out stamped up to 2 s before now, and all of it must be newer than what the node heard
+        # last (it refuses odometry that runs backwards).
+        second = dataclasses.replace(load_any_scenario(str(HARD / "hard_following_lane_with_lead_00.json.gz")),
+                                     duration=2.0)
+        bridge.drive_next(second)
+        log2 = simulate(second, bridge, reactive=False, config=lockstep_simulation_config(0.5))
+        settle = time.monotonic() + 1.5  # a rejection shows in the node's next 1 Hz diagnostics
+        while time.monotonic() < settle:
+            bridge.executor.spin_once(timeout_sec=0.05)
+        r2 = report(second.name, bridge.record, config, 1.0)
     finally:
         bridge.close()
         out = stop_process(node)
     assert node.returncode == 0, out
     assert log.planner_failures == 0, log.failure_messages
     assert paced >= 0.95 * scenario.duration  # wall-clock speed: the 4 s scenario took at least ~4 s
-    r = report(scenario.name, bridge.record, config, 1.0)
     assert r["steps"] == round(scenario.duration / 0.1)
     # a trajectory every 0.5 s, each a short while after the instant it was planned for
     assert r["trajectory_delay_s"]["count"] >= scenario.duration / 0.5 - 2
@@ -71,3 +89,7 @@ def test_realtime_bridge_drives_a_planner_node_at_wall_clock_speed(tmp_path, ros
     assert "| lead_vehicle |" in text and "trajectory (planner)" in text
     assert f"| lead_vehicle | planner | {process['cores']:.2f} |" in text and "the bridge (simulator" in text
     assert f"| lead_vehicle | **the whole machine** | **{machine['cores']:.2f}** |" in text
+    # the second scenario: driven from its own start, and no input of either scenario refused by the node
+    assert log2.planner_failures == 0 and r2["steps"] == round(second.duration / 0.1)
+    assert "cycle_time_s" in r2["nodes"]["planner"]  # its diagnostics were heard
+    assert r2["nodes"]["planner"].get("rejected_inputs", 0) == 0, r2["nodes"]["planner"]
