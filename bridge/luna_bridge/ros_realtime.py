@@ -238,8 +238,8 @@ def summary(values: list[float]) -> dict[str, float | int | list[int]]:
 
 def machine_busy_cpu_s() -> float | None:
     """CPU seconds all cores of this machine have been busy since boot (Linux ``/proc/stat``: user, nice,
-    system and interrupt time), or None where that cannot be read. Over a run it shows the time no /diagnostics names:
-    a process loading its models before its nodes spin, a standby, anything else on the machine."""
+    system and interrupt time), or None where that cannot be read. Over a run it shows the time that no
+    /diagnostics names: a process loading its models before its nodes spin, a standby, anything else."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
@@ -250,16 +250,21 @@ def machine_busy_cpu_s() -> float | None:
         return None
 
 
+def _cores(cpu_s: float, wall_s: float) -> dict[str, float]:
+    """CPU and wall seconds and their ratio in cores (1.0 = one core busy the whole time)."""
+    return {"cpu_s": round(cpu_s, 3), "wall_s": round(wall_s, 3),
+            "cores": round(cpu_s / wall_s, 3) if wall_s > 0 else 0.0}
+
+
 def cpu_use(samples: list[tuple[float, int, float]]) -> dict[str, float | int]:
-    """CPU seconds and wall seconds a process spent between its first and last sample, and their ratio
-    in cores (1.0 = one core busy the whole time); a restarted process (new pid) starts a new span."""
+    """A process's CPU between its first and last sample (``_cores``) and its pid; a restarted process
+    (new pid) starts a new span."""
     cpu = wall = 0.0
     for prev, cur in zip(samples, samples[1:]):
         if cur[1] == prev[1] and cur[0] > prev[0] and cur[2] >= prev[2]:
             cpu += cur[2] - prev[2]
             wall += cur[0] - prev[0]
-    return {"pid": samples[-1][1], "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
-            "cores": round(cpu / wall, 3) if wall > 0 else 0.0}
+    return {"pid": samples[-1][1], **_cores(cpu, wall)}
 
 
 def report(scenario: str, record: RealtimeRecord, config: RealtimeConfig, cls: float) -> dict:
@@ -276,12 +281,9 @@ def report(scenario: str, record: RealtimeRecord, config: RealtimeConfig, cls: f
     bridge, machine = {}, {}
     if len(record.bridge_clock) == 2:
         (w0, c0, m0), (w1, c1, m1) = record.bridge_clock
-        wall = w1 - w0
-        bridge = {"pid": os.getpid(), "cpu_s": round(c1 - c0, 3), "wall_s": round(wall, 3),
-                  "cores": round((c1 - c0) / wall, 3) if wall > 0 else 0.0}
+        bridge = {"pid": os.getpid(), **_cores(c1 - c0, w1 - w0)}
         if m0 is not None and m1 is not None:
-            machine = {"cpu_s": round(m1 - m0, 3), "wall_s": round(wall, 3),
-                       "cores": round((m1 - m0) / wall, 3) if wall > 0 else 0.0}
+            machine = _cores(m1 - m0, w1 - w0)
     missed = sum(int(n.get("missed_deadlines", 0)) for n in nodes.values())
     return {
         "scenario": scenario, "cls": cls, "rate": config.rate, "steps": record.steps,

@@ -8,8 +8,8 @@ computed by the same kernel either way, so the results are bit-identical with on
 
 A process that works in short periodic bursts (a node, the ROS bridge) limits BLAS for good
 (``limit_blas_for_good``): after each call OpenBLAS's helper threads busy-wait for the next one, and at
-2-10 Hz they never stop. In the real-time bridge one such thread burned a whole core: 16.4 s of CPU in a
-17 s run, against 1.8 s with one thread (docs/benchmarks.md, "Real time over ROS").
+2-10 Hz they never stop. In the real-time bridge one such thread kept a core busy: the bridge took
+0.56-0.61 cores, and 0.07 with one thread (docs/benchmarks.md, "Real time over ROS").
 """
 
 from __future__ import annotations
