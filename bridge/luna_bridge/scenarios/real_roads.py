@@ -28,7 +28,6 @@ US-101 files), with traffic at motorway speeds.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -228,10 +227,11 @@ def draw(rng: np.random.Generator, layout: RoadLayout, hard: bool) -> Draft:
                 vehicles.append(_car(rng, "lead", path, lead_s, max(v0, 2.0),
                                      target_velocity=target * float(rng.uniform(0.6, 0.95))))
                 description += ", following a lead"
-    taken = [(u.path.interpolate(np.array([u.s0]))[0, :2]) for u in vehicles]
+    taken = [u.path.interpolate(np.array([u.s0]))[0, :2] for u in vehicles]
     n_traffic = int(rng.integers(6, 11)) if hard else int(rng.integers(3, 8))
-    for k in range(4 * n_traffic):
-        if len(vehicles) - 1 >= n_traffic + (1 if any(v.id == "lead" for v in vehicles) else 0):
+    traffic = 0
+    for k in range(4 * n_traffic):  # a few tries per vehicle: most lanes of a map lie away from the ego's
+        if traffic == n_traffic:
             break
         other = starts[int(rng.integers(len(starts)))]
         speed = float(rng.uniform(lo, hi))
@@ -244,6 +244,7 @@ def draw(rng: np.random.Generator, layout: RoadLayout, hard: bool) -> Draft:
         if min(float(np.hypot(*(xy - p))) for p in taken) < 12.0:
             continue  # no overlap at the start
         taken.append(xy)
+        traffic += 1
         vehicles.append(_car(rng, f"t{k}", other_path, s, speed * float(rng.uniform(0.7, 1.0)),
                              target_velocity=speed, priority=int(rng.choice([1, 3]))))
     return Draft(graph, _route_roads(graph, route_lanes), vehicles, description=description)
