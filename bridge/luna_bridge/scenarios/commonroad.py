@@ -234,11 +234,6 @@ def load_commonroad(path: str | Path) -> Scenario:
             goal_lanes |= {str(i) for i in ids}
     sequence = _route_lanes(graph, start.lane_id, goal_lanes - {start.lane_id} or goal_lanes) if goal_lanes \
         else _route_lanes(graph, start.lane_id, set())
-    road_ids: list[str] = []
-    for lane_id, _ in sequence:
-        road = graph.lanes[lane_id].road_id
-        if not road_ids or road_ids[-1] != road:
-            road_ids.append(road)
     # Keep driving past the goal: extend the route along successors so planners have road ahead.
     tail = sequence[-1][0]
     for _ in range(5):
@@ -247,8 +242,7 @@ def load_commonroad(path: str | Path) -> Scenario:
             break
         tail = succ[0]
         sequence.append((tail, False))
-        if graph.lanes[tail].road_id != road_ids[-1]:
-            road_ids.append(graph.lanes[tail].road_id)
+    road_ids = lm.route_roads([lane_id for lane_id, _ in sequence])
 
     drive = _expert_path(graph, sequence, np.array([rx, ry]))
     s0 = float(drive.project(np.array([rx, ry])).s)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from luna_core.lanes import Polyline
+from luna_core.lanes import Polyline, lane_map
 from luna_core.maps.commonroad import lane_graph_from_network, open_commonroad
 from luna_core.types import LaneGraph
 
@@ -135,29 +135,17 @@ def road_graph(name: str) -> LaneGraph:
 # --------------------------------------------------------------------------------------------------
 
 
-def _length(graph: LaneGraph, lane_id: str) -> float:
-    return float(Polyline(graph.lanes[lane_id].centerline).length)
-
-
 def _successors(rng: np.random.Generator, graph: LaneGraph, first: str, min_length: float) -> list[str]:
     """``first`` continued over random successors until ``min_length`` m or the map's edge."""
-    lanes, length = [first], _length(graph, first)
+    centerlines = lane_map(graph).centerlines
+    lanes, length = [first], centerlines[first].length
     while length < min_length:
         succ = [s for s in graph.lanes[lanes[-1]].successors if s in graph.lanes and s not in lanes]
         if not succ:
             break
         lanes.append(succ[int(rng.integers(len(succ)))])
-        length += _length(graph, lanes[-1])
+        length += centerlines[lanes[-1]].length
     return lanes
-
-
-def _route_roads(graph: LaneGraph, lanes: list[str]) -> list[str]:
-    roads: list[str] = []
-    for lane_id in lanes:
-        road = graph.lanes[lane_id].road_id
-        if not roads or roads[-1] != road:
-            roads.append(road)
-    return roads
 
 
 def _near(a: Polyline, b: Polyline, distance: float) -> bool:
@@ -180,7 +168,8 @@ START_TRIES = 20
 def draw(rng: np.random.Generator, layout: RoadLayout, hard: bool) -> Draft:
     """One draft on ``layout`` (module docstring); raises ``ValueError`` for a draw that cannot be built."""
     graph = road_graph(layout.name)
-    starts = [lid for lid, lane in sorted(graph.lanes.items()) if not lane.in_junction and _length(graph, lid) > 8.0]
+    lm = lane_map(graph)
+    starts = [lid for lid, lane in sorted(graph.lanes.items()) if not lane.in_junction and lm.centerlines[lid].length > 8.0]
     if not starts:
         raise ValueError(f"{layout.name}: no lane outside junctions")
     lo, hi = layout.traffic_speed
@@ -247,7 +236,7 @@ def draw(rng: np.random.Generator, layout: RoadLayout, hard: bool) -> Draft:
         traffic += 1
         vehicles.append(_car(rng, f"t{k}", other_path, s, speed * float(rng.uniform(0.7, 1.0)),
                              target_velocity=speed, priority=int(rng.choice([1, 3]))))
-    return Draft(graph, _route_roads(graph, route_lanes), vehicles, description=description)
+    return Draft(graph, lm.route_roads(route_lanes), vehicles, description=description)
 
 
 def generate(layout_name: str, index: int, max_attempts: int = MAX_ATTEMPTS) -> Scenario:

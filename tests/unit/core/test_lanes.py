@@ -127,6 +127,16 @@ def test_route_lanes_follow_the_route_roads() -> None:
         lm.route_lanes("nope", ["A"])
 
 
+def test_route_roads_is_the_inverse_of_route_lanes() -> None:
+    lm = lane_map(build_graph())
+    for roads in (["A", "J", "B"], ["A", "J2", "C"]):
+        assert lm.route_roads(lm.route_lanes("A1", roads)) == roads
+    assert lm.route_roads(["A0", "A1", "J0"]) == ["A", "J"]  # a lane change within one road counts once
+    assert lm.route_roads([]) == []
+    with pytest.raises(KeyError, match="nope"):
+        lm.route_roads(["nope"])
+
+
 def test_route_centerline_and_distance_to_junction() -> None:
     lm = lane_map(build_graph())
     lanes = lm.route_lanes("A1", ["A", "J2", "C"])

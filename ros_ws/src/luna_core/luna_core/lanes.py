@@ -318,6 +318,16 @@ class LaneMap:
                 heapq.heappush(heap, (cost + self.centerlines[nxt].length, tie, path + [nxt], r))
         return best_path
 
+    def route_roads(self, lane_ids: list[str]) -> list[str]:
+        """The road sections (``Route.road_ids``) a lane sequence passes, in order (the inverse of
+        ``route_lanes``): consecutive lanes of one road count once."""
+        roads: list[str] = []
+        for lane_id in lane_ids:
+            road = self.lane(lane_id).road_id
+            if not roads or roads[-1] != road:
+                roads.append(road)
+        return roads
+
     def route_centerline(self, lane_ids: list[str]) -> Polyline:
         """The centrelines of a lane sequence joined into one polyline."""
         if not lane_ids:
