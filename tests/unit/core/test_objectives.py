@@ -59,14 +59,6 @@ def test_decelerate_ramp_reaches_gamma_v_t_along_b_stop_and_keeps_firmer_braking
     assert decision_following("DK", np.zeros((1, T)), hard, v0=10.0, config=ramp)[0] == pytest.approx(1.0)
 
 
-def test_the_planner_ramps_decelerate_and_the_teacher_keeps_eq5s_step() -> None:
-    from luna_core.action_outcomes import ActionScorerConfig
-    from luna_core.planning.decision_guided import DecisionGuidedConfig
-    assert DecisionGuidedConfig().objective.decelerate_ramp
-    assert not ActionScorerConfig().objective.decelerate_ramp  # the bank's labels were made with the step
-    assert not CFG.decelerate_ramp
-
-
 def test_a_leader_caps_the_bounds_so_braking_behind_it_keeps_j_dec_and_only_accelerate_may_close() -> None:
     # CK latched at 10 m/s asks for [7.5, 12.5]; behind a stopping lead IDM slows to 0 over the horizon.
     cap = np.r_[np.full(10, np.inf), np.linspace(9.0, 0.0, 30)]

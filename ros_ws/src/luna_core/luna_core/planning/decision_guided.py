@@ -83,8 +83,7 @@ PLAN_MODES = (MODE_DECISION, MODE_NO_DECISION, MODE_FALLBACK, MODE_LEAST_BAD, MO
 
 @dataclass(frozen=True)
 class DecisionGuidedConfig:
-    # D's ramp in the planner's J_dec (docs/nodes/planner.md); the teacher's rollouts keep Eq. 5's step.
-    objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(decelerate_ramp=True))
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     search: DiffusionESConfig = field(default_factory=DiffusionESConfig)
     scorer_weights: ScorerWeights = CLS_WEIGHTS
     model_path: str = ""  # diffusion prior folder (config.json + model.safetensors); "" = the bundled default
