@@ -169,7 +169,8 @@ def draw(rng: np.random.Generator, layout: RoadLayout, hard: bool) -> Draft:
     """One draft on ``layout`` (module docstring); raises ``ValueError`` for a draw that cannot be built."""
     graph = road_graph(layout.name)
     lm = lane_map(graph)
-    starts = [lid for lid, lane in sorted(graph.lanes.items()) if not lane.in_junction and lm.centerlines[lid].length > 8.0]
+    starts = [lid for lid, lane in sorted(graph.lanes.items())
+              if not lane.in_junction and lm.centerlines[lid].length > 8.0]
     if not starts:
         raise ValueError(f"{layout.name}: no lane outside junctions")
     lo, hi = layout.traffic_speed

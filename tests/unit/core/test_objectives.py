@@ -41,24 +41,6 @@ def test_stop_interval_is_a_comfortable_ramp_to_zero() -> None:
     np.testing.assert_allclose(high[20:], 0.0)
 
 
-def test_decelerate_ramp_reaches_gamma_v_t_along_b_stop_and_keeps_firmer_braking_inside() -> None:
-    ramp = ObjectiveConfig(decelerate_ramp=True)
-    low, high = speed_interval("DK", 10.0, ramp, elapsed=0.5)
-    np.testing.assert_allclose(low, 0.0)
-    # 10 m/s - 2 m/s^2 * (0.5 s + tau): 8.8 at tau = 0.1 s, down to gamma v_t = 7.5 from tau = 0.75 s on.
-    assert high[0] == pytest.approx(8.8)
-    np.testing.assert_allclose(high[7:], 7.5)
-    assert speed_interval("DK", 10.0, ramp, speed_limit=8.0)[1][0] == pytest.approx(8.0)  # the limit caps it
-    tau = np.arange(1, T + 1) * 0.1
-    gentle = np.maximum(10.0 - 2.0 * tau, 7.0)[None]  # braking at b_stop to below gamma v_t
-    assert decision_following("DK", np.zeros((1, T)), gentle, v0=10.0, config=ramp)[0] == pytest.approx(1.0)
-    step = 1.0 - 0.1 * np.mean(np.maximum(gentle - 7.5, 0.0))  # Eq. 5's step penalises it: 0.964
-    assert decision_following("DK", np.zeros((1, T)), gentle, v0=10.0)[0] == pytest.approx(step)
-    assert step < 0.97
-    hard = np.maximum(10.0 - 6.0 * tau, 7.0)[None]
-    assert decision_following("DK", np.zeros((1, T)), hard, v0=10.0, config=ramp)[0] == pytest.approx(1.0)
-
-
 def test_a_leader_caps_the_bounds_so_braking_behind_it_keeps_j_dec_and_only_accelerate_may_close() -> None:
     # CK latched at 10 m/s asks for [7.5, 12.5]; behind a stopping lead IDM slows to 0 over the horizon.
     cap = np.r_[np.full(10, np.inf), np.linspace(9.0, 0.0, 30)]

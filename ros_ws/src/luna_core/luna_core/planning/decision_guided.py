@@ -556,7 +556,7 @@ class DecisionGuidedPlanner:
                 continue
             if action:
                 lo, hi = speed_interval(action, objective.reference_speed, c.objective, path.speed_limit)
-                lo_v, hi_v = float(lo[-1]), float(hi[-1])  # the band the decision settles to (D's ramp ends)
+                lo_v, hi_v = float(lo[0]), float(hi[0])
                 if not math.isfinite(hi_v):  # accelerate without a known limit: up to 3 m/s above the floor
                     hi_v = lo_v + 3.0
                 speeds = np.linspace(lo_v, max(hi_v * 0.98, lo_v), c.warm_speeds)

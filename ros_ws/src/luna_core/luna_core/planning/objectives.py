@@ -16,11 +16,6 @@ The speed interval V^k (Eq. 5) from the ego speed v_t at the DECISION's stamp (l
 decision's life, ``luna_core.decision``: recomputing it from the current speed at every replan would let
 repeated C or A decisions compound speed):
     A: [max(lambda v_t, v_bar), +inf)     C: [gamma v_t, max(lambda v_t, v_bar))     D: [0, gamma v_t)
-    With ``decelerate_ramp`` D's upper bound is instead max(v_t - b_stop (e + tau dt), gamma v_t): it
-      reaches gamma v_t along a comfortable deceleration, as Stop's does. Eq. 5's step penalises every
-      step above gamma v_t from the first on, which with omega_dec = 5 pays for braking harder than
-      nuPlan's comfort bound (4.05 m/s^2) by more than J_gen's comfort term costs; braking harder than
-      the ramp still follows the decision.
     S (Stop, our definition; CALMM-Drive has no Stop): V_tau = [0, max(v_t - b_stop (e + tau dt), 0)],
       the speeds at or below a comfortable stop at b_stop (2 m/s^2 by default) begun at the decision
       (e s before this plan), so any trajectory that is stopping at least that firmly follows the
@@ -74,8 +69,6 @@ class ObjectiveConfig:
     dt: float = 0.1  # time resolution of the scored states (s)
     horizon_steps: int = 40  # T
     stop_deceleration: float = 2.0  # b_stop of our Stop interval (m/s^2)
-    # D's upper bound falls from v_t at b_stop to gamma v_t instead of Eq. 5's step (see the docstring).
-    decelerate_ramp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("omega_dec", "omega_gen", "omega_prob", "omega_dec_tilde", "omega_gen_tilde",
@@ -129,19 +122,12 @@ def _interval(action: str, v0: float, config: ObjectiveConfig, speed_limit: floa
         lo, hi = config.gamma * v0, high
     elif lon == "D":
         lo, hi = 0.0, config.gamma * v0
-        if config.decelerate_ramp:
-            hi = np.maximum(v0 - config.stop_deceleration * _since_decision(elapsed, config), hi)
     else:  # "S"
-        return np.zeros(steps), np.maximum(v0 - config.stop_deceleration * _since_decision(elapsed, config), 0.0)
-    lo, hi = np.full(steps, lo, dtype=np.float64), np.full(steps, hi, dtype=np.float64)
+        tau = max(float(elapsed), 0.0) + np.arange(1, steps + 1) * config.dt
+        return np.zeros(steps), np.maximum(v0 - config.stop_deceleration * tau, 0.0)
     if speed_limit > 0.0:
-        lo, hi = np.minimum(lo, speed_limit), np.minimum(hi, speed_limit)
-    return lo, hi
-
-
-def _since_decision(elapsed: float, config: ObjectiveConfig) -> np.ndarray:
-    """(T,) s from the decision's stamp to each scored step tau = 1..T of a plan ``elapsed`` s after it."""
-    return max(float(elapsed), 0.0) + np.arange(1, config.horizon_steps + 1) * config.dt
+        lo, hi = min(lo, speed_limit), min(hi, speed_limit)
+    return np.full(steps, lo), np.full(steps, hi)
 
 
 def lane_following(lateral_offset: np.ndarray, config: ObjectiveConfig = ObjectiveConfig()) -> np.ndarray:
