@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     vectors = None
     if any(head.scene_dim for head in heads.values()):
         vectors = torch.as_tensor(np.stack([scene_vector(scenes[item]) for item, _ in rows]), dtype=torch.float32)
-    log_q = {name: head_log_probs(head, hidden, vectors if head.scene_dim else None) for name, head in heads.items()}
+    log_q = {name: head_log_probs(head, hidden, vectors[:, :head.scene_dim] if head.scene_dim else None)
+             for name, head in heads.items()}
     if args.trees_bank is not None:
         log_q["trees"] = trees_log_probs(args.trees_bank, [scenes[item] for item, _ in rows])
     bands = read_bands(log_q, torch.cat([t for _, t, _ in parts]), [scenes[item].ego_speed for item, _ in rows],

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         if items is None:
             kl, acc = kl_and_accuracy(head, hidden, target)
         else:
-            kl, acc = kl_and_accuracy(SceneJoinedHead(head), with_scene_vectors(hidden, rows, items), target)
+            kl, acc = kl_and_accuracy(SceneJoinedHead(head), with_scene_vectors(hidden, rows, items, head.scene_dim),
+                                       target)
         ks = json.dumps(sorted({k for _, k in rows}))
         print(f"| {folder} | {len(rows)} | {ks} | {100 * acc:.1f} | {kl:.3f} |")
     return 0

@@ -41,7 +41,7 @@ import torch
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.model import StudentPrompts, default_prompts, scene_tensor
 from luna_core.types import MemoryItem, validate_distribution
-from luna_offline.distill_head import FEATURE_MODES, CachePart, HeadSettings, run_head_stage
+from luna_offline.distill_head import FEATURE_MODES, SCENE_VECTOR_PARTS, CachePart, HeadSettings, run_head_stage
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -433,8 +433,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--extra-features", nargs="+", default=[], metavar="DIR",
                    help="also train the head on these caches' training rows (same bank and split, e.g. "
                         "<a K = 0 run>/features)")
-    h.add_argument("--head-scene-vector", dest="scene_vector", action="store_true",
-                   help="the head also reads the scene vector xi_t stored with each teacher item, beside h_i* "
+    h.add_argument("--head-scene-vector", dest="scene_vector", nargs="?", const="all", default="",
+                   choices=[part for part in SCENE_VECTOR_PARTS if part],
+                   help="the head also reads the scene vector xi_t stored with each teacher item, beside h_i*: "
+                        "all of it (the default), or 'ego-road', its values before the object slots "
                         "(StudentConfig.head_scene_dim; docs/student.md)")
     h.add_argument("--targets-from-bank", dest="targets_from_bank", action="store_true",
                    help="train on the distributions --bank gives the cached rows' items (a bank relabelled by "

@@ -39,6 +39,16 @@ HEAD_STATE = "head_state"
 SHARD_ROWS = 64  # rows per feature shard: a crash loses at most this much work
 
 
+SCENE_VECTOR_PARTS = ("", "all", "ego-road")  # HeadSettings.scene_vector
+
+
+def scene_vector_values(part: str) -> int:
+    """How many leading values of xi_t the head reads for ``HeadSettings.scene_vector`` (0 = none)."""
+    from luna_core.scene import SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM
+
+    return {"": 0, "all": SCENE_VECTOR_DIM, "ego-road": SCENE_VECTOR_EGO_ROAD_DIM}[part]
+
+
 @dataclass
 class HeadSettings:
     """Stage-1 settings beyond ``DistillSettings`` (saved with the head state; resume needs the same)."""
@@ -62,7 +72,8 @@ class HeadSettings:
     extra_features: list[str] = field(default_factory=list)
     # The head also reads the scene vector xi_t stored with each teacher item (``DecisionHead`` with
     # ``scene_dim``): nothing to recompute, the cached h_{i*} rows are joined with their items' vectors.
-    scene_vector: bool = False
+    # "all" of it, or "ego-road": its values before the object slots; "" = h_{i*} alone.
+    scene_vector: str = ""
     # Targets from the bank's items instead of the cache: a bank of the same frames relabelled by a new
     # teacher trains a head without recomputing h_{i*}. K = 0 rows take the new labels; a K > 0 prompt
     # holds other items' answers, so a K > 0 row must have been cached from this bank (``bank_targets``).
@@ -73,6 +84,9 @@ class HeadSettings:
             raise ValueError(f"HeadSettings.head_lr_final must be in (0, 1], got {self.head_lr_final}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"HeadSettings.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.scene_vector not in SCENE_VECTOR_PARTS:
+            raise ValueError(f"HeadSettings.scene_vector must be one of {SCENE_VECTOR_PARTS}, "
+                             f"got {self.scene_vector!r}")
 
 
 # ---- feature cache ------------------------------------------------------------------------------------
@@ -228,8 +242,9 @@ class SceneJoinedHead(torch.nn.Module):
         return self.head(x[:, :self.head.d_model], x[:, self.head.d_model:])
 
 
-def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: dict) -> torch.Tensor:
-    """[h | xi] rows: each cached h_{i*} beside its teacher item's stored scene vector."""
+def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: dict, values: int) -> torch.Tensor:
+    """[h | xi] rows: each cached h_{i*} beside the leading ``values`` of its teacher item's stored scene
+    vector (``scene_vector_values``)."""
     from luna_offline.distill import DistillError
 
     missing = [i for i, _ in rows if items[i].scene_vector is None]
@@ -237,7 +252,7 @@ def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: 
         raise DistillError(f"--head-scene-vector: {len(missing)} teacher item(s) carry no scene vector "
                            f"(e.g. {missing[0]!r}); collect stores it with every item")
     xi = torch.from_numpy(np.stack([np.asarray(items[i].scene_vector, dtype=np.float32) for i, _ in rows]))
-    return torch.cat([x, xi.to(x.device)], dim=1)
+    return torch.cat([x, xi[:, :values].to(x.device)], dim=1)
 
 
 def bank_targets(rows: Sequence[tuple[str, int]], items: dict, split: str = "training",
@@ -530,12 +545,14 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     if head_settings.scene_vector:
         from luna_core.scene import SCENE_VECTOR_DIM
 
-        # Looked up among all of the bank's items of each split: relabelled rows need not be this run's subset.
-        x, hx = with_scene_vectors(x, rows, train_by_id), with_scene_vectors(hx, held_rows, held_by_id)
-        student.config.head_scene_dim = SCENE_VECTOR_DIM
-        if x.shape[1] != d_model + SCENE_VECTOR_DIM:
-            raise DistillError(f"the bank's scene vectors have {x.shape[1] - d_model} values, "
+        stored = {len(train_by_id[i].scene_vector) for i, _ in rows if train_by_id[i].scene_vector is not None}
+        if stored - {SCENE_VECTOR_DIM}:
+            raise DistillError(f"the bank's scene vectors have {sorted(stored)} values, "
                                f"luna_core.scene.scene_vector gives {SCENE_VECTOR_DIM}: collect the bank again")
+        values = scene_vector_values(head_settings.scene_vector)
+        # Looked up among all of the bank's items of each split: relabelled rows need not be this run's subset.
+        x, hx = with_scene_vectors(x, rows, train_by_id, values), with_scene_vectors(hx, held_rows, held_by_id, values)
+        student.config.head_scene_dim = values
     x, hx = x.to(student.device), hx.to(student.device)
     y, hy = y.to(student.device), hy.to(student.device)
     (x, y), val = split_validation(x, y, rows, head_settings.val_fraction)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from luna_core.scene import SCENE_VECTOR_DIM
+from luna_core.scene import SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM
 from luna_core.student import SceneVectorError, StudentConfig, StudentConfigError
 from luna_core.student.head import DecisionHead
 from luna_core.student.model import decision_head, scene_tensor
@@ -50,6 +50,13 @@ def test_scene_tensor_names_a_missing_short_or_non_finite_vector():
         scene_tensor(fused, None, torch.device("cpu"))
     with pytest.raises(SceneVectorError, match=f"expected {SCENE_VECTOR_DIM} finite values, got 5"):
         scene_tensor(fused, np.ones(5), torch.device("cpu"))
+    # A head on the ego-and-road part takes the whole xi_t and reads its leading values.
+    part = scene_tensor(StudentConfig(head_scene_dim=SCENE_VECTOR_EGO_ROAD_DIM),
+                        np.arange(SCENE_VECTOR_DIM, dtype=np.float64), torch.device("cpu"))
+    assert torch.equal(part, torch.arange(SCENE_VECTOR_EGO_ROAD_DIM, dtype=torch.float32))
+    with pytest.raises(SceneVectorError,
+                       match=f"expected {SCENE_VECTOR_DIM} finite values, got {SCENE_VECTOR_EGO_ROAD_DIM}"):
+        scene_tensor(fused, np.ones(SCENE_VECTOR_EGO_ROAD_DIM), torch.device("cpu"))
     bad = np.ones(SCENE_VECTOR_DIM)
     bad[3] = np.nan
     with pytest.raises(SceneVectorError, match="with NaN or inf"):
@@ -60,5 +67,7 @@ def test_a_head_trained_on_another_scene_vector_layout_is_refused():
     with pytest.raises(StudentConfigError, match="head_scene_dim: must be an integer >= 0"):
         StudentConfig(head_scene_dim=-1)
     assert decision_head(StudentConfig(head_scene_dim=SCENE_VECTOR_DIM), 8).scene_dim == SCENE_VECTOR_DIM
+    ego_road = StudentConfig(head_scene_dim=SCENE_VECTOR_EGO_ROAD_DIM)
+    assert decision_head(ego_road, 8).scene_dim == SCENE_VECTOR_EGO_ROAD_DIM
     with pytest.raises(StudentConfigError, match=f"scene vectors of 7 values, .* gives {SCENE_VECTOR_DIM}"):
         decision_head(StudentConfig(head_scene_dim=7), 8)

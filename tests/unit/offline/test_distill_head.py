@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from luna_core.memory import MemoryBank, SceneVectorEmbedder
-from luna_core.scene import SCENE_VECTOR_DIM
+from luna_core.scene import SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM
 from luna_core.student import DualHeadStudent, SceneVectorError
 from luna_core.student.head import DecisionHead
 from luna_offline.distill import DistillError, DistillSettings, distill
@@ -194,7 +194,7 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
     # the saved student needs xi_t and reads it, and its states are still the run-time ones.
     shutil.copytree(out / FEATURES, tmp_path / "fused" / FEATURES)
     fused = run_head_stage(DistillSettings(**{**settings.__dict__, "out": str(tmp_path / "fused")}),
-                           HeadSettings(head_epochs=3, head_batch=4, eval_k=1, scene_vector=True), PROMPTS,
+                           HeadSettings(head_epochs=3, head_batch=4, eval_k=1, scene_vector="all"), PROMPTS,
                            progress=False, features="cached")
     with_xi = DualHeadStudent.from_pretrained(fused, PROMPTS, device="cpu")
     assert with_xi.config.head_scene_dim == SCENE_VECTOR_DIM and with_xi.head.scene_scale.ne(1).any()
@@ -206,6 +206,22 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
     assert np.allclose(p, q / q.sum(), atol=2e-3)
     other, _ = with_xi.predict(item.query, [], scene_vector=memory_item(9).scene_vector)
     assert not np.allclose(p, other)  # the head reads the vector, not only the prompt
+    # "ego-road": the head reads xi_t's values before the object slots, so the objects' slots leave its output
+    # where it was and the ego-and-road values move it.
+    shutil.copytree(out / FEATURES, tmp_path / "ego" / FEATURES)
+    ego = DualHeadStudent.from_pretrained(
+        run_head_stage(DistillSettings(**{**settings.__dict__, "out": str(tmp_path / "ego")}),
+                       HeadSettings(head_epochs=3, head_batch=4, eval_k=1, scene_vector="ego-road"), PROMPTS,
+                       progress=False, features="cached"), PROMPTS, device="cpu")
+    assert ego.config.head_scene_dim == SCENE_VECTOR_EGO_ROAD_DIM < SCENE_VECTOR_DIM
+    v = np.asarray(item.scene_vector, dtype=np.float32)
+    slots, own = v.copy(), v.copy()
+    slots[SCENE_VECTOR_EGO_ROAD_DIM:] += 1.0
+    own[:SCENE_VECTOR_EGO_ROAD_DIM] += 1.0
+    base, _ = ego.predict(item.query, [], scene_vector=v)
+    # (1e-6: the later calls reuse the prompt's KV cache, which rounds the last token's state apart)
+    assert np.allclose(ego.predict(item.query, [], scene_vector=slots)[0], base, rtol=0, atol=1e-6)
+    assert not np.allclose(ego.predict(item.query, [], scene_vector=own)[0], base, rtol=0, atol=1e-3)
     # Stage 2 (--stage joint --init) continues from a stage-1 student (here the one that reads xi_t).
     joint = DistillSettings(bank=bank, out=str(tmp_path / "joint"), init=str(fused), max_steps=1, batch_size=1,
                             grad_accum=1, k_min=0, k_max=1, heldout_fraction=0.3, max_context_tokens=1024,

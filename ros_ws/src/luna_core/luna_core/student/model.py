@@ -112,30 +112,35 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 
 
 def decision_head(config: StudentConfig, d_model: int) -> DecisionHead:
-    """The head ``config`` describes; a head that reads the scene vector must read this luna_core's."""
-    from luna_core.scene import SCENE_VECTOR_DIM
+    """The head ``config`` describes; a head that reads the scene vector must read this luna_core's: all of
+    it or its ego-and-road part (``scene_tensor``)."""
+    from luna_core.scene import SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM
 
-    if config.head_scene_dim not in (0, SCENE_VECTOR_DIM):
+    if config.head_scene_dim not in (0, SCENE_VECTOR_EGO_ROAD_DIM, SCENE_VECTOR_DIM):
         raise StudentConfigError(f"StudentConfig.head_scene_dim: the head was trained on scene vectors of "
                                  f"{config.head_scene_dim} values, luna_core.scene.scene_vector gives "
-                                 f"{SCENE_VECTOR_DIM} (another descriptor layout)")
+                                 f"{SCENE_VECTOR_DIM}, {SCENE_VECTOR_EGO_ROAD_DIM} before its object slots "
+                                 f"(another descriptor layout)")
     return DecisionHead(d_model, config.head_hidden, config.num_actions, config.head_scene_dim)
 
 
 def scene_tensor(config: StudentConfig, scene_vector: np.ndarray | None, device: torch.device
                  ) -> torch.Tensor | None:
-    """xi_t as the head's float32 input, None for a head on h_i* alone; ``SceneVectorError`` where the
-    head needs one and got none, or got one of another length or with non-finite values."""
+    """The head's float32 input from xi_t (``luna_core.scene.scene_vector``, all of it): its leading
+    ``head_scene_dim`` values; None for a head on h_i* alone. ``SceneVectorError`` where the head needs one
+    and got none, or got one of another length or with non-finite values."""
+    from luna_core.scene import SCENE_VECTOR_DIM
+
     if not config.head_scene_dim:
         return None
     if scene_vector is None:
         raise SceneVectorError(f"this student's decision head reads the scene vector xi_t "
                                f"({config.head_scene_dim} values, luna_core.scene.scene_vector): pass scene_vector")
     v = np.asarray(scene_vector, dtype=np.float32).reshape(-1)
-    if v.shape[0] != config.head_scene_dim or not np.all(np.isfinite(v)):
-        raise SceneVectorError(f"scene_vector: expected {config.head_scene_dim} finite values, got {v.shape[0]}"
+    if v.shape[0] != SCENE_VECTOR_DIM or not np.all(np.isfinite(v)):
+        raise SceneVectorError(f"scene_vector: expected {SCENE_VECTOR_DIM} finite values, got {v.shape[0]}"
                                + ("" if np.all(np.isfinite(v)) else " with NaN or inf"))
-    return torch.from_numpy(v).to(device)
+    return torch.from_numpy(v[:config.head_scene_dim].copy()).to(device)
 
 
 def default_prompts() -> StudentPrompts:
