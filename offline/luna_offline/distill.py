@@ -436,7 +436,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--head-scene-vector", dest="scene_vector", nargs="?", const="all", default="",
                    choices=[part for part in SCENE_VECTOR_PARTS if part],
                    help="the head also reads the scene vector xi_t stored with each teacher item, beside h_i*: "
-                        "all of it (the default), or 'ego-road', its values before the object slots "
+                        "all of it (the default), or 'ego-road', its road, ego, light and navigation values "
                         "(StudentConfig.head_scene_dim; docs/student.md)")
     h.add_argument("--targets-from-bank", dest="targets_from_bank", action="store_true",
                    help="train on the distributions --bank gives the cached rows' items (a bank relabelled by "

@@ -72,7 +72,8 @@ class HeadSettings:
     extra_features: list[str] = field(default_factory=list)
     # The head also reads the scene vector xi_t stored with each teacher item (``DecisionHead`` with
     # ``scene_dim``): nothing to recompute, the cached h_{i*} rows are joined with their items' vectors.
-    # "all" of it, or "ego-road": its values before the object slots; "" = h_{i*} alone.
+    # "all" of it, or "ego-road": its road, ego, light and navigation values (no recent decisions, no
+    # objects); "" = h_{i*} alone.
     scene_vector: str = ""
     # Targets from the bank's items instead of the cache: a bank of the same frames relabelled by a new
     # teacher trains a head without recomputing h_{i*}. K = 0 rows take the new labels; a K > 0 prompt

@@ -206,8 +206,8 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
     assert np.allclose(p, q / q.sum(), atol=2e-3)
     other, _ = with_xi.predict(item.query, [], scene_vector=memory_item(9).scene_vector)
     assert not np.allclose(p, other)  # the head reads the vector, not only the prompt
-    # "ego-road": the head reads xi_t's values before the object slots, so the objects' slots leave its output
-    # where it was and the ego-and-road values move it.
+    # "ego-road": the head reads xi_t's leading values only, so the recent decisions and the objects' slots
+    # leave its output where it was and the ego-and-road values move it.
     shutil.copytree(out / FEATURES, tmp_path / "ego" / FEATURES)
     ego = DualHeadStudent.from_pretrained(
         run_head_stage(DistillSettings(**{**settings.__dict__, "out": str(tmp_path / "ego")}),

@@ -333,10 +333,11 @@ _LIGHTS = tuple(TrafficLightPhase)
 _NAVS = tuple(Navigation)
 SCENE_VECTOR_DIM = (len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS) + 2 * len(ACTION_CODES)
                     + len(_SLOTS) * _SLOT_FEATURES)
-# xi_t's leading values, before the object slots: road section, lanes, junction distance, ego speed, light,
-# navigation and the last two decisions. A decision head may read these alone (StudentConfig.head_scene_dim):
-# the ego's own numbers without the objects' timing.
-SCENE_VECTOR_EGO_ROAD_DIM = SCENE_VECTOR_DIM - len(_SLOTS) * _SLOT_FEATURES
+# xi_t's leading values: road section, lanes, junction distance, ego speed, light and navigation; the last two
+# decisions and the object slots follow. A decision head may read these alone (StudentConfig.head_scene_dim):
+# the ego's own numbers, without the objects' timing and without its own last decisions (which the teacher's
+# labels along one run repeat, so a head that reads them copies them).
+SCENE_VECTOR_EGO_ROAD_DIM = len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS)
 
 
 def _slot_of(o: ObjectDescription) -> tuple[str, int]:

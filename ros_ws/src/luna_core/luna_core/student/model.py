@@ -119,7 +119,7 @@ def decision_head(config: StudentConfig, d_model: int) -> DecisionHead:
     if config.head_scene_dim not in (0, SCENE_VECTOR_EGO_ROAD_DIM, SCENE_VECTOR_DIM):
         raise StudentConfigError(f"StudentConfig.head_scene_dim: the head was trained on scene vectors of "
                                  f"{config.head_scene_dim} values, luna_core.scene.scene_vector gives "
-                                 f"{SCENE_VECTOR_DIM}, {SCENE_VECTOR_EGO_ROAD_DIM} before its object slots "
+                                 f"{SCENE_VECTOR_DIM}, {SCENE_VECTOR_EGO_ROAD_DIM} in its ego-and-road part "
                                  f"(another descriptor layout)")
     return DecisionHead(d_model, config.head_hidden, config.num_actions, config.head_scene_dim)
 
