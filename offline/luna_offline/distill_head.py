@@ -552,7 +552,8 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
                                f"luna_core.scene.scene_vector gives {SCENE_VECTOR_DIM}: collect the bank again")
         values = scene_vector_values(head_settings.scene_vector)
         # Looked up among all of the bank's items of each split: relabelled rows need not be this run's subset.
-        x, hx = with_scene_vectors(x, rows, train_by_id, values), with_scene_vectors(hx, held_rows, held_by_id, values)
+        x = with_scene_vectors(x, rows, train_by_id, values)
+        hx = with_scene_vectors(hx, held_rows, held_by_id, values)
         student.config.head_scene_dim = values
     x, hx = x.to(student.device), hx.to(student.device)
     y, hy = y.to(student.device), hy.to(student.device)

@@ -335,8 +335,8 @@ SCENE_VECTOR_DIM = (len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS) + 2 * len(ACT
                     + len(_SLOTS) * _SLOT_FEATURES)
 # xi_t's leading values: road section, lanes, junction distance, ego speed, light and navigation; the last two
 # decisions and the object slots follow. A decision head may read these alone (StudentConfig.head_scene_dim):
-# the ego's own numbers, without the objects' timing and without its own last decisions (which the teacher's
-# labels along one run repeat, so a head that reads them copies them).
+# the ego's own numbers, without the objects' timing and without its own last decisions (the teacher's top
+# action repeats the last decision on about two thirds of its items; docs/student.md, session 38).
 SCENE_VECTOR_EGO_ROAD_DIM = len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS)
 
 
