@@ -38,10 +38,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from luna_core.scene import HEAD_SCENE_PARTS
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.model import StudentPrompts, default_prompts, scene_tensor
 from luna_core.types import MemoryItem, validate_distribution
-from luna_offline.distill_head import FEATURE_MODES, SCENE_VECTOR_PARTS, CachePart, HeadSettings, run_head_stage
+from luna_offline.distill_head import FEATURE_MODES, CachePart, HeadSettings, run_head_stage
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -434,7 +435,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also train the head on these caches' training rows (same bank and split, e.g. "
                         "<a K = 0 run>/features)")
     h.add_argument("--head-scene-vector", dest="scene_vector", nargs="?", const="all", default="",
-                   choices=[part for part in SCENE_VECTOR_PARTS if part],
+                   choices=sorted(HEAD_SCENE_PARTS),
                    help="the head also reads the scene vector xi_t stored with each teacher item, beside h_i*: "
                         "all of it (the default), or 'ego-road', its road, ego, light and navigation values "
                         "(StudentConfig.head_scene_dim; docs/student.md)")

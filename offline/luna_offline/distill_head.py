@@ -34,19 +34,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from luna_core.scene import HEAD_SCENE_PARTS
+
 FEATURES = "features"
 HEAD_STATE = "head_state"
 SHARD_ROWS = 64  # rows per feature shard: a crash loses at most this much work
-
-
-SCENE_VECTOR_PARTS = ("", "all", "ego-road")  # HeadSettings.scene_vector
-
-
-def scene_vector_values(part: str) -> int:
-    """How many leading values of xi_t the head reads for ``HeadSettings.scene_vector`` (0 = none)."""
-    from luna_core.scene import SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM
-
-    return {"": 0, "all": SCENE_VECTOR_DIM, "ego-road": SCENE_VECTOR_EGO_ROAD_DIM}[part]
 
 
 @dataclass
@@ -85,8 +77,8 @@ class HeadSettings:
             raise ValueError(f"HeadSettings.head_lr_final must be in (0, 1], got {self.head_lr_final}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"HeadSettings.val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.scene_vector not in SCENE_VECTOR_PARTS:
-            raise ValueError(f"HeadSettings.scene_vector must be one of {SCENE_VECTOR_PARTS}, "
+        if self.scene_vector and self.scene_vector not in HEAD_SCENE_PARTS:
+            raise ValueError(f"HeadSettings.scene_vector must be '' or one of {sorted(HEAD_SCENE_PARTS)}, "
                              f"got {self.scene_vector!r}")
 
 
@@ -245,7 +237,7 @@ class SceneJoinedHead(torch.nn.Module):
 
 def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: dict, values: int) -> torch.Tensor:
     """[h | xi] rows: each cached h_{i*} beside the leading ``values`` of its teacher item's stored scene
-    vector (``scene_vector_values``)."""
+    vector (``luna_core.scene.HEAD_SCENE_PARTS``)."""
     from luna_offline.distill import DistillError
 
     missing = [i for i, _ in rows if items[i].scene_vector is None]
@@ -550,7 +542,7 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
         if stored - {SCENE_VECTOR_DIM}:
             raise DistillError(f"the bank's scene vectors have {sorted(stored)} values, "
                                f"luna_core.scene.scene_vector gives {SCENE_VECTOR_DIM}: collect the bank again")
-        values = scene_vector_values(head_settings.scene_vector)
+        values = HEAD_SCENE_PARTS[head_settings.scene_vector]
         # Looked up among all of the bank's items of each split: relabelled rows need not be this run's subset.
         x = with_scene_vectors(x, rows, train_by_id, values)
         hx = with_scene_vectors(hx, held_rows, held_by_id, values)

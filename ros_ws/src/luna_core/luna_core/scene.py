@@ -338,6 +338,8 @@ SCENE_VECTOR_DIM = (len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS) + 2 * len(ACT
 # the ego's own numbers, without the objects' timing and without its own last decisions (the teacher's top
 # action repeats the last decision on about two thirds of its items; docs/student.md, session 38).
 SCENE_VECTOR_EGO_ROAD_DIM = len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS)
+# The parts of xi_t a decision head may read beside h_{i*}: name -> how many leading values.
+HEAD_SCENE_PARTS = {"all": SCENE_VECTOR_DIM, "ego-road": SCENE_VECTOR_EGO_ROAD_DIM}
 
 
 def _slot_of(o: ObjectDescription) -> tuple[str, int]:

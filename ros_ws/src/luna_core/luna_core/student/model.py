@@ -114,13 +114,13 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 def decision_head(config: StudentConfig, d_model: int) -> DecisionHead:
     """The head ``config`` describes; a head that reads the scene vector must read this luna_core's: all of
     it or its ego-and-road part (``scene_tensor``)."""
-    from luna_core.scene import SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM
+    from luna_core.scene import HEAD_SCENE_PARTS, SCENE_VECTOR_DIM
 
-    if config.head_scene_dim not in (0, SCENE_VECTOR_EGO_ROAD_DIM, SCENE_VECTOR_DIM):
+    if config.head_scene_dim not in (0, *HEAD_SCENE_PARTS.values()):
+        parts = ", ".join(f"{n} in {name!r}" for name, n in HEAD_SCENE_PARTS.items() if n != SCENE_VECTOR_DIM)
         raise StudentConfigError(f"StudentConfig.head_scene_dim: the head was trained on scene vectors of "
                                  f"{config.head_scene_dim} values, luna_core.scene.scene_vector gives "
-                                 f"{SCENE_VECTOR_DIM}, {SCENE_VECTOR_EGO_ROAD_DIM} in its ego-and-road part "
-                                 f"(another descriptor layout)")
+                                 f"{SCENE_VECTOR_DIM} ({parts}; another descriptor layout)")
     return DecisionHead(d_model, config.head_hidden, config.num_actions, config.head_scene_dim)
 
 
@@ -140,7 +140,7 @@ def scene_tensor(config: StudentConfig, scene_vector: np.ndarray | None, device:
     if v.shape[0] != SCENE_VECTOR_DIM or not np.all(np.isfinite(v)):
         raise SceneVectorError(f"scene_vector: expected {SCENE_VECTOR_DIM} finite values, got {v.shape[0]}"
                                + ("" if np.all(np.isfinite(v)) else " with NaN or inf"))
-    return torch.from_numpy(v[:config.head_scene_dim].copy()).to(device)
+    return torch.from_numpy(v[:config.head_scene_dim]).to(device)
 
 
 def default_prompts() -> StudentPrompts:
