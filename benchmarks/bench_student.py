@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from luna_core.prompts import PromptManager, format_ranked_answer
-from luna_core.scene import scene_vector
+from luna_core.scene import item_head_values, scene_head_values
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.onnx_dpp import OnnxDecisionPredictor, export_dpp_onnx
 from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSection, SceneDescriptor
@@ -131,7 +131,7 @@ def main() -> int:
         print(compare_banks(student, args.compare_banks, args.repeats))
         return 0
     queries = [prompts.decision_query(scene(i)) for i in range(args.repeats + 1)]  # the scene moves on
-    vectors = [scene_vector(scene(i)) for i in range(args.repeats + 1)]  # for a head that reads xi_t
+    vectors = [scene_head_values(scene(i)) for i in range(args.repeats + 1)]  # for a head that reads them
     query = queries[0]
     pool = [example(prompts, i) for i in range(3 * (args.repeats + 1))]
 
@@ -209,8 +209,8 @@ def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[i
             query = pool[(k + 1) * i].query
             same = pool[1:k + 1]
             other = pool[(k + 1) * i + 1:(k + 1) * (i + 1)]
-            student.predict(pool[0].query, same, scene_vector=pool[0].scene_vector)  # the cache holds the steady state's prefix
-            vector = pool[(k + 1) * i].scene_vector
+            student.predict(pool[0].query, same, scene_vector=item_head_values(pool[0]))  # the cache holds the steady state's prefix
+            vector = item_head_values(pool[(k + 1) * i])
             probs, lat = student.predict(query, same, scene_vector=vector)
             t0 = time.perf_counter()
             probs_other, _ = student.predict(query, other, scene_vector=vector)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from luna_core.scene import head_scene_part
 from luna_core.student import StudentConfig
 from luna_core.student.head import DecisionHead
 from luna_offline.distill_head import SceneJoinedHead, kl_and_accuracy, load_features, with_scene_vectors
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if items is None:
             kl, acc = kl_and_accuracy(head, hidden, target)
         else:
-            kl, acc = kl_and_accuracy(SceneJoinedHead(head), with_scene_vectors(hidden, rows, items, head.scene_dim),
+            kl, acc = kl_and_accuracy(SceneJoinedHead(head), with_scene_vectors(hidden, rows, items, head_scene_part(head.scene_dim)),
                                        target)
         ks = json.dumps(sorted({k for _, k in rows}))
         print(f"| {folder} | {len(rows)} | {ks} | {100 * acc:.1f} | {kl:.3f} |")

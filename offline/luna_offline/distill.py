@@ -38,7 +38,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from luna_core.scene import HEAD_SCENE_PARTS
+from luna_core.scene import HEAD_SCENE_PARTS, item_head_values
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.model import StudentPrompts, default_prompts, scene_tensor
 from luna_core.types import MemoryItem, validate_distribution
@@ -364,7 +364,7 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
             samples.append((ids, commit, validate_distribution(item.distribution)))
         batch = collate(samples, pad_id, accelerator.device)
         if student.config.head_scene_dim:  # an --init student whose head reads xi_t beside h_i*
-            batch["scene"] = torch.stack([scene_tensor(student.config, train[idx].scene_vector, accelerator.device)
+            batch["scene"] = torch.stack([scene_tensor(student.config, item_head_values(train[idx]), accelerator.device)
                                           for idx, _ in batches[b]])
         with accelerator.accumulate(model):
             losses = model(**batch, alpha=settings.alpha)

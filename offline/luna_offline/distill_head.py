@@ -235,17 +235,19 @@ class SceneJoinedHead(torch.nn.Module):
         return self.head(x[:, :self.head.d_model], x[:, self.head.d_model:])
 
 
-def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: dict, values: int) -> torch.Tensor:
-    """[h | xi] rows: each cached h_{i*} beside the leading ``values`` of its teacher item's stored scene
-    vector (``luna_core.scene.HEAD_SCENE_PARTS``)."""
+def with_scene_vectors(x: torch.Tensor, rows: Sequence[tuple[str, int]], items: dict, part: Sequence[int]
+                       ) -> torch.Tensor:
+    """[h | xi] rows: each cached h_{i*} beside the ``part`` (``luna_core.scene.HEAD_SCENE_PARTS``) of its
+    teacher item's scene values (``luna_core.scene.item_head_values``)."""
+    from luna_core.scene import item_head_values
     from luna_offline.distill import DistillError
 
     missing = [i for i, _ in rows if items[i].scene_vector is None]
     if missing:
         raise DistillError(f"--head-scene-vector: {len(missing)} teacher item(s) carry no scene vector "
                            f"(e.g. {missing[0]!r}); collect stores it with every item")
-    xi = torch.from_numpy(np.stack([np.asarray(items[i].scene_vector, dtype=np.float32) for i, _ in rows]))
-    return torch.cat([x, xi[:, :values].to(x.device)], dim=1)
+    values = np.stack([item_head_values(items[i])[list(part)] for i, _ in rows])
+    return torch.cat([x, torch.from_numpy(values).to(x.device)], dim=1)
 
 
 def bank_targets(rows: Sequence[tuple[str, int]], items: dict, split: str = "training",
@@ -542,11 +544,11 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
         if stored - {SCENE_VECTOR_DIM}:
             raise DistillError(f"the bank's scene vectors have {sorted(stored)} values, "
                                f"luna_core.scene.scene_vector gives {SCENE_VECTOR_DIM}: collect the bank again")
-        values = HEAD_SCENE_PARTS[head_settings.scene_vector]
+        part = HEAD_SCENE_PARTS[head_settings.scene_vector]
         # Looked up among all of the bank's items of each split: relabelled rows need not be this run's subset.
-        x = with_scene_vectors(x, rows, train_by_id, values)
-        hx = with_scene_vectors(hx, held_rows, held_by_id, values)
-        student.config.head_scene_dim = values
+        x = with_scene_vectors(x, rows, train_by_id, part)
+        hx = with_scene_vectors(hx, held_rows, held_by_id, part)
+        student.config.head_scene_dim = len(part)
     x, hx = x.to(student.device), hx.to(student.device)
     y, hy = y.to(student.device), hy.to(student.device)
     (x, y), val = split_validation(x, y, rows, head_settings.val_fraction)

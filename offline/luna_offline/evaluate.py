@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from luna_core.scene import item_head_values
 from luna_core.student import DualHeadStudent
 from luna_core.types import ACTION_CODES, NUM_ACTIONS, MemoryItem, candidate_set, validate_distribution
 from luna_offline.distill import retrieve_examples, split_items, subset
@@ -273,7 +274,7 @@ def evaluate(student: DualHeadStudent, bank_path: str, ks: Sequence[int] = range
             record = frames.done.get((k, item.id))
             if record is None:
                 examples = neighbours[item.id][:k]
-                probs, lat = student.predict(item.query, examples, scene_vector=item.scene_vector)
+                probs, lat = student.predict(item.query, examples, scene_vector=item_head_values(item))
                 record = {"k": k, "id": item.id, "probabilities": [float(v) for v in probs],
                           "latency": lat.total, "prompt_tokens": lat.prompt_tokens}
                 if i < explain_limit:

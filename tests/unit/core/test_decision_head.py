@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from luna_core.scene import SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM
+from luna_core.scene import (HEAD_SCENE_PARTS, HEAD_SCENE_VALUES_DIM, SCENE_TIMING_DIM, SCENE_VECTOR_DIM,
+                             SCENE_VECTOR_EGO_ROAD_DIM)
 from luna_core.student import SceneVectorError, StudentConfig, StudentConfigError
 from luna_core.student.head import DecisionHead
 from luna_core.student.model import decision_head, scene_tensor
@@ -46,17 +47,23 @@ def test_scene_tensor_names_a_missing_short_or_non_finite_vector():
     assert scene_tensor(plain, np.ones(3), torch.device("cpu")) is None  # a head on h alone ignores it
     v = scene_tensor(fused, np.arange(SCENE_VECTOR_DIM, dtype=np.float64), torch.device("cpu"))
     assert v.dtype == torch.float32 and v.shape == (SCENE_VECTOR_DIM,)
-    with pytest.raises(SceneVectorError, match="reads the scene vector xi_t .* pass scene_vector"):
+    with pytest.raises(SceneVectorError, match=f"reads {SCENE_VECTOR_DIM} scene values .* pass scene_vector"):
         scene_tensor(fused, None, torch.device("cpu"))
-    with pytest.raises(SceneVectorError, match=f"expected {SCENE_VECTOR_DIM} finite values, got 5"):
+    with pytest.raises(SceneVectorError, match=f"expected {SCENE_VECTOR_DIM} or {HEAD_SCENE_VALUES_DIM} finite values, got 5"):
         scene_tensor(fused, np.ones(5), torch.device("cpu"))
     # A head on the ego-and-road part takes the whole xi_t and reads its leading values.
     part = scene_tensor(StudentConfig(head_scene_dim=SCENE_VECTOR_EGO_ROAD_DIM),
                         np.arange(SCENE_VECTOR_DIM, dtype=np.float64), torch.device("cpu"))
     assert torch.equal(part, torch.arange(SCENE_VECTOR_EGO_ROAD_DIM, dtype=torch.float32))
-    with pytest.raises(SceneVectorError,
-                       match=f"expected {SCENE_VECTOR_DIM} finite values, got {SCENE_VECTOR_EGO_ROAD_DIM}"):
+    with pytest.raises(SceneVectorError, match=f"finite values, got {SCENE_VECTOR_EGO_ROAD_DIM}"):
         scene_tensor(fused, np.ones(SCENE_VECTOR_EGO_ROAD_DIM), torch.device("cpu"))
+    # The timing part reads the ego-and-road values and the objects' timing after xi_t, so it needs them all.
+    timing = StudentConfig(head_scene_dim=SCENE_VECTOR_EGO_ROAD_DIM + SCENE_TIMING_DIM)
+    values = np.arange(HEAD_SCENE_VALUES_DIM, dtype=np.float64)
+    expected = np.r_[values[:SCENE_VECTOR_EGO_ROAD_DIM], values[SCENE_VECTOR_DIM:]]
+    assert torch.equal(scene_tensor(timing, values, torch.device("cpu")), torch.from_numpy(expected).float())
+    with pytest.raises(SceneVectorError, match=f"expected {HEAD_SCENE_VALUES_DIM} finite values, got {SCENE_VECTOR_DIM}"):
+        scene_tensor(timing, np.ones(SCENE_VECTOR_DIM), torch.device("cpu"))
     bad = np.ones(SCENE_VECTOR_DIM)
     bad[3] = np.nan
     with pytest.raises(SceneVectorError, match="with NaN or inf"):
@@ -69,5 +76,8 @@ def test_a_head_trained_on_another_scene_vector_layout_is_refused():
     assert decision_head(StudentConfig(head_scene_dim=SCENE_VECTOR_DIM), 8).scene_dim == SCENE_VECTOR_DIM
     ego_road = StudentConfig(head_scene_dim=SCENE_VECTOR_EGO_ROAD_DIM)
     assert decision_head(ego_road, 8).scene_dim == SCENE_VECTOR_EGO_ROAD_DIM
-    with pytest.raises(StudentConfigError, match=f"scene vectors of 7 values, .* gives {SCENE_VECTOR_DIM}"):
+    for name, part in HEAD_SCENE_PARTS.items():
+        assert decision_head(StudentConfig(head_scene_dim=len(part)), 8).scene_dim == len(part), name
+    assert len({len(p) for p in HEAD_SCENE_PARTS.values()}) == len(HEAD_SCENE_PARTS)  # a length names its part
+    with pytest.raises(StudentConfigError, match="trained on 7 scene values; .* 97 in 'all'"):
         decision_head(StudentConfig(head_scene_dim=7), 8)

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from luna_core.lanes import make_lane
-from luna_core.scene import (FIELD_OF_VIEW, JUNCTION, LEFT_LANE, RIGHT_LANE, SAME_LANE, SCENE_VECTOR_DIM,
-                             TARGET_ROAD, SceneConfig, SceneInputError, build_scene, render_traffic_state,
-                             scene_from_dict, scene_to_dict, scene_vector)
-from luna_core.types import (ACTION_CODES, EgoState, LaneGraph, Navigation, ObjectClass, RoadSection, Route,
+from luna_core.scene import (FIELD_OF_VIEW, HEAD_SCENE_VALUES_DIM, JUNCTION, LEFT_LANE, RIGHT_LANE, SAME_LANE,
+                             SCENE_TIMING_DIM, SCENE_VECTOR_DIM, TARGET_ROAD, TIMING_HORIZON, SceneConfig,
+                             SceneInputError, build_scene, item_head_values, object_timing, read_described_objects,
+                             render_traffic_state, scene_from_dict, scene_head_values, scene_to_dict, scene_vector)
+from luna_core.types import (ACTION_CODES, EgoState, LaneGraph, MemoryItem, Navigation, ObjectClass,
+                             ObjectDescription, RoadSection, Route,
                              TrackedObject, TrackedObjects, TrafficLightPhase, TrafficLights, TrafficLightState,
                              VehicleParameters)
 
@@ -218,3 +220,66 @@ def test_scene_vector_and_json_round_trip():
     assert scene_from_dict(json.loads(json.dumps(scene_to_dict(far)))).junction_distance == math.inf
     with pytest.raises(SceneInputError, match="invalid scene record"):
         scene_from_dict({**d, "road_section": "Roundabout"})
+
+
+def test_described_objects_read_back_from_the_text_to_its_precision():
+    cx = 85.0 + VEH.rear_axle_to_center
+    scene = near_junction_scene([car("lead", cx + 10.004, W + 0.1, 0.01, 5.678), 
+                                 TrackedObject("cut", ObjectClass.VEHICLE, cx + 8.0, 0.8, 0.15, 7.0, 1.05, 4.5, 1.9),
+                                 car("ped", cx + 8.0, W - 3.0, 1.2, 1.3, ObjectClass.PEDESTRIAN),
+                                 car("box", cx + 12.0, W, 0.0, 0.0, ObjectClass.STATIC)])
+    speed, objects = read_described_objects(render_traffic_state(scene))
+    assert speed == pytest.approx(scene.ego_speed, abs=0.005)
+    assert [(o.id, o.object_class, o.lane_relation, o.cutting_in) for o in objects] == \
+        [(o.id, o.object_class, o.lane_relation, o.cutting_in) for o in scene.objects]
+    for read, described in zip(objects, scene.objects):
+        assert read.distance == pytest.approx(described.distance, abs=0.005)
+        assert read.speed == pytest.approx(described.speed, abs=0.005)
+        assert read.bearing == pytest.approx(described.bearing, abs=math.radians(0.5))
+        assert read.heading == pytest.approx(described.heading, abs=math.radians(0.5))
+        assert (read.length, read.width) == pytest.approx((described.length, described.width), abs=0.005)
+    assert any(o.cutting_in for o in objects)  # the cut-in text is read back, not taken as a relation
+    text = render_traffic_state(scene)
+    with pytest.raises(SceneInputError, match="no 'Ego: speed"):
+        read_described_objects(text.replace("Ego: speed", "Ego speed"))
+    assert len(objects) == 4 and "- box static object, same lane: " in text  # a static object has no speed
+    with pytest.raises(SceneInputError, match="1 of 4 object line"):
+        read_described_objects(text.replace(" 5.68 m/s,", " fast,"))
+
+
+def obj(distance: float, bearing_deg: float, heading_deg: float, speed: float, relation: str = SAME_LANE,
+        cls: ObjectClass = ObjectClass.VEHICLE) -> ObjectDescription:
+    return ObjectDescription("o", cls, distance, math.radians(bearing_deg), math.radians(heading_deg), speed,
+                             4.5, 1.9, relation)
+
+
+def test_object_timing_closest_approach_and_crossing_of_the_ego_heading_line():
+    empty = object_timing(10.0, [])
+    assert empty.shape == (SCENE_TIMING_DIM,) and empty.dtype == np.float32
+    assert np.array_equal(empty.reshape(-1, 4), np.tile([1.0, 1.0, 1.0, 0.0], (SCENE_TIMING_DIM // 4, 1)))
+    # A stopped car 20 m ahead in the ego lane, the ego at 10 m/s: it is reached in 2 s; it crosses nothing.
+    lead = object_timing(10.0, [obj(20.0, 0.0, 0.0, 0.0)])[:4]
+    assert lead == pytest.approx([2.0 / TIMING_HORIZON, 0.0, 1.0, 0.0], abs=1e-6)
+    # The same car moving away faster than the ego: the closest approach is now.
+    assert object_timing(10.0, [obj(20.0, 0.0, 0.0, 15.0)])[:2] == pytest.approx([0.0, 20.0 / 50.0], abs=1e-6)
+    # Junction traffic 30 m ahead and 10 m to the left, crossing to the right at 5 m/s: it crosses the ego's
+    # heading line in 2 s, 30 m ahead; a stopped ego meets it closest then, at 30 m.
+    d, b = math.hypot(30.0, 10.0), math.degrees(math.atan2(10.0, 30.0))
+    crossing = object_timing(0.0, [obj(d, b, -90.0, 5.0, JUNCTION)]).reshape(-1, 4)[6]
+    assert crossing == pytest.approx([2.0 / TIMING_HORIZON, 30.0 / 50.0, 2.0 / TIMING_HORIZON, 30.0 / 50.0],
+                                     abs=1e-3)
+    # Moving away from the line, or reaching it after the horizon: no crossing.
+    away = object_timing(0.0, [obj(d, b, 90.0, 5.0, JUNCTION)]).reshape(-1, 4)[6]
+    late = object_timing(0.0, [obj(d, b, -90.0, 1.0, JUNCTION)]).reshape(-1, 4)[6]
+    assert away[2:] == pytest.approx([1.0, 0.0]) and late[2:] == pytest.approx([1.0, 0.0])
+
+
+def test_head_scene_values_of_a_scene_and_of_its_teacher_item_agree():
+    cx = 85.0 + VEH.rear_axle_to_center
+    scene = near_junction_scene([car("lead", cx + 12.3, W, 0.02, 3.21), car("j", cx + 25.0, W + 9.0, -1.3, 5.5)])
+    values = scene_head_values(scene)
+    assert values.shape == (HEAD_SCENE_VALUES_DIM,) and np.array_equal(values[:SCENE_VECTOR_DIM], scene_vector(scene))
+    item = MemoryItem(id="i", query=render_traffic_state(scene), answer="", distribution=None,
+                      scene_vector=scene_vector(scene))
+    assert np.allclose(item_head_values(item), values, atol=0.01)  # the text keeps 0.01 m and whole degrees
+    assert item_head_values(MemoryItem(id="n", query=item.query, answer="", distribution=None)) is None

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from luna_core.memory import MemoryBank, SceneVectorEmbedder
-from luna_core.scene import SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM
+from luna_core.scene import (HEAD_SCENE_VALUES_DIM, SCENE_TIMING_DIM, SCENE_VECTOR_DIM, SCENE_VECTOR_EGO_ROAD_DIM,
+                             item_head_values)
 from luna_core.student import DualHeadStudent, SceneVectorError
 from luna_core.student.head import DecisionHead
 from luna_offline.distill import DistillError, DistillSettings, distill
@@ -222,6 +223,23 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
     # (1e-6: the later calls reuse the prompt's KV cache, which rounds the last token's state apart)
     assert np.allclose(ego.predict(item.query, [], scene_vector=slots)[0], base, rtol=0, atol=1e-6)
     assert not np.allclose(ego.predict(item.query, [], scene_vector=own)[0], base, rtol=0, atol=1e-3)
+    # "ego-road-timing": the same and the objects' timing, which follows xi_t in the head's scene values
+    # (read back from each item's query in training); the slots and recent decisions still leave it unmoved.
+    shutil.copytree(out / FEATURES, tmp_path / "timing" / FEATURES)
+    timed = DualHeadStudent.from_pretrained(
+        run_head_stage(DistillSettings(**{**settings.__dict__, "out": str(tmp_path / "timing")}),
+                       HeadSettings(head_epochs=3, head_batch=4, eval_k=1, scene_vector="ego-road-timing"), PROMPTS,
+                       progress=False, features="cached"), PROMPTS, device="cpu")
+    assert timed.config.head_scene_dim == SCENE_VECTOR_EGO_ROAD_DIM + SCENE_TIMING_DIM
+    values = item_head_values(item)
+    with pytest.raises(SceneVectorError, match=f"expected {HEAD_SCENE_VALUES_DIM} finite values"):
+        timed.predict(item.query, [], scene_vector=v)  # xi_t alone lacks the timing
+    base, _ = timed.predict(item.query, [], scene_vector=values)
+    slots, timing = values.copy(), values.copy()
+    slots[SCENE_VECTOR_EGO_ROAD_DIM:SCENE_VECTOR_DIM] += 1.0
+    timing[SCENE_VECTOR_DIM:] -= 0.5
+    assert np.allclose(timed.predict(item.query, [], scene_vector=slots)[0], base, rtol=0, atol=1e-6)
+    assert not np.allclose(timed.predict(item.query, [], scene_vector=timing)[0], base, rtol=0, atol=1e-3)
     # Stage 2 (--stage joint --init) continues from a stage-1 student (here the one that reads xi_t).
     joint = DistillSettings(bank=bank, out=str(tmp_path / "joint"), init=str(fused), max_steps=1, batch_size=1,
                             grad_accum=1, k_min=0, k_max=1, heldout_fraction=0.3, max_context_tokens=1024,

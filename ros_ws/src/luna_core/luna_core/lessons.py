@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from luna_core.prompts.parsers import MalformedModelOutput, action_set_of, parse_ranked_answer
-from luna_core.scene import CLASS_WORD, CUTTING_IN_TEXT, LEFT_LANE, RIGHT_LANE, SAFE_ID_CHARS
+from luna_core.scene import CLASS_WORD, CUTTING_IN_TEXT, LEFT_LANE, OBJECT_LINE, RIGHT_LANE, SAFE_ID_CHARS
 from luna_core.types import ACTION_INDEX, NUM_ACTIONS, MemoryItem, SceneDescriptor
 
 
@@ -50,11 +50,8 @@ DEFAULT_LESSON_WEIGHT = 0.5  # w; 0 = the paper's (a lesson is only an example i
 # with the ego's traffic is not.
 CAUSE_SPEED_TOLERANCE = 2.0  # m/s
 
-# The renderings this reads are luna_core.scene.render_traffic_state (the query) and
+# The renderings this reads are luna_core.scene.render_traffic_state (the query, its OBJECT_LINE) and
 # luna_core.hindsight.HindsightVerdict.answer with teacher.brief_rationale (the revision).
-_OBJECT_LINE = re.compile(r"^- (?P<id>\S+) (?P<kind>vehicle|pedestrian|cyclist|static object), (?P<relation>[^:]+): "
-                          r"[0-9.]+ m, (?P<bearing>-?\d+) deg, heading -?\d+ deg(?:, (?P<speed>[0-9.]+) m/s)?, ",
-                          re.MULTILINE)
 _ID = f"([{SAFE_ID_CHARS}]*[{SAFE_ID_CHARS.replace('.', '')}])"  # an object id, not a sentence's final period
 _EXECUTED_OBJECT = re.compile(r"\binstead: (?:hits " + _ID + r" in|blocked behind " + _ID + r")")
 _DECISIVE_OBJECT = re.compile(r"^(?:Vehicle|Pedestrian|Cyclist|Obstacle) " + _ID + r" \d+ m (?:ahead|behind)")
@@ -93,7 +90,7 @@ class LessonCause:
 def _described_object(query: str, object_id: str, entered_ego_lane: bool = False) -> LessonCause | None:
     """The query's object ``object_id`` as a cause; ``entered_ego_lane``: the failed decision hit it or was
     held behind it, so one in an adjacent lane then moved into the ego lane."""
-    for m in _OBJECT_LINE.finditer(query):
+    for m in OBJECT_LINE.finditer(query):
         if m["id"] == object_id:
             relation = m["relation"].removesuffix(CUTTING_IN_TEXT)
             cutting_in = relation != m["relation"] or (entered_ego_lane and relation in (LEFT_LANE, RIGHT_LANE))

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from luna_core.lanes import LaneMap, lane_map, route_lanes_from_pose
-from luna_core.types import (ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, Navigation, ObjectClass,
+from luna_core.types import (ACTION_CODES, ACTION_INDEX, EgoState, LaneGraph, MemoryItem, Navigation, ObjectClass,
                              ObjectDescription, RoadSection, Route, SceneDescriptor, TrackedObject,
                              TrackedObjects, TrafficLightPhase, TrafficLights, VehicleParameters, usable_objects,
                              wrap_angle)
@@ -280,6 +280,37 @@ def safe_id(object_id: str) -> str:
     return cleaned or "_"
 
 
+# The traffic-state text's object and ego lines, read back where only the text is kept: a reflection item's
+# cause (luna_core.lessons) and the objects' timing of a teacher item (``item_head_values``).
+OBJECT_LINE = re.compile(r"^- (?P<id>\S+) (?P<kind>vehicle|pedestrian|cyclist|static object), (?P<relation>[^:]+): "
+                         r"(?P<distance>[0-9.]+) m, (?P<bearing>-?\d+) deg, heading (?P<heading>-?\d+) deg"
+                         r"(?:, (?P<speed>[0-9.]+) m/s)?, (?P<length>[0-9.]+) x (?P<width>[0-9.]+) m\.$", re.MULTILINE)
+EGO_LINE = re.compile(r"^Ego: speed (?P<speed>-?[0-9.]+) m/s, ", re.MULTILINE)
+_CLASS_OF_WORD = {word: cls for cls, word in CLASS_WORD.items()}
+
+
+def read_described_objects(text: str) -> tuple[float, list[ObjectDescription]]:
+    """The ego speed (m/s) and the objects of a traffic-state text (``render_traffic_state``), to its
+    precision (0.01 m and m/s, whole degrees). ``SceneInputError`` when the text has no ego line, or an
+    object line that does not read."""
+    ego = EGO_LINE.search(text)
+    if ego is None:
+        raise SceneInputError("traffic-state text: no 'Ego: speed ... m/s' line")
+    objects = []
+    for m in OBJECT_LINE.finditer(text):
+        relation = m["relation"].removesuffix(CUTTING_IN_TEXT)
+        objects.append(ObjectDescription(
+            m["id"], _CLASS_OF_WORD[m["kind"]], float(m["distance"]), math.radians(int(m["bearing"])),
+            math.radians(int(m["heading"])), float(m["speed"] or 0.0), float(m["length"]), float(m["width"]),
+            relation, relation != m["relation"]))
+    listed = sum(1 for line in text.splitlines() if line.startswith("- "))
+    if listed != len(objects):
+        raise SceneInputError(f"traffic-state text: {listed - len(objects)} of {listed} object line(s) do not "
+                              "read as 'id kind, relation: distance m, angle deg, heading angle deg[, speed m/s], "
+                              "length x width m.'")
+    return float(ego["speed"]), objects
+
+
 def _deg(angle: float) -> str:
     return f"{round(math.degrees(angle)):d} deg"
 
@@ -334,12 +365,38 @@ _NAVS = tuple(Navigation)
 SCENE_VECTOR_DIM = (len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS) + 2 * len(ACTION_CODES)
                     + len(_SLOTS) * _SLOT_FEATURES)
 # xi_t's leading values: road section, lanes, junction distance, ego speed, light and navigation; the last two
-# decisions and the object slots follow. A decision head may read these alone (StudentConfig.head_scene_dim):
-# the ego's own numbers, without the objects' timing and without its own last decisions (the teacher's top
-# action repeats the last decision on about two thirds of its items; docs/student.md, session 38).
+# decisions and the object slots follow.
 SCENE_VECTOR_EGO_ROAD_DIM = len(_SECTIONS) + 6 + len(_LIGHTS) + len(_NAVS)
-# The parts of xi_t a decision head may read beside h_{i*}: name -> how many leading values.
-HEAD_SCENE_PARTS = {"all": SCENE_VECTOR_DIM, "ego-road": SCENE_VECTOR_EGO_ROAD_DIM}
+
+# The objects' timing (``object_timing``): per slot, under constant velocities with the ego going straight
+# along its heading, the time (s) and distance (m) of the closest approach, and when (s) and where (m along
+# the ego's heading, + ahead) the object's path crosses the ego's heading line.
+TIMING_HORIZON = 8.0  # s, the teacher's and the planner's horizon
+_TIMING_FEATURES = 4  # t_ca / T, min(d_ca, 50) / 50, t_cross / T, clip(x_cross / 50, -1, 1)
+_NO_CONFLICT = (1.0, 1.0, 1.0, 0.0)  # an empty slot, or a path that does not cross within the horizon
+SCENE_TIMING_DIM = len(_SLOTS) * _TIMING_FEATURES
+
+# What a decision head may read beside h_{i*} (StudentConfig.head_scene_dim), as indices into
+# ``head_scene_values``: xi_t followed by the objects' timing. Each part has its own length, so a head's
+# scene_dim names its part. "ego-road" leaves out the recent decisions (the teacher's top action repeats
+# the last decision on about two thirds of its items) and the objects; "ego-road-timing" adds the
+# objects' timing to it (docs/student.md, sessions 38 and 39).
+HEAD_SCENE_PARTS: dict[str, tuple[int, ...]] = {
+    "all": tuple(range(SCENE_VECTOR_DIM)),
+    "ego-road": tuple(range(SCENE_VECTOR_EGO_ROAD_DIM)),
+    "ego-road-timing": (*range(SCENE_VECTOR_EGO_ROAD_DIM), *range(SCENE_VECTOR_DIM, SCENE_VECTOR_DIM + SCENE_TIMING_DIM)),
+}
+HEAD_SCENE_VALUES_DIM = SCENE_VECTOR_DIM + SCENE_TIMING_DIM
+
+
+def head_scene_part(scene_dim: int) -> tuple[int, ...]:
+    """The indices into ``head_scene_values`` a head with ``scene_dim`` scene values reads; ValueError
+    when no part has that length."""
+    for part in HEAD_SCENE_PARTS.values():
+        if len(part) == scene_dim:
+            return part
+    raise ValueError(f"no head scene part has {scene_dim} values (parts: "
+                     f"{ {name: len(p) for name, p in HEAD_SCENE_PARTS.items()} })")
 
 
 def _slot_of(o: ObjectDescription) -> tuple[str, int]:
@@ -350,6 +407,14 @@ def _slot_of(o: ObjectDescription) -> tuple[str, int]:
     if o.lane_relation in (JUNCTION, TARGET_ROAD):
         return o.lane_relation, 0
     return o.lane_relation, 1 if math.cos(o.bearing) >= 0.0 else -1
+
+
+def _slotted(objects: Sequence[ObjectDescription]) -> list[ObjectDescription | None]:
+    """The nearest object of each slot of ``_SLOTS`` (None where a slot is empty)."""
+    slots: dict[tuple[str, int], ObjectDescription] = {}
+    for o in sorted(objects, key=lambda o: o.distance):
+        slots.setdefault(_slot_of(o), o)
+    return [slots.get(key) for key in _SLOTS]
 
 
 def scene_vector(scene: SceneDescriptor) -> np.ndarray:
@@ -365,11 +430,7 @@ def scene_vector(scene: SceneDescriptor) -> np.ndarray:
     recent = [""] * (2 - len(recent)) + recent
     for code in recent:
         v += [float(code == c) for c in ACTION_CODES]
-    slots: dict[tuple[str, int], ObjectDescription] = {}
-    for o in sorted(scene.objects, key=lambda o: o.distance):
-        slots.setdefault(_slot_of(o), o)
-    for key in _SLOTS:
-        o = slots.get(key)
+    for o in _slotted(scene.objects):
         if o is None:
             v += [0.0] * _SLOT_FEATURES
         else:
@@ -378,6 +439,54 @@ def scene_vector(scene: SceneDescriptor) -> np.ndarray:
     out = np.asarray(v, dtype=np.float32)
     assert out.shape == (SCENE_VECTOR_DIM,)
     return out
+
+
+def _timing(ego_speed: float, o: ObjectDescription) -> tuple[float, float, float, float]:
+    px, py = o.distance * math.cos(o.bearing), o.distance * math.sin(o.bearing)  # ego frame, x ahead, y left
+    ux, uy = o.speed * math.cos(o.heading), o.speed * math.sin(o.heading)
+    wx, wy = ux - ego_speed, uy  # velocity relative to the ego
+    w2 = wx * wx + wy * wy
+    t_ca = 0.0 if w2 < 1e-6 else min(max(-(px * wx + py * wy) / w2, 0.0), TIMING_HORIZON)
+    d_ca = math.hypot(px + wx * t_ca, py + wy * t_ca)
+    t_cross, x_cross = TIMING_HORIZON, 0.0
+    if abs(uy) > 1e-3 and py * uy < 0.0 and -py / uy < TIMING_HORIZON:  # moving towards the heading line
+        t_cross = -py / uy
+        x_cross = px + ux * t_cross
+    return (t_ca / TIMING_HORIZON, min(d_ca, 50.0) / 50.0, t_cross / TIMING_HORIZON,
+            float(np.clip(x_cross / 50.0, -1.0, 1.0)))
+
+
+def object_timing(ego_speed: float, objects: Sequence[ObjectDescription]) -> np.ndarray:
+    """(SCENE_TIMING_DIM,) float32: for the nearest object of each slot of the scene vector, its closest
+    approach to the ego (time, distance) and its path's crossing of the ego's heading line (time, place),
+    under constant velocities with the ego going straight at ``ego_speed`` (m/s). Empty slots and paths that
+    do not cross within ``TIMING_HORIZON`` read as no conflict."""
+    v: list[float] = []
+    for o in _slotted(objects):
+        v += _NO_CONFLICT if o is None else _timing(ego_speed, o)
+    return np.asarray(v, dtype=np.float32)
+
+
+def head_scene_values(scene_vector_values: np.ndarray, ego_speed: float,
+                      objects: Sequence[ObjectDescription]) -> np.ndarray:
+    """(HEAD_SCENE_VALUES_DIM,) float32: xi_t's vector followed by the objects' timing, what
+    ``HEAD_SCENE_PARTS`` index."""
+    return np.concatenate([np.asarray(scene_vector_values, dtype=np.float32).reshape(-1),
+                           object_timing(ego_speed, objects)])
+
+
+def scene_head_values(scene: SceneDescriptor) -> np.ndarray:
+    """``head_scene_values`` of a scene descriptor (the decision path)."""
+    return head_scene_values(scene_vector(scene), scene.ego_speed, scene.objects)
+
+
+def item_head_values(item: MemoryItem) -> np.ndarray | None:
+    """``head_scene_values`` of a memory item: its stored xi_t, and the objects' timing read back from its
+    query (a teacher item keeps the text, not the scene; to the text's precision). None where the item
+    stores no scene vector."""
+    if item.scene_vector is None:
+        return None
+    return head_scene_values(item.scene_vector, *read_described_objects(item.query))
 
 
 # --------------------------------------------------------------------------------------------------

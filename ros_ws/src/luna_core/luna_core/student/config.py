@@ -31,9 +31,9 @@ class StudentConfig:
     lora_dropout: float = 0.05
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     head_hidden: int = 1024
-    # 0: the head reads h_{i*} only (Eq. 16); else also this many leading values of the scene vector xi_t
-    # (all of it, ``luna_core.scene.SCENE_VECTOR_DIM``, or its ego-and-road part, ``SCENE_VECTOR_EGO_ROAD_DIM``;
-    # ``DecisionHead``), which ``predict`` then needs.
+    # 0: the head reads h_{i*} only (Eq. 16); else also this many scene values, one of the parts of
+    # ``luna_core.scene.HEAD_SCENE_PARTS`` (all of xi_t, its ego-and-road part, or that with the objects'
+    # timing; ``DecisionHead``), which ``predict`` then needs.
     head_scene_dim: int = 0
     num_actions: int = NUM_ACTIONS
     max_context_tokens: int = 2048  # prompt budget of predict(); long prompts are shortened first

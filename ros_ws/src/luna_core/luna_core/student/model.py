@@ -112,35 +112,37 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 
 
 def decision_head(config: StudentConfig, d_model: int) -> DecisionHead:
-    """The head ``config`` describes; a head that reads the scene vector must read this luna_core's: all of
-    it or its ego-and-road part (``scene_tensor``)."""
-    from luna_core.scene import HEAD_SCENE_PARTS, SCENE_VECTOR_DIM
+    """The head ``config`` describes; a head that reads scene values must read one of this luna_core's parts
+    (``luna_core.scene.HEAD_SCENE_PARTS``, told apart by their lengths; ``scene_tensor``)."""
+    from luna_core.scene import HEAD_SCENE_PARTS
 
-    if config.head_scene_dim not in (0, *HEAD_SCENE_PARTS.values()):
-        parts = ", ".join(f"{n} in {name!r}" for name, n in HEAD_SCENE_PARTS.items() if n != SCENE_VECTOR_DIM)
-        raise StudentConfigError(f"StudentConfig.head_scene_dim: the head was trained on scene vectors of "
-                                 f"{config.head_scene_dim} values, luna_core.scene.scene_vector gives "
-                                 f"{SCENE_VECTOR_DIM} ({parts}; another descriptor layout)")
+    if config.head_scene_dim not in (0, *(len(p) for p in HEAD_SCENE_PARTS.values())):
+        parts = ", ".join(f"{len(p)} in {name!r}" for name, p in HEAD_SCENE_PARTS.items())
+        raise StudentConfigError(f"StudentConfig.head_scene_dim: the head was trained on {config.head_scene_dim} "
+                                 f"scene values; luna_core.scene's parts have {parts} (another descriptor layout)")
     return DecisionHead(d_model, config.head_hidden, config.num_actions, config.head_scene_dim)
 
 
 def scene_tensor(config: StudentConfig, scene_vector: np.ndarray | None, device: torch.device
                  ) -> torch.Tensor | None:
-    """The head's float32 input from xi_t (``luna_core.scene.scene_vector``, all of it): its leading
-    ``head_scene_dim`` values; None for a head on h_i* alone. ``SceneVectorError`` where the head needs one
-    and got none, or got one of another length or with non-finite values."""
-    from luna_core.scene import SCENE_VECTOR_DIM
+    """The head's float32 input: its part (``luna_core.scene.head_scene_part``) of ``scene_vector``, which is
+    ``luna_core.scene.head_scene_values`` (xi_t and the objects' timing), or xi_t alone
+    (``luna_core.scene.scene_vector``) for a part within it; None for a head on h_i* alone.
+    ``SceneVectorError`` where the head needs values and got none, too few, or non-finite ones."""
+    from luna_core.scene import HEAD_SCENE_VALUES_DIM, SCENE_VECTOR_DIM, head_scene_part
 
     if not config.head_scene_dim:
         return None
+    part = head_scene_part(config.head_scene_dim)
     if scene_vector is None:
-        raise SceneVectorError(f"this student's decision head reads the scene vector xi_t "
-                               f"({config.head_scene_dim} values, luna_core.scene.scene_vector): pass scene_vector")
+        raise SceneVectorError(f"this student's decision head reads {config.head_scene_dim} scene values "
+                               f"(luna_core.scene.head_scene_values): pass scene_vector")
     v = np.asarray(scene_vector, dtype=np.float32).reshape(-1)
-    if v.shape[0] != SCENE_VECTOR_DIM or not np.all(np.isfinite(v)):
-        raise SceneVectorError(f"scene_vector: expected {SCENE_VECTOR_DIM} finite values, got {v.shape[0]}"
-                               + ("" if np.all(np.isfinite(v)) else " with NaN or inf"))
-    return torch.from_numpy(v[:config.head_scene_dim]).to(device)
+    lengths = (SCENE_VECTOR_DIM, HEAD_SCENE_VALUES_DIM) if max(part) < SCENE_VECTOR_DIM else (HEAD_SCENE_VALUES_DIM,)
+    if v.shape[0] not in lengths or not np.all(np.isfinite(v)):
+        raise SceneVectorError(f"scene_vector: expected {' or '.join(map(str, lengths))} finite values, "
+                               f"got {v.shape[0]}" + ("" if np.all(np.isfinite(v)) else " with NaN or inf"))
+    return torch.from_numpy(v[list(part)]).to(device)
 
 
 def default_prompts() -> StudentPrompts:
