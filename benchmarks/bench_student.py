@@ -209,7 +209,8 @@ def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[i
             query = pool[(k + 1) * i].query
             same = pool[1:k + 1]
             other = pool[(k + 1) * i + 1:(k + 1) * (i + 1)]
-            student.predict(pool[0].query, same, scene_vector=item_head_values(pool[0]))  # the cache holds the steady state's prefix
+            # the cache holds the steady state's prefix
+            student.predict(pool[0].query, same, scene_vector=item_head_values(pool[0]))
             vector = item_head_values(pool[(k + 1) * i])
             probs, lat = student.predict(query, same, scene_vector=vector)
             t0 = time.perf_counter()

@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     vectors = None
     if any(head.scene_dim for head in heads.values()):
         vectors = torch.as_tensor(np.stack([scene_head_values(scenes[item]) for item, _ in rows]), dtype=torch.float32)
-    log_q = {name: head_log_probs(head, hidden, vectors[:, list(head_scene_part(head.scene_dim))] if head.scene_dim else None)
+    log_q = {name: head_log_probs(head, hidden,
+                                  vectors[:, list(head_scene_part(head.scene_dim))] if head.scene_dim else None)
              for name, head in heads.items()}
     if args.trees_bank is not None:
         log_q["trees"] = trees_log_probs(args.trees_bank, [scenes[item] for item, _ in rows])

@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         if items is None:
             kl, acc = kl_and_accuracy(head, hidden, target)
         else:
-            kl, acc = kl_and_accuracy(SceneJoinedHead(head), with_scene_vectors(hidden, rows, items, head_scene_part(head.scene_dim)),
-                                       target)
+            joined = with_scene_vectors(hidden, rows, items, head_scene_part(head.scene_dim))
+            kl, acc = kl_and_accuracy(SceneJoinedHead(head), joined, target)
         ks = json.dumps(sorted({k for _, k in rows}))
         print(f"| {folder} | {len(rows)} | {ks} | {100 * acc:.1f} | {kl:.3f} |")
     return 0

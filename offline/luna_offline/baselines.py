@@ -9,6 +9,8 @@ scored like the student (top-action accuracy, KL(pi || pi_hat) of Eq. 17):
   vector xi_t (``luna_core.scene.scene_vector``, stored with each teacher item). The soft labels are
   learnt as weighted rows (one row per action with pi(a) > 0, weight pi(a)), so predict_proba estimates
   pi rather than only its argmax. The non-language classifier the student must beat.
+* ``gbt+timing``: the same trees on xi_t followed by the objects' timing (``luna_core.scene.object_timing``,
+  read back from each item's query): what the closest approach and the crossing paths add to the descriptor.
 * ``knn``: retrieval only: the similarity-weighted mean pi of the K nearest training items by the bank's
   own embedding (what RAG hands the student, without the student).
 * ``zero-shot``: the base language model without adapters or head (``evaluate.zero_shot_distribution``:
@@ -30,6 +32,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from luna_core.scene import item_head_values
 from luna_core.types import ACTION_CODES, NUM_ACTIONS, MemoryItem, validate_distribution
 from luna_offline.distill import split_group, split_items, subset
 from luna_offline.evaluate import kl_divergence, majority_baseline
@@ -71,23 +74,27 @@ def label_stats(items: Sequence[MemoryItem]) -> dict:
                                "mean_pi": float(pis[:, a].mean())} for a, code in enumerate(ACTION_CODES)}}
 
 
-def _vectors(items: Sequence[MemoryItem], where: str) -> np.ndarray:
+def _vectors(items: Sequence[MemoryItem], where: str, timing: bool = False) -> np.ndarray:
+    """(n, SCENE_VECTOR_DIM) stored scene vectors, or with ``timing`` (n, HEAD_SCENE_VALUES_DIM): each
+    followed by its objects' timing (``luna_core.scene.item_head_values``)."""
     missing = [it.id for it in items if it.scene_vector is None]
     if missing:
         raise ValueError(f"{where}: {len(missing)} teacher item(s) carry no scene vector (e.g. {missing[0]!r}); "
                          "collect stores it with every item")
+    if timing:
+        return np.stack([item_head_values(it) for it in items]).astype(np.float64)
     return np.stack([np.asarray(it.scene_vector, dtype=np.float64) for it in items])
 
 
 class SceneVectorTrees:
-    """Gradient-boosted trees on the scene vector, trained on the teacher's soft labels (each action with
-    mass is a row weighted by it)."""
+    """Gradient-boosted trees on the scene vector (with ``timing``: followed by the objects' timing), trained
+    on the teacher's soft labels (each action with mass is a row weighted by it)."""
 
-    def __init__(self, train: Sequence[MemoryItem], seed: int = 0) -> None:
+    def __init__(self, train: Sequence[MemoryItem], seed: int = 0, timing: bool = False) -> None:
         from sklearn.ensemble import HistGradientBoostingClassifier
         from threadpoolctl import threadpool_limits
 
-        x = _vectors(train, "gbt training items")
+        x = _vectors(train, "gbt training items", timing)
         pis = np.stack([validate_distribution(it.distribution) for it in train])
         rows, cols = np.nonzero(pis > 0.0)
         self.model = HistGradientBoostingClassifier(max_iter=150, learning_rate=0.1, max_leaf_nodes=31,
@@ -105,9 +112,10 @@ class SceneVectorTrees:
         return out
 
 
-def gbt_predict(train: Sequence[MemoryItem], held: Sequence[MemoryItem], seed: int = 0) -> np.ndarray:
+def gbt_predict(train: Sequence[MemoryItem], held: Sequence[MemoryItem], seed: int = 0,
+                timing: bool = False) -> np.ndarray:
     """(len(held), 10) pi_hat of ``SceneVectorTrees`` trained on ``train``."""
-    return SceneVectorTrees(train, seed).predict(_vectors(held, "gbt held-out items"))
+    return SceneVectorTrees(train, seed, timing).predict(_vectors(held, "gbt held-out items", timing))
 
 
 def knn_predict(train: Sequence[MemoryItem], held: Sequence[MemoryItem], k: int = 10) -> np.ndarray:
@@ -167,6 +175,8 @@ def run_baselines(bank_path: str, heldout_fraction: float = 0.1, knn_k: int = 10
                                   f"always {maj['action']}"))
     p, s = _timed(lambda: gbt_predict(train, held, seed))
     results.append(score("gbt", held, p, s, "HistGradientBoosting on the scene vector, soft labels"))
+    p, s = _timed(lambda: gbt_predict(train, held, seed, timing=True))
+    results.append(score("gbt+timing", held, p, s, "the same on the scene vector and the objects' timing"))
     p, s = _timed(lambda: knn_predict(train, held, knn_k))
     results.append(score("knn", held, p, s, f"k = {knn_k} nearest by the bank's embedding"))
     if zero_shot_limit:

@@ -49,7 +49,8 @@ def test_scene_tensor_names_a_missing_short_or_non_finite_vector():
     assert v.dtype == torch.float32 and v.shape == (SCENE_VECTOR_DIM,)
     with pytest.raises(SceneVectorError, match=f"reads {SCENE_VECTOR_DIM} scene values .* pass scene_vector"):
         scene_tensor(fused, None, torch.device("cpu"))
-    with pytest.raises(SceneVectorError, match=f"expected {SCENE_VECTOR_DIM} or {HEAD_SCENE_VALUES_DIM} finite values, got 5"):
+    with pytest.raises(SceneVectorError,
+                       match=f"expected {SCENE_VECTOR_DIM} or {HEAD_SCENE_VALUES_DIM} finite values, got 5"):
         scene_tensor(fused, np.ones(5), torch.device("cpu"))
     # A head on the ego-and-road part takes the whole xi_t and reads its leading values.
     part = scene_tensor(StudentConfig(head_scene_dim=SCENE_VECTOR_EGO_ROAD_DIM),
@@ -62,7 +63,8 @@ def test_scene_tensor_names_a_missing_short_or_non_finite_vector():
     values = np.arange(HEAD_SCENE_VALUES_DIM, dtype=np.float64)
     expected = np.r_[values[:SCENE_VECTOR_EGO_ROAD_DIM], values[SCENE_VECTOR_DIM:]]
     assert torch.equal(scene_tensor(timing, values, torch.device("cpu")), torch.from_numpy(expected).float())
-    with pytest.raises(SceneVectorError, match=f"expected {HEAD_SCENE_VALUES_DIM} finite values, got {SCENE_VECTOR_DIM}"):
+    with pytest.raises(SceneVectorError,
+                       match=f"expected {HEAD_SCENE_VALUES_DIM} finite values, got {SCENE_VECTOR_DIM}"):
         scene_tensor(timing, np.ones(SCENE_VECTOR_DIM), torch.device("cpu"))
     bad = np.ones(SCENE_VECTOR_DIM)
     bad[3] = np.nan

@@ -37,11 +37,12 @@ def test_baselines_command_writes_the_table_with_no_scenario_on_both_sides(tmp_p
     assert report["shared_scenarios"] == [] and report["heldout_scenarios"] > 0
     assert report["train_items"] + report["heldout_items"] == 120
     by_name = {r["name"]: r for r in report["results"]}
-    assert set(by_name) == {"majority", "gbt", "knn"}
+    assert set(by_name) == {"majority", "gbt", "gbt+timing", "knn"}
     for r in by_name.values():
         assert 0.0 <= r["accuracy"] <= 1.0 and np.isfinite(r["kl"]) and r["kl"] >= 0.0
     # the top action is a function of the speed in the scene vector: trees learn it, the majority cannot
     assert by_name["gbt"]["accuracy"] > by_name["majority"]["accuracy"]
+    assert by_name["gbt+timing"]["accuracy"] > by_name["majority"]["accuracy"]  # the timing keeps xi_t in front
     assert "| gbt |" in (tmp_path / "out" / "baselines.md").read_text()
     labels = report["labels"]
     assert labels["items"] == 120 and sum(a["top"] for a in labels["actions"].values()) == 120

@@ -2,8 +2,11 @@
 
 ``build_scene`` turns the ego state, tracked objects, traffic lights, route and lane graph into a
 ``SceneDescriptor``; ``render_traffic_state`` writes it as the traffic-state text of the prompts and
-``scene_vector`` as a fixed-length numeric vector for retrieval. ``scene_to_dict`` / ``scene_from_dict``
-give a JSON-safe form (frame files, memory items).
+``scene_vector`` as a fixed-length numeric vector for retrieval. ``object_timing`` adds the described
+objects' closest approach and path crossings, which a decision head may read beside xi_t
+(``head_scene_values``, ``HEAD_SCENE_PARTS``); ``read_described_objects`` reads the objects back from the
+text, where only the text is kept. ``scene_to_dict`` / ``scene_from_dict`` give a JSON-safe form (frame
+files, memory items).
 
 Road-section category from the distance d along the route to the next junction (CALMM-Drive Sec.
 III-A): d = 0 junction, 0 < d <= 20 m near a junction, else normal multi-lane. Object selection per
@@ -384,7 +387,8 @@ SCENE_TIMING_DIM = len(_SLOTS) * _TIMING_FEATURES
 HEAD_SCENE_PARTS: dict[str, tuple[int, ...]] = {
     "all": tuple(range(SCENE_VECTOR_DIM)),
     "ego-road": tuple(range(SCENE_VECTOR_EGO_ROAD_DIM)),
-    "ego-road-timing": (*range(SCENE_VECTOR_EGO_ROAD_DIM), *range(SCENE_VECTOR_DIM, SCENE_VECTOR_DIM + SCENE_TIMING_DIM)),
+    "ego-road-timing": (*range(SCENE_VECTOR_EGO_ROAD_DIM),
+                        *range(SCENE_VECTOR_DIM, SCENE_VECTOR_DIM + SCENE_TIMING_DIM)),
 }
 HEAD_SCENE_VALUES_DIM = SCENE_VECTOR_DIM + SCENE_TIMING_DIM
 
