@@ -138,7 +138,7 @@ def predict_ab(rounds: int, k: int, threads: int) -> str:
     from bench_student import example, scene  # the prompts of the student-latency benchmark
 
     from luna_core.prompts import PromptManager
-    from luna_core.scene import scene_head_values
+    from luna_core.scene import head_scene_values
     from luna_core.student import DualHeadStudent
 
     torch.set_num_threads(threads)
@@ -149,7 +149,7 @@ def predict_ab(rounds: int, k: int, threads: int) -> str:
     for s in students.values():
         s.config.reuse_prefix_cache = False  # a full forward pass each call
     query, examples = prompts.decision_query(scene(0)), [example(prompts, i) for i in range(k)]
-    vector = scene_head_values(scene(0))  # for a head that reads scene values beside h_i*
+    vector = head_scene_values(scene(0))  # for a head that reads scene values beside h_i*
     times: dict[str, list[float]] = {k: [] for k in students}
     for r in range(rounds + 1):  # round 0 warms up
         for name in (list(students) if r % 2 else list(students)[::-1]):

@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from luna_core.prompts import PromptManager, format_ranked_answer
-from luna_core.scene import item_head_values, scene_head_values
+from luna_core.scene import item_head_values, head_scene_values
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.onnx_dpp import OnnxDecisionPredictor, export_dpp_onnx
 from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSection, SceneDescriptor
@@ -131,7 +131,7 @@ def main() -> int:
         print(compare_banks(student, args.compare_banks, args.repeats))
         return 0
     queries = [prompts.decision_query(scene(i)) for i in range(args.repeats + 1)]  # the scene moves on
-    vectors = [scene_head_values(scene(i)) for i in range(args.repeats + 1)]  # for a head that reads them
+    vectors = [head_scene_values(scene(i)) for i in range(args.repeats + 1)]  # for a head that reads them
     query = queries[0]
     pool = [example(prompts, i) for i in range(3 * (args.repeats + 1))]
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from luna_core.scene import head_scene_part, scene_head_values, scene_vector
+from luna_core.scene import head_scene_part, head_scene_values, scene_vector
 from luna_core.types import ACTION_CODES, ACTION_INDEX
 from luna_offline.distill_head import load_features
 from luna_offline.frames import read_frames
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     hidden = torch.cat([h for h, _, _ in parts])
     vectors = None
     if any(head.scene_dim for head in heads.values()):
-        vectors = torch.as_tensor(np.stack([scene_head_values(scenes[item]) for item, _ in rows]), dtype=torch.float32)
+        vectors = torch.as_tensor(np.stack([head_scene_values(scenes[item]) for item, _ in rows]), dtype=torch.float32)
     log_q = {name: head_log_probs(head, hidden,
                                   vectors[:, list(head_scene_part(head.scene_dim))] if head.scene_dim else None)
              for name, head in heads.items()}

@@ -274,7 +274,8 @@ def evaluate(student: DualHeadStudent, bank_path: str, ks: Sequence[int] = range
             record = frames.done.get((k, item.id))
             if record is None:
                 examples = neighbours[item.id][:k]
-                probs, lat = student.predict(item.query, examples, scene_vector=item_head_values(item))
+                values = item_head_values(item) if student.config.head_scene_dim else None  # as the decision path
+                probs, lat = student.predict(item.query, examples, scene_vector=values)
                 record = {"k": k, "id": item.id, "probabilities": [float(v) for v in probs],
                           "latency": lat.total, "prompt_tokens": lat.prompt_tokens}
                 if i < explain_limit:

@@ -11,8 +11,9 @@ import pytest
 from luna_core.lanes import make_lane
 from luna_core.scene import (FIELD_OF_VIEW, HEAD_SCENE_VALUES_DIM, JUNCTION, LEFT_LANE, RIGHT_LANE, SAME_LANE,
                              SCENE_TIMING_DIM, SCENE_VECTOR_DIM, TARGET_ROAD, TIMING_HORIZON, SceneConfig,
-                             SceneInputError, build_scene, item_head_values, object_timing, read_described_objects,
-                             render_traffic_state, scene_from_dict, scene_head_values, scene_to_dict, scene_vector)
+                             SceneInputError, build_scene, head_scene_values, item_head_values, object_timing,
+                             read_described_objects, render_traffic_state, scene_from_dict, scene_to_dict,
+                             scene_vector)
 from luna_core.types import (ACTION_CODES, EgoState, LaneGraph, MemoryItem, Navigation, ObjectClass,
                              ObjectDescription, RoadSection, Route,
                              TrackedObject, TrackedObjects, TrafficLightPhase, TrafficLights, TrafficLightState,
@@ -277,7 +278,7 @@ def test_object_timing_closest_approach_and_crossing_of_the_ego_heading_line():
 def test_head_scene_values_of_a_scene_and_of_its_teacher_item_agree():
     cx = 85.0 + VEH.rear_axle_to_center
     scene = near_junction_scene([car("lead", cx + 12.3, W, 0.02, 3.21), car("j", cx + 25.0, W + 9.0, -1.3, 5.5)])
-    values = scene_head_values(scene)
+    values = head_scene_values(scene)
     assert values.shape == (HEAD_SCENE_VALUES_DIM,) and np.array_equal(values[:SCENE_VECTOR_DIM], scene_vector(scene))
     item = MemoryItem(id="i", query=render_traffic_state(scene), answer="", distribution=None,
                       scene_vector=scene_vector(scene))

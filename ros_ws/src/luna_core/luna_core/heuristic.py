@@ -24,7 +24,7 @@ import numpy as np
 
 from luna_core.lessons import DEFAULT_LESSON_WEIGHT, absent_causes, lessons_of, repeated_reflections, weigh_lessons
 from luna_core.prompts.parsers import complete_sentences, repair_action_names
-from luna_core.scene import scene_head_values, scene_vector
+from luna_core.scene import head_scene_values, scene_vector
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
                              candidate_set)
 
@@ -152,7 +152,7 @@ class HeuristicSystem:
         query = self.prompts.decision_query(scene)
         retrieved = self.retrieve(scene, query)
         # Scene values only for a head that reads them (StudentConfig.head_scene_dim): nothing extra otherwise
-        xi = scene_head_values(scene) if self.student.config.head_scene_dim else None
+        xi = head_scene_values(scene) if self.student.config.head_scene_dim else None
         mask = scene.action_mask()
         student_p, prompt = self.student.predict(query, [item for item, _ in retrieved], mask=mask, scene_vector=xi)
         used = retrieved[:prompt.examples_used]  # the least similar items are dropped first

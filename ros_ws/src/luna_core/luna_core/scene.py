@@ -471,17 +471,14 @@ def object_timing(ego_speed: float, objects: Sequence[ObjectDescription]) -> np.
     return np.asarray(v, dtype=np.float32)
 
 
-def head_scene_values(scene_vector_values: np.ndarray, ego_speed: float,
-                      objects: Sequence[ObjectDescription]) -> np.ndarray:
+def _head_values(xi: np.ndarray, ego_speed: float, objects: Sequence[ObjectDescription]) -> np.ndarray:
+    return np.concatenate([np.asarray(xi, dtype=np.float32).reshape(-1), object_timing(ego_speed, objects)])
+
+
+def head_scene_values(scene: SceneDescriptor) -> np.ndarray:
     """(HEAD_SCENE_VALUES_DIM,) float32: xi_t's vector followed by the objects' timing, what
-    ``HEAD_SCENE_PARTS`` index."""
-    return np.concatenate([np.asarray(scene_vector_values, dtype=np.float32).reshape(-1),
-                           object_timing(ego_speed, objects)])
-
-
-def scene_head_values(scene: SceneDescriptor) -> np.ndarray:
-    """``head_scene_values`` of a scene descriptor (the decision path)."""
-    return head_scene_values(scene_vector(scene), scene.ego_speed, scene.objects)
+    ``HEAD_SCENE_PARTS`` index (the decision path)."""
+    return _head_values(scene_vector(scene), scene.ego_speed, scene.objects)
 
 
 def item_head_values(item: MemoryItem) -> np.ndarray | None:
@@ -490,7 +487,7 @@ def item_head_values(item: MemoryItem) -> np.ndarray | None:
     stores no scene vector."""
     if item.scene_vector is None:
         return None
-    return head_scene_values(item.scene_vector, *read_described_objects(item.query))
+    return _head_values(item.scene_vector, *read_described_objects(item.query))
 
 
 # --------------------------------------------------------------------------------------------------
