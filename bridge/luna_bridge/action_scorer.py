@@ -11,8 +11,16 @@ reason. This module only turns the log into the boxes those rollouts meet (``log
 expert's state (``expert_state``) and progress over the horizon (``expert_progress``, for the
 making-progress multiplier).
 
+A present-only scorer (``present_only``; ``make_present_scorer``) knows what an onboard policy knows
+instead: the objects as perceived at that time run on at their present velocity (the planner's own
+constant-velocity forecast), the lights keep their present state, and no expert progress is known (no
+making-progress multiplier). It is the teacher of ``luna-oracle-cv`` (``score_present``), and its labels are
+the ones a student deciding from the present scene can learn: the logged future ("the cross traffic will
+have passed") is in none of them.
+
 ``make_scorer`` is the factory for ``luna-offline collect --scorer luna_bridge.action_scorer:make_scorer``;
-``make_bundled_bank_scorer`` the teacher of the bundled memory bank (before the reachable A band).
+``make_bundled_bank_scorer`` the teacher of the bundled memory bank (before the reachable A band);
+``make_present_scorer`` the present-only teacher.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from luna_core.action_outcomes import FAR_AWAY, ActionScorerConfig, ActionScorerError, score_actions
+from luna_core.lanes import lane_map
+from luna_core.planning.forecast import constant_velocity_forecast
 from luna_core.planning.scorer import ObjectBoxes
 from luna_core.teacher import ActionOutcome
-from luna_core.types import EgoState, ObjectClass, SceneDescriptor, wrap_angle
+from luna_core.types import EgoState, ObjectClass, PlannerInput, SceneDescriptor, wrap_angle
 
 from luna_bridge.scenario import SIM_DT, Scenario
 
@@ -115,18 +125,19 @@ def logged_agents(scenario: Scenario, ego: EgoState, time: float, steps: int, dt
 class SimulationActionScorer:
     """``luna_core.teacher.ActionScorer`` by rollouts in the frame's logged scenario (module docstring)."""
 
-    def __init__(self, config: ActionScorerConfig | None = None) -> None:
+    def __init__(self, config: ActionScorerConfig | None = None, present_only: bool = False) -> None:
         self.config = config or ActionScorerConfig()
+        self.present_only = present_only
         self._scenarios: OrderedDict[str, Scenario] = OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         # Sent to worker processes / Ray actors (``luna-offline collect --executor``): the settings
         # only; each copy loads its own scenarios.
-        return {"config": self.config}
+        return {"config": self.config, "present_only": self.present_only}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["config"])
+        self.__init__(state["config"], state.get("present_only", False))
 
     def scenario(self, context: Mapping[str, Any]) -> Scenario:
         """The frame's scenario, loaded from ``context['file']`` (cached)."""
@@ -164,14 +175,32 @@ class SimulationActionScorer:
                        ego: EgoState | None = None) -> dict[str, ActionOutcome]:
         """Outcomes of ``actions`` executed from ``ego`` at ``time`` in ``scenario`` against its logged
         agents: by default the expert's logged state (the teacher); the oracle decision source passes
-        the closed-loop ego state of the run it decides for."""
+        the closed-loop ego state of the run it decides for. A present-only scorer meets the objects of
+        that time at their present velocity instead (``score_present``)."""
         cfg = self.config
         if ego is None:
             ego = expert_state(scenario, time, scenario.vehicle.wheelbase)
+        if self.present_only:
+            present = PlannerInput(time, [ego], scenario.objects_at(time), scenario.lights_at(time),
+                                   scenario.lane_graph, scenario.route, vehicle=scenario.vehicle)
+            return self.score_present(present, actions, where=scenario.name)
         agents = logged_agents(scenario, ego, time, cfg.steps, cfg.dt, cfg.agent_radius)
         return score_actions(ego, time, actions, scenario.lane_graph, scenario.route, scenario.vehicle, agents,
                              scenario.lights_at, cfg, where=scenario.name,
                              expert_progress=expert_progress(scenario, time, cfg.horizon))
+
+
+    def score_present(self, planner_input: PlannerInput, actions: Sequence[str],
+                      where: str = "") -> dict[str, ActionOutcome]:
+        """Outcomes of ``actions`` from what ``planner_input`` holds alone: its objects at their present
+        velocity, its lights held, no expert progress (module docstring; ``luna-oracle-cv``)."""
+        cfg = self.config
+        pin = planner_input
+        # Lights enter through ``lights_at`` (score_actions), so the forecast is given no route lanes.
+        objects = constant_velocity_forecast(pin, lane_map(pin.lane_graph), [], cfg.steps + 1, cfg.dt,
+                                             cfg.agent_radius)
+        return score_actions(pin.ego, pin.time, actions, pin.lane_graph, pin.route, pin.vehicle, objects,
+                             lambda _t: pin.traffic_lights, cfg, where=where)
 
 
 def make_scorer() -> SimulationActionScorer:
@@ -186,3 +215,9 @@ def make_bundled_bank_scorer() -> SimulationActionScorer:
     again, so items added to the bank's training data (on-policy frames, DAgger) carry the same labels.
     ``luna-offline collect --scorer luna_bridge.action_scorer:make_bundled_bank_scorer``."""
     return SimulationActionScorer(ActionScorerConfig(reachable_accelerate=False, drivable_tolerance=None))
+
+
+def make_present_scorer() -> SimulationActionScorer:
+    """The present-only teacher (``present_only``; the teacher ``luna-oracle-cv`` decides with), with
+    ``make_scorer``'s settings: ``luna-offline collect --scorer luna_bridge.action_scorer:make_present_scorer``."""
+    return SimulationActionScorer(present_only=True)

@@ -26,9 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from luna_core.action_outcomes import score_actions
-from luna_core.lanes import lane_map
-from luna_core.planning.forecast import constant_velocity_forecast
 from luna_core.prompts import allowed_actions
 from luna_core.teacher import ScoredVoterPool, TeacherConfig, aggregate, derive_seed
 from luna_core.types import ACTION_CODES, DecisionDistribution, PlannerInput, SceneDescriptor, candidate_set
@@ -51,12 +48,7 @@ class _ScenarioScorer:
         pin = self.planner_input
         if self.privileged:
             return self.scorer.score_scenario(self.scenario, pin.time, actions, ego=pin.ego)
-        cfg = self.scorer.config
-        lanes = lane_map(pin.lane_graph)
-        # Lights enter through ``lights_at`` (score_actions), so the forecast is given no route lanes.
-        objects = constant_velocity_forecast(pin, lanes, [], cfg.steps + 1, cfg.dt, cfg.agent_radius)
-        return score_actions(pin.ego, pin.time, actions, pin.lane_graph, pin.route, pin.vehicle, objects,
-                             lambda _t: pin.traffic_lights, cfg, where=self.scenario.name)
+        return self.scorer.score_present(pin, actions, where=self.scenario.name)
 
 
 class OracleDecisionSource(SceneDecisionSource):

@@ -4,13 +4,17 @@ machinery on the present only."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
+import pytest
 
 from luna_core.types import ACTION_INDEX, EgoState, PlannerInput, TrackedObjects, validate_distribution
-from luna_bridge.action_scorer import SimulationActionScorer
+from luna_bridge.action_scorer import SimulationActionScorer, expert_state, make_present_scorer, make_scorer
 from luna_bridge.baselines import make_eval_planner
 from luna_bridge.oracle import OracleDecisionSource, _ScenarioScorer
 from luna_bridge.scenario import SIM_DT
+from luna_bridge.scenarios.format import save_scenario
 from tests.unit.bridge.test_action_scorer import STEPS, _track, two_lane_road
 
 
@@ -87,3 +91,27 @@ def test_the_cv_oracle_is_registered():
     planner = make_eval_planner("luna-oracle-cv", two_lane_road([]))
     assert isinstance(planner.decision_source, OracleDecisionSource)
     assert not planner.decision_source.privileged and not planner.decision_source.one_hot
+
+
+def test_the_present_only_teacher_labels_a_frame_as_the_cv_oracle_scores_it(tmp_path):
+    # The teacher `luna-offline collect --scorer ...:make_present_scorer` gives a frame the outcomes
+    # `luna-oracle-cv` computes from the same state: one scoring path, so a student of its labels learns the
+    # cv oracle. It keeps the setting when sent to a worker process.
+    road = _braking_lead_road()
+    teacher = make_present_scorer()
+    assert teacher.present_only and pickle.loads(pickle.dumps(teacher)).present_only
+    actions = ["CK", "DK", "AK", "SK"]
+    labelled = teacher.score_scenario(road, 0.0, actions)
+    expert = expert_state(road, 0.0, road.vehicle.wheelbase)
+    cv = _ScenarioScorer(SimulationActionScorer(), road, _input(road, expert), privileged=False).score(
+        None, {}, actions)
+    assert {a: (o.score, o.collision, o.reason) for a, o in labelled.items()} == \
+        {a: (o.score, o.collision, o.reason) for a, o in cv.items()}
+    # ...and it differs from the hindsight teacher exactly where the log's future matters.
+    logged = make_scorer().score_scenario(road, 0.0, ["CK"])["CK"]
+    assert labelled["CK"].executable and not labelled["CK"].collision
+    assert labelled["CK"].score > logged.score
+    # Through collect's context (a frame names its scenario file and time), the same outcomes.
+    path = save_scenario(road, tmp_path / "braking.json.gz")
+    via_file = teacher.score(None, {"frame": "f@0", "file": str(path), "time": 0.0}, actions)
+    assert {a: o.score for a, o in via_file.items()} == pytest.approx({a: o.score for a, o in labelled.items()})
