@@ -14,13 +14,13 @@ making-progress multiplier).
 A present-only scorer (``present_only``; ``make_present_scorer``) knows what an onboard policy knows
 instead: the objects as perceived at that time run on at their present velocity (the planner's own
 constant-velocity forecast), the lights keep their present state, and no expert progress is known (no
-making-progress multiplier). It is the teacher of ``luna-oracle-cv`` (``score_present``), and its labels are
+making-progress multiplier). ``luna-oracle-cv`` decides through the same ``score_present`` (with ``make_scorer``'s settings); its labels are
 the ones a student deciding from the present scene can learn: the logged future ("the cross traffic will
 have passed") is in none of them.
 
 ``make_scorer`` is the factory for ``luna-offline collect --scorer luna_bridge.action_scorer:make_scorer``;
 ``make_bundled_bank_scorer`` the teacher of the bundled memory bank (before the reachable A band);
-``make_present_scorer`` the present-only teacher.
+``make_present_scorer`` that teacher on the present only.
 """
 
 from __future__ import annotations
@@ -208,16 +208,23 @@ def make_scorer() -> SimulationActionScorer:
     return SimulationActionScorer()
 
 
+# The settings the bundled ``models/memory_bank`` was labelled with (Eq. 5's A band from the first step, the
+# drivable area strictly on the tracked footprint).
+BUNDLED_BANK_CONFIG = ActionScorerConfig(reachable_accelerate=False, drivable_tolerance=None)
+
+
 def make_bundled_bank_scorer() -> SimulationActionScorer:
-    """The teacher the bundled ``models/memory_bank`` was labelled with (Eq. 5's A band from the first step,
-    ``ActionScorerConfig.reachable_accelerate``; the drivable area strictly on the tracked footprint,
-    ``ActionScorerConfig.drivable_tolerance``): it gives that bank's frames their stored distributions
-    again, so items added to the bank's training data (on-policy frames, DAgger) carry the same labels.
+    """The teacher the bundled ``models/memory_bank`` was labelled with (``BUNDLED_BANK_CONFIG``;
+    ``ActionScorerConfig.reachable_accelerate``, ``ActionScorerConfig.drivable_tolerance``): it gives that
+    bank's frames their stored distributions again, so items added to the bank's training data (on-policy
+    frames, DAgger) carry the same labels.
     ``luna-offline collect --scorer luna_bridge.action_scorer:make_bundled_bank_scorer``."""
-    return SimulationActionScorer(ActionScorerConfig(reachable_accelerate=False, drivable_tolerance=None))
+    return SimulationActionScorer(BUNDLED_BANK_CONFIG)
 
 
 def make_present_scorer() -> SimulationActionScorer:
-    """The present-only teacher (``present_only``; the teacher ``luna-oracle-cv`` decides with), with
-    ``make_scorer``'s settings: ``luna-offline collect --scorer luna_bridge.action_scorer:make_present_scorer``."""
-    return SimulationActionScorer(present_only=True)
+    """The bundled bank's teacher on the present only (``present_only``, ``BUNDLED_BANK_CONFIG``): collected over
+    that bank's frames, only the labels the logged future decided change, and the K = 0 cached states train a
+    head on them (``--targets-from-bank``).
+    ``luna-offline collect --scorer luna_bridge.action_scorer:make_present_scorer``."""
+    return SimulationActionScorer(BUNDLED_BANK_CONFIG, present_only=True)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from luna_core.types import ACTION_INDEX, EgoState, PlannerInput, TrackedObjects, validate_distribution
-from luna_bridge.action_scorer import SimulationActionScorer, expert_state, make_present_scorer, make_scorer
+from luna_bridge.action_scorer import (BUNDLED_BANK_CONFIG, SimulationActionScorer, expert_state,
+                                      make_bundled_bank_scorer, make_present_scorer)
 from luna_bridge.baselines import make_eval_planner
 from luna_bridge.oracle import OracleDecisionSource, _ScenarioScorer
 from luna_bridge.scenario import SIM_DT
@@ -95,20 +96,20 @@ def test_the_cv_oracle_is_registered():
 
 def test_the_present_only_teacher_labels_a_frame_as_the_cv_oracle_scores_it(tmp_path):
     # The teacher `luna-offline collect --scorer ...:make_present_scorer` gives a frame the outcomes
-    # `luna-oracle-cv` computes from the same state: one scoring path, so a student of its labels learns the
-    # cv oracle. It keeps the setting when sent to a worker process.
+    # `luna-oracle-cv`'s path computes from the same state with the same settings: one scoring path. It keeps
+    # the setting when sent to a worker process.
     road = _braking_lead_road()
     teacher = make_present_scorer()
     assert teacher.present_only and pickle.loads(pickle.dumps(teacher)).present_only
     actions = ["CK", "DK", "AK", "SK"]
     labelled = teacher.score_scenario(road, 0.0, actions)
     expert = expert_state(road, 0.0, road.vehicle.wheelbase)
-    cv = _ScenarioScorer(SimulationActionScorer(), road, _input(road, expert), privileged=False).score(
+    cv = _ScenarioScorer(SimulationActionScorer(BUNDLED_BANK_CONFIG), road, _input(road, expert), privileged=False).score(
         None, {}, actions)
     assert {a: (o.score, o.collision, o.reason) for a, o in labelled.items()} == \
         {a: (o.score, o.collision, o.reason) for a, o in cv.items()}
     # ...and it differs from the hindsight teacher exactly where the log's future matters.
-    logged = make_scorer().score_scenario(road, 0.0, ["CK"])["CK"]
+    logged = make_bundled_bank_scorer().score_scenario(road, 0.0, ["CK"])["CK"]
     assert labelled["CK"].executable and not labelled["CK"].collision
     assert labelled["CK"].score > logged.score
     # Through collect's context (a frame names its scenario file and time), the same outcomes.
