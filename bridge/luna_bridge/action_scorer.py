@@ -14,9 +14,9 @@ making-progress multiplier).
 A present-only scorer (``present_only``; ``make_present_scorer``) knows what an onboard policy knows
 instead: the objects as perceived at that time run on at their present velocity (the planner's own
 constant-velocity forecast), the lights keep their present state, and no expert progress is known (no
-making-progress multiplier). ``luna-oracle-cv`` decides through the same ``score_present`` (with ``make_scorer``'s settings); its labels are
-the ones a student deciding from the present scene can learn: the logged future ("the cross traffic will
-have passed") is in none of them.
+making-progress multiplier). ``luna-oracle-cv`` decides through the same ``score_present`` (with
+``make_scorer``'s settings). Its labels are the ones a student deciding from the present scene can learn:
+the logged future ("the cross traffic will have passed") is in none of them.
 
 ``make_scorer`` is the factory for ``luna-offline collect --scorer luna_bridge.action_scorer:make_scorer``;
 ``make_bundled_bank_scorer`` the teacher of the bundled memory bank (before the reachable A band);
@@ -188,7 +188,6 @@ class SimulationActionScorer:
         return score_actions(ego, time, actions, scenario.lane_graph, scenario.route, scenario.vehicle, agents,
                              scenario.lights_at, cfg, where=scenario.name,
                              expert_progress=expert_progress(scenario, time, cfg.horizon))
-
 
     def score_present(self, planner_input: PlannerInput, actions: Sequence[str],
                       where: str = "") -> dict[str, ActionOutcome]:

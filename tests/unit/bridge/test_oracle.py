@@ -4,7 +4,7 @@ machinery on the present only."""
 
 from __future__ import annotations
 
-import pickle
+import copy
 
 import numpy as np
 import pytest
@@ -97,15 +97,15 @@ def test_the_cv_oracle_is_registered():
 def test_the_present_only_teacher_labels_a_frame_as_the_cv_oracle_scores_it(tmp_path):
     # The teacher `luna-offline collect --scorer ...:make_present_scorer` gives a frame the outcomes
     # `luna-oracle-cv`'s path computes from the same state with the same settings: one scoring path. It keeps
-    # the setting when sent to a worker process.
+    # the setting when sent to a worker process (its state is the settings only).
     road = _braking_lead_road()
     teacher = make_present_scorer()
-    assert teacher.present_only and pickle.loads(pickle.dumps(teacher)).present_only
+    assert teacher.present_only and copy.deepcopy(teacher).present_only  # through __getstate__
     actions = ["CK", "DK", "AK", "SK"]
     labelled = teacher.score_scenario(road, 0.0, actions)
     expert = expert_state(road, 0.0, road.vehicle.wheelbase)
-    cv = _ScenarioScorer(SimulationActionScorer(BUNDLED_BANK_CONFIG), road, _input(road, expert), privileged=False).score(
-        None, {}, actions)
+    cv = _ScenarioScorer(SimulationActionScorer(BUNDLED_BANK_CONFIG), road, _input(road, expert),
+                         privileged=False).score(None, {}, actions)
     assert {a: (o.score, o.collision, o.reason) for a, o in labelled.items()} == \
         {a: (o.score, o.collision, o.reason) for a, o in cv.items()}
     # ...and it differs from the hindsight teacher exactly where the log's future matters.
