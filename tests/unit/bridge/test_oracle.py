@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 
-from luna_core.types import ACTION_INDEX, EgoState, PlannerInput, TrackedObjects, validate_distribution
+from luna_core.types import ACTION_INDEX, EgoState, PlannerInput, validate_distribution
 from luna_bridge.action_scorer import (BUNDLED_BANK_CONFIG, SimulationActionScorer, expert_state,
                                       make_bundled_bank_scorer, make_present_scorer)
 from luna_bridge.baselines import make_eval_planner
