@@ -249,18 +249,21 @@ def _top3(probabilities: Any) -> list[list[Any]]:
 
 def decision_statistics(source: Any) -> dict[str, Any]:
     """What the stack decided in one run: count, top actions, the three most probable actions of every
-    decision by its scene stamp (near-ties show there), scenes that could not be described, the
-    decisions that retrieved a reflection item and which items (per decision in the timeline, and
-    per item the number of decisions), so that a moved score can be traced to the items behind it.
-    No timings: result files stay reproducible."""
+    decision by its scene stamp (near-ties show there), scenes that could not be described, how many
+    decisions showed the student 0, 1, ... retrieved examples, the decisions that retrieved a reflection
+    item and which items (per decision in the timeline, and per item the number of decisions), so that a
+    moved score can be traced to the items behind it. No timings: result files stay reproducible."""
     decisions = source.decisions
     bank = getattr(source.heuristic, "bank", None)
     top: dict[str, int] = {}
     used_by_item: dict[str, int] = {}
+    examples: dict[str, int] = {}
     timeline = []
     using = 0
     for d in decisions:
         top[d.top_action] = top.get(d.top_action, 0) + 1
+        shown = str(len(d.retrieved_ids))
+        examples[shown] = examples.get(shown, 0) + 1
         entry: dict[str, Any] = {"stamp": round(float(d.stamp), 3), "top3": _top3(d.probabilities)}
         used = reflection_items_used(d, bank)
         if used:
@@ -274,7 +277,8 @@ def decision_statistics(source: Any) -> dict[str, Any]:
                 used_by_item[item_id] = used_by_item.get(item_id, 0) + 1
         timeline.append(entry)
     return {"count": len(decisions), "top_actions": dict(sorted(top.items())), "timeline": timeline,
-            "scene_errors": len(source.scene_errors), "using_reflection_items": using,
+            "scene_errors": len(source.scene_errors), "examples_shown": dict(sorted(examples.items())),
+            "using_reflection_items": using,
             "reflection_items": dict(sorted(used_by_item.items()))}
 
 

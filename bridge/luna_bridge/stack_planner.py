@@ -65,6 +65,7 @@ class StackSettings:
     student: str = ""  # student folder; "" = the bundled default (models/student)
     memory_bank: str = ""  # memory bank folder; "" = the bundled default (models/memory_bank)
     k: int = 3  # retrieved items per decision (the K = 0 variant overrides it)
+    min_similarity: float = -1.0  # retrieved items less similar (cosine) are not shown; -1 = all K
     gamma_p: float = 0.1
     lesson_weight: float = DEFAULT_LESSON_WEIGHT  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
     decision_every: int = 20  # simulation steps (0.1 s) between decisions: T_d = 2.0 s (CALMM-Drive C_d)
@@ -82,10 +83,12 @@ class StackSettings:
     def __post_init__(self) -> None:
         if self.k < 0 or self.decision_every < 1 or self.population < 4 or self.iterations < 0 \
                 or self.search_seed < 0 or self.time_budget < 0 or not 0.0 <= self.gamma_p <= 1.0 \
-                or not 0.0 <= self.lesson_weight <= 1.0 or self.autocast not in AUTOCASTS:
+                or not 0.0 <= self.lesson_weight <= 1.0 or not -1.0 <= self.min_similarity <= 1.0 \
+                or self.autocast not in AUTOCASTS:
             raise StackConfigError(f"invalid stack settings {self}: need k >= 0, decision_every >= 1, "
                                    "population >= 4, iterations >= 0, search_seed >= 0, time_budget >= 0, "
-                                   f"0 <= gamma_p <= 1, 0 <= lesson_weight <= 1, autocast one of {', '.join(AUTOCASTS)}")
+                                   "0 <= gamma_p <= 1, 0 <= lesson_weight <= 1, -1 <= min_similarity <= 1, "
+                                   f"autocast one of {', '.join(AUTOCASTS)}")
 
     @property
     def decision_period(self) -> float:
@@ -98,9 +101,10 @@ class StackSettings:
         if name in STUDENT_PLANNERS:
             return self
         if name in ORACLE_PLANNERS:
-            return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, lesson_weight=d.lesson_weight)
-        return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, gamma_p=d.gamma_p,
-                       lesson_weight=d.lesson_weight, decision_every=d.decision_every)
+            return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, min_similarity=d.min_similarity,
+                           lesson_weight=d.lesson_weight)
+        return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, min_similarity=d.min_similarity,
+                       gamma_p=d.gamma_p, lesson_weight=d.lesson_weight, decision_every=d.decision_every)
 
     def describe(self, decisions: bool = True) -> str:
         """One line for result tables (``decisions``: also how the stack decides)."""
@@ -111,10 +115,10 @@ class StackSettings:
                   f"{self.population}, {self.iterations} round(s))")
         if not decisions:
             return search
+        floor = f" at cosine >= {self.min_similarity:g}" if self.min_similarity > -1.0 else ""
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
-                f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, K = {self.k}"
-                f", lesson weight {self.lesson_weight:g}); "
-                f"{search}")
+                f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, "
+                f"K = {self.k}{floor}, lesson weight {self.lesson_weight:g}); {search}")
 
 
 def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = "memory bank folder") -> None:
@@ -125,6 +129,10 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
     group.add_argument("--memory-bank", default=d.memory_bank,
                        help=f"{memory_bank_help} (default: the bundled models/memory_bank)")
     group.add_argument("--k", type=int, default=d.k, help=f"retrieved memory items per decision (default {d.k})")
+    group.add_argument("--min-similarity", type=float, default=d.min_similarity,
+                       help="retrieved items whose cosine similarity to the scene is below this are not shown, so a "
+                            "scene far from every item decides with fewer examples or none (default "
+                            f"{d.min_similarity:g}; -1 = all K, the paper's)")
     group.add_argument("--lesson-weight", type=float, default=d.lesson_weight,
                        help="weight w of the retrieved reflection items' recommended decisions in each decision, "
                             f"pi' = (1 - w) pi_hat + w q (luna_core.lessons; default {d.lesson_weight:g}); with w > 0 a "
@@ -150,9 +158,9 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
 def stack_settings_from_args(args: argparse.Namespace, **other: Any) -> StackSettings:
     """StackSettings from the options of ``add_stack_arguments`` (and ``other`` fields, e.g. ``device``)."""
     return StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
-                         lesson_weight=args.lesson_weight, decision_every=args.decision_every, population=args.population,
-                         iterations=args.iterations, search_seed=args.search_seed, time_budget=args.time_budget,
-                         autocast=args.autocast, **other)
+                         min_similarity=args.min_similarity, lesson_weight=args.lesson_weight,
+                         decision_every=args.decision_every, population=args.population, iterations=args.iterations,
+                         search_seed=args.search_seed, time_budget=args.time_budget, autocast=args.autocast, **other)
 
 
 _settings = StackSettings()
@@ -227,7 +235,8 @@ def heuristic_config(settings: StackSettings, k: int | None = None) -> Heuristic
     try:
         return HeuristicStackConfig(student=settings.student, memory_bank=settings.memory_bank if k > 0 else NO_BANK,
                                     default_bank="bundled", device=settings.device, autocast=settings.autocast, k=k,
-                                    gamma_p=settings.gamma_p, lesson_weight=settings.lesson_weight)
+                                    gamma_p=settings.gamma_p, min_similarity=settings.min_similarity,
+                                    lesson_weight=settings.lesson_weight)
     except CoreConfigError as exc:
         raise StackConfigError(str(exc)) from None
 

@@ -68,7 +68,7 @@ def test_realtime_bridge_drives_a_planner_node_at_wall_clock_speed(tmp_path, ros
     assert paced >= 0.95 * scenario.duration  # wall-clock speed: the 4 s scenario took at least ~4 s
     assert r["steps"] == round(scenario.duration / 0.1)
     # a trajectory every 0.5 s, each a short while after the instant it was planned for
-    assert r["trajectory_delay_s"]["count"] >= scenario.duration / 0.5 - 2
+    assert r["trajectory_delay_s"]["count"] >= scenario.duration / 0.5 - 2, (r["trajectory_delay_s"], r["nodes"])
     assert 0.0 <= r["trajectory_delay_s"]["p50"] < 2.0
     assert 0.0 <= r["trajectory_age_s"]["max"] < 2.0  # the tracked trajectory was never far behind
     assert "missed_deadlines" in r["nodes"]["planner"] and r["nodes"]["planner"]["cycle_time_s"]["count"] >= 1

@@ -94,8 +94,9 @@ def test_without_reflections_view_follows_the_bank(artifacts) -> None:
 
 
 def test_diffusion_es_settings_ignore_the_decision_maker() -> None:
-    s = StackSettings(student="a", memory_bank="b", k=1, decision_every=7, population=16)
+    s = StackSettings(student="a", memory_bank="b", k=1, min_similarity=0.9, decision_every=7, population=16)
     assert s.for_planner("luna") == s
+    assert "K = 1 at cosine >= 0.9" in s.describe() and "cosine" not in StackSettings().describe()
     assert s.for_planner("diffusion-es") == StackSettings(population=16)  # same runs whatever the student
 
 
@@ -136,17 +137,19 @@ def test_eval_and_reflect_read_the_stack_options_alike() -> None:
     assert stack_settings_from_args(_parsed(["reflect", "--suite", "x", "--out", "o"]), device="cpu") == defaults
     flags = ["--student", "s", "--memory-bank", "b", "--k", "1", "--decision-every", "10", "--population", "64",
              "--iterations", "1", "--search-seed", "2", "--time-budget", "0.4", "--autocast", "bfloat16",
-             "--lesson-weight", "0.5"]
+             "--lesson-weight", "0.5", "--min-similarity", "0.9"]
     from_eval = stack_settings_from_args(_parsed(["eval", "--suite", "x", *flags]))
     reflect_args = _parsed(["reflect", "--suite", "x", "--out", "o", *flags, "--device", "cuda"])
     assert from_eval == StackSettings(student="s", memory_bank="b", k=1, decision_every=10, population=64,
                                       iterations=1, search_seed=2, time_budget=0.4, autocast="bfloat16",
-                                      lesson_weight=0.5)
+                                      lesson_weight=0.5, min_similarity=0.9)
     assert stack_settings_from_args(reflect_args, device=reflect_args.device) == replace(from_eval, device="cuda")
     with pytest.raises(StackConfigError, match="population >= 4"):
         stack_settings_from_args(_parsed(["eval", "--suite", "x", "--population", "2"]))
     with pytest.raises(StackConfigError, match="lesson_weight"):
         stack_settings_from_args(_parsed(["eval", "--suite", "x", "--lesson-weight", "1.5"]))
+    with pytest.raises(StackConfigError, match="min_similarity"):
+        stack_settings_from_args(_parsed(["eval", "--suite", "x", "--min-similarity", "-2"]))
 
 
 @pytest.mark.slow  # three student forward passes and 13 closed-loop runs: ~25 s wall on the shared machine
@@ -167,6 +170,8 @@ def test_eval_runs_the_stack_variants_deterministically(artifacts, tmp_path: Pat
     for p in planners[:2]:
         d = results[p]["decisions"]
         assert d["count"] == 1 and d["scene_errors"] == 0, p  # t = 0 of the 2 s scenario (T_d = 2 s)
+        # K = 3 items shown to the student; without reflection items the 3-item bank has two left
+        assert d["examples_shown"] == {"luna": {"3": 1}, "luna-no-reflection": {"2": 1}}[p], p
         (entry,) = d["timeline"]  # each decision's three most probable actions, most probable first
         probs = [q for _, q in entry["top3"]]
         assert entry["stamp"] == 0.0 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.001

@@ -125,6 +125,35 @@ def test_reset_forgets_the_previous_items(system):
     assert ids(fast) == [item.id for item, _ in system.bank.retrieve(system.prompts.decision_query(fast), 2)] != first
 
 
+def test_items_below_the_similarity_floor_are_not_shown(system):
+    scene = samples.scene()
+    scene.ego_speed = 7.3  # between the bank's items (4, 6, 8, 10 m/s): no item is the scene itself
+    query = system.prompts.decision_query(scene)
+    ranked = system.bank.retrieve(query, 3)
+    scores = [score for _, score in ranked]
+    assert scores[0] > scores[1] > scores[2]  # otherwise a floor between them could not be placed
+
+    def floored(floor: float, margin: float = 0.0) -> HeuristicSystem:
+        return HeuristicSystem(system.student, system.prompts, system.bank,
+                               HeuristicConfig(k=3, retrieval_margin=margin, min_similarity=floor))
+
+    between = (scores[0] + scores[1]) / 2
+    d = floored(between).decide(scene)
+    assert d.retrieved_ids == [ranked[0][0].id] and d.retrieved_similarities == [round(scores[0], 6)]
+    assert scores[0] < 1.0
+    none = floored((scores[0] + 1.0) / 2).decide(scene)  # far from every item: decided without examples
+    assert none.retrieved_ids == [] and none.examples_dropped == 0
+    assert abs(none.probabilities.sum() - 1.0) < 1e-9
+    assert floored(-1.0).decide(scene).retrieved_ids == [item.id for item, _ in ranked]  # -1: all K
+    # the previous decision's items are kept (any margin) only while each is above the floor
+    sticky = floored(between, margin=1.0)
+    sticky.decide(scene)
+    far = samples.scene()
+    far.ego_speed = 10.0
+    kept = sticky.retrieve(far, system.prompts.decision_query(far))
+    assert all(score >= between for _, score in kept)
+
+
 @pytest.mark.slow
 def test_explanation_ends_at_a_sentence_names_no_action_wrongly_and_reports_its_latency(system):
     from luna_core.prompts.parsers import action_name_errors

@@ -37,10 +37,11 @@ def artifacts(tmp_path_factory):
 def test_the_heuristic_system_is_built_from_its_config_and_decides(artifacts) -> None:
     student, bank, ids = artifacts
     config = HeuristicStackConfig(student=str(student), memory_bank=str(bank), device="cpu", k=2, gamma_p=0.2,
-                                  retrieval_margin=0.0)
+                                  retrieval_margin=0.0, min_similarity=-0.5)
     system = build_heuristic_system(config)
     assert isinstance(system, HeuristicSystem) and isinstance(system.bank, MemoryBank)
-    assert (system.config.k, system.config.gamma_p, system.config.retrieval_margin) == (2, 0.2, 0.0)
+    assert (system.config.k, system.config.gamma_p, system.config.retrieval_margin,
+            system.config.min_similarity) == (2, 0.2, 0.0, -0.5)
     d = system.decide(samples.scene())
     assert len(d.retrieved_ids) == 2 and set(d.retrieved_ids) <= set(ids)
     assert math.isclose(float(np.sum(d.probabilities)), 1.0, abs_tol=1e-5)
@@ -78,6 +79,7 @@ def test_missing_artifacts_are_named(tmp_path) -> None:
     (lambda: HeuristicStackConfig(gamma_p=1.5), "HeuristicStackConfig.gamma_p"),
     (lambda: HeuristicStackConfig(retrieval_margin=math.nan), "HeuristicStackConfig.retrieval_margin"),
     (lambda: HeuristicStackConfig(lesson_weight=-0.1), "HeuristicStackConfig.lesson_weight"),
+    (lambda: HeuristicStackConfig(min_similarity=1.5), "HeuristicStackConfig.min_similarity"),
     (lambda: HeuristicStackConfig(device="tpu"), "HeuristicStackConfig.device"),
     (lambda: HeuristicStackConfig(default_bank="shared"), "HeuristicStackConfig.default_bank"),
     (lambda: HeuristicStackConfig(max_context_tokens=-5), "HeuristicStackConfig.max_context_tokens"),

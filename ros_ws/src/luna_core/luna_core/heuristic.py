@@ -68,6 +68,10 @@ class HeuristicConfig:
     # the student reuses. On the default bank (frames 2 s apart) 0.005 kept the items in 77% of
     # consecutive frames at a mean similarity cost of 0.001; 0 = always exactly the top K.
     retrieval_margin: float = 0.005
+    # Retrieved items less similar than this (cosine in the bank's embedding space) are not shown: a scene
+    # far from every item (e.g. real traffic against a bank of procedural roads) decides with fewer examples
+    # or none, as the student was trained to (random K in [0, 3]). -1 = every item, the paper's behaviour.
+    min_similarity: float = -1.0
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
     explanation_max_tokens: int = 200  # on an accelerator
     # On the CPU a token costs tens of ms and waits for each decision: about the first ranked action's
@@ -113,7 +117,8 @@ class HeuristicSystem:
         """The K items most similar to the scene with their cosine similarity, best first, or the
         previous decision's items while they are nearly as similar (``retrieval_margin``). A reflection
         item repeating a better one, and with lessons on (w > 0) one whose cause the scene lacks, is
-        replaced by the next item (``luna_core.lessons``)."""
+        replaced by the next item (``luna_core.lessons``). Items below ``min_similarity`` are left out, so
+        a scene far from the bank gets fewer than K items or none."""
         if self.bank is None or self.config.k <= 0:
             return []
         with self._bank_lock:
@@ -123,11 +128,13 @@ class HeuristicSystem:
             while more := self._out_of_place(best, scene) - excluded:
                 excluded |= more
                 best = self.bank.retrieve(q, self.config.k, exclude_ids=excluded)
+            best = [(item, score) for item, score in best if score >= self.config.min_similarity]
             previous = [self.bank.get(i) for i in self._previous_ids if i in self.bank]
             if best and len(previous) == len(best) == len(self._previous_ids) \
                     and not self._out_of_place([(item, 0.0) for item in previous], scene):
                 kept = [float(np.dot(item.embedding, q)) for item in previous]
-                if np.mean(kept) >= float(np.mean([score for _, score in best])) - self.config.retrieval_margin:
+                best_mean = float(np.mean([score for _, score in best]))
+                if min(kept) >= self.config.min_similarity and np.mean(kept) >= best_mean - self.config.retrieval_margin:
                     return list(zip(previous, kept))
             self._previous_ids = [item.id for item, _ in best]
             return best

@@ -93,6 +93,7 @@ class HeuristicStackConfig:
     k: int = 3  # retrieved memory items per decision (K)
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
     retrieval_margin: float = 0.005  # keep the previous K items within this similarity (KV-cache reuse)
+    min_similarity: float = -1.0  # retrieved items less similar (cosine) are not shown; -1 = all K
     lesson_weight: float = DEFAULT_LESSON_WEIGHT  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
 
     def __post_init__(self) -> None:
@@ -107,6 +108,7 @@ class HeuristicStackConfig:
         _check_int(self, "k", 0)
         _check_finite(self, "gamma_p", 0.0, 1.0)
         _check_finite(self, "retrieval_margin", 0.0, 1.0)
+        _check_finite(self, "min_similarity", -1.0, 1.0)
         _check_finite(self, "lesson_weight", 0.0, 1.0)
 
     @property
@@ -118,7 +120,7 @@ class HeuristicStackConfig:
         from luna_core.heuristic import HeuristicConfig
 
         return HeuristicConfig(k=self.k, gamma_p=self.gamma_p, retrieval_margin=self.retrieval_margin,
-                               lesson_weight=self.lesson_weight)
+                               min_similarity=self.min_similarity, lesson_weight=self.lesson_weight)
 
 
 def load_student(config: HeuristicStackConfig) -> DualHeadStudent:

@@ -29,6 +29,9 @@ MODEL_PARAMS = [
     ParamSpec("retrieval_margin", float, 0.005, "Keep the previous decision's retrieved items while their mean "
               "cosine similarity is within this of the best K's (their KV cache is reused); 0 = always the "
               "top K.", min=0.0, max=1.0),
+    ParamSpec("min_similarity", float, -1.0, "Retrieved items whose cosine similarity to the scene is below this "
+              "are not shown: a scene far from every item decides with fewer examples or none; -1 = every "
+              "retrieved item (the paper's).", min=-1.0, max=1.0),
     ParamSpec("lesson_weight", float, DEFAULT_LESSON_WEIGHT, "Weight w of the retrieved reflection items' "
               "recommended decisions in the published distribution, pi' = (1 - w) pi_hat + w q "
               "(luna_core.lessons); with w > 0 a reflection item is used only where the scene has its cause; 0 = the "
@@ -88,6 +91,7 @@ def heuristic_config(params: dict) -> HeuristicStackConfig:
                                 autocast=params["autocast"],
                                 max_context_tokens=params["max_context_tokens"], k=params["k"],
                                 gamma_p=params["gamma_p"], retrieval_margin=params["retrieval_margin"],
+                                min_similarity=params["min_similarity"],
                                 lesson_weight=params["lesson_weight"])
 
 
