@@ -19,6 +19,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from luna_core.prompts.parsers import complete_sentences, repair_action_names
 from luna_core.scene import head_scene_values, scene_vector
 from luna_core.types import (DecisionDistribution, DecisionExplanation, FailureEvent, MemoryItem, SceneDescriptor,
                              candidate_set)
+
+if TYPE_CHECKING:  # the bank is imported by whoever builds the system (faiss loads with it)
+    from luna_core.memory.bank import MemoryBank
 
 
 class InvalidSceneError(ValueError):
@@ -58,6 +62,13 @@ def check_scene(scene: SceneDescriptor) -> None:
             value = getattr(o, name)
             if not math.isfinite(value):
                 raise InvalidSceneError(f"{where}: objects[{i}] ({o.id!r}) {name} is {value}")
+
+
+def retrieval_key(bank: MemoryBank, scene: SceneDescriptor, query: str) -> str | np.ndarray:
+    """What a decision retrieves with from ``bank``: the scene vector for a scene-vector bank, else the
+    decision query Q_md (text, embedded by the bank's embedder)."""
+    name = str(bank.manifest["embedder"].get("name", ""))
+    return scene_vector(scene) if name.startswith("scene-vector:") else query
 
 
 @dataclass(frozen=True)
@@ -109,10 +120,6 @@ class HeuristicSystem:
         with self._bank_lock:
             return self.bank.refresh()
 
-    def _retrieval_key(self, scene: SceneDescriptor, query: str) -> str | np.ndarray:
-        name = str(self.bank.manifest["embedder"].get("name", ""))
-        return scene_vector(scene) if name.startswith("scene-vector:") else query
-
     def retrieve(self, scene: SceneDescriptor, query: str) -> list[tuple[MemoryItem, float]]:
         """The K items most similar to the scene with their cosine similarity, best first, or the
         previous decision's items while they are nearly as similar (``retrieval_margin``). A reflection
@@ -122,7 +129,7 @@ class HeuristicSystem:
         if self.bank is None or self.config.k <= 0:
             return []
         with self._bank_lock:
-            q = self.bank.embedder.embed_query(self._retrieval_key(scene, query))
+            q = self.bank.embedder.embed_query(retrieval_key(self.bank, scene, query))
             best = self.bank.retrieve(q, self.config.k)
             excluded: set[str] = set()
             while more := self._out_of_place(best, scene) - excluded:
