@@ -286,17 +286,19 @@ def heuristic_for(variant: str, settings: StackSettings) -> Any:
 
 def make_decision_source(variant: str = "luna", student: str = "", memory_bank: str = "", k: int = 3,
                          gamma_p: float = 0.1, device: str = "cpu", autocast: str = "none",
-                         lesson_weight: float = DEFAULT_LESSON_WEIGHT) -> SceneDecisionSource:
+                         lesson_weight: float = DEFAULT_LESSON_WEIGHT,
+                         min_similarity: float = -1.0) -> SceneDecisionSource:
     """The decision source of stack ``variant`` (one of ``STUDENT_PLANNERS``): xi_t from each planner
     input, then the variant's heuristic system. ``student`` / ``memory_bank`` are folders ("" = the
     bundled models/student, models/memory_bank); ``k`` retrieved items (``luna-k0`` uses 0);
     ``gamma_p`` is the candidate-set threshold (Eq. 19); ``lesson_weight`` the weight of retrieved
-    reflection lessons (``luna_core.lessons``, 0 = the paper's). Student and bank are loaded once per process.
+    reflection lessons (``luna_core.lessons``, 0 = the paper's); retrieved items less similar than
+    ``min_similarity`` (cosine) are not shown (-1 = all K). Student and bank are loaded once per process.
     Raises ``StackConfigError`` naming the folder that cannot be loaded, or the bad setting."""
     from luna_bridge.reflection_round import SceneDecisionSource
 
     settings = StackSettings(student=student, memory_bank=memory_bank, k=k, gamma_p=gamma_p, device=device,
-                             autocast=autocast, lesson_weight=lesson_weight)
+                             autocast=autocast, lesson_weight=lesson_weight, min_similarity=min_similarity)
     return SceneDecisionSource(heuristic_for(variant, settings))
 
 
@@ -360,4 +362,4 @@ def make_stack_planner(variant: str, scenario: Scenario | None = None,
                                                  privileged=variant != "luna-oracle-cv"))
     return StackPlanner(variant, search_planner(True, s),
                         make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device, s.autocast,
-                                             s.lesson_weight))
+                                             s.lesson_weight, s.min_similarity))

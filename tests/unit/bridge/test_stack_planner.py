@@ -22,8 +22,8 @@ from luna_core.types import PlannerInput, TrackedObjects, TrafficLights
 from luna_bridge import eval_command, reflection_round
 from luna_bridge.evaluate import EvalConfig, run_evaluation
 from luna_bridge.scenarios.format import save_scenario
-from luna_bridge.stack_planner import (StackConfigError, StackSettings, WithoutReflections, make_stack_planner,
-                                       stack_settings_from_args)
+from luna_bridge.stack_planner import (STUDENT_PLANNERS, StackConfigError, StackSettings, WithoutReflections,
+                                       make_stack_planner, stack_settings_from_args)
 from tests import samples
 from tests.heuristic_fixtures import make_bank, make_student_dir
 from tests.unit.bridge.test_eval import scenario
@@ -81,6 +81,16 @@ def test_decision_variants(artifacts) -> None:
     # Masked actions stay impossible: the scenario's ego lane has no right neighbour.
     assert all(d.probabilities[T.ACTION_INDEX[c]] == 0.0 for d in decided.values() for c in ("AR", "CR", "DR"))
     assert make_stack_planner("diffusion-es", settings=cfg).decision_source is None
+
+
+def test_the_settings_reach_every_variants_heuristic_system(artifacts) -> None:
+    """What ``luna-bridge eval`` was asked for is what decides: the retrieval settings of every variant."""
+    cfg = settings(artifacts, k=2, min_similarity=0.7, lesson_weight=0.25, gamma_p=0.2)
+    for variant in STUDENT_PLANNERS:
+        source = make_stack_planner(variant, settings=cfg).decision_source.heuristic
+        config = getattr(source, "heuristic", source).config  # the one-hot variant wraps the system
+        assert (config.min_similarity, config.lesson_weight, config.gamma_p) == (0.7, 0.25, 0.2), variant
+        assert config.k == (0 if variant == "luna-k0" else 2), variant
 
 
 def test_without_reflections_view_follows_the_bank(artifacts) -> None:
