@@ -140,8 +140,8 @@ class HeuristicSystem:
             if best and len(previous) == len(best) == len(self._previous_ids) \
                     and not self._out_of_place([(item, 0.0) for item in previous], scene):
                 kept = [float(np.dot(item.embedding, q)) for item in previous]
-                best_mean = float(np.mean([score for _, score in best]))
-                if min(kept) >= self.config.min_similarity and np.mean(kept) >= best_mean - self.config.retrieval_margin:
+                near = float(np.mean([score for _, score in best])) - self.config.retrieval_margin
+                if min(kept) >= self.config.min_similarity and np.mean(kept) >= near:
                     return list(zip(previous, kept))
             self._previous_ids = [item.id for item, _ in best]
             return best
