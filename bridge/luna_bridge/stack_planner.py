@@ -19,9 +19,10 @@ eval registry so they land in one Table III layout (ablations in the spirit of L
 ``diffusion-es``       the same search without decisions (J_gen only; no student)
 =====================  ==========================================================================
 
-``make_decision_source`` is the one factory of a variant's decision source: the eval registry attaches
-it to the planner here, and the nuPlan devkit's hydra config (``luna_bridge.nuplan``,
-``config/planner/luna_stack_planner.yaml``) hands it to ``LunaNuPlanPlanner``.
+``decision_source`` is the one factory of a variant's decision source, from the stack's settings: the
+eval registry attaches it to the planner here, and ``make_decision_source`` (the same settings as
+keywords) is what the nuPlan devkit's hydra config (``luna_bridge.nuplan``,
+``config/planner/luna_stack_planner.yaml``) hands to ``LunaNuPlanPlanner``.
 
 The planner searches under a wall-clock budget on the vehicle; for reproducible batch evaluation
 ``StackSettings.time_budget = 0`` (the default here) runs it in deterministic mode (fixed stage sizes:
@@ -288,17 +289,24 @@ def make_decision_source(variant: str = "luna", student: str = "", memory_bank: 
                          gamma_p: float = 0.1, device: str = "cpu", autocast: str = "none",
                          lesson_weight: float = DEFAULT_LESSON_WEIGHT,
                          min_similarity: float = -1.0) -> SceneDecisionSource:
-    """The decision source of stack ``variant`` (one of ``STUDENT_PLANNERS``): xi_t from each planner
-    input, then the variant's heuristic system. ``student`` / ``memory_bank`` are folders ("" = the
+    """``decision_source`` of the settings given as keywords (the nuPlan planner config's form).
+    ``student`` / ``memory_bank`` are folders ("" = the
     bundled models/student, models/memory_bank); ``k`` retrieved items (``luna-k0`` uses 0);
     ``gamma_p`` is the candidate-set threshold (Eq. 19); ``lesson_weight`` the weight of retrieved
     reflection lessons (``luna_core.lessons``, 0 = the paper's); retrieved items less similar than
-    ``min_similarity`` (cosine) are not shown (-1 = all K). Student and bank are loaded once per process.
-    Raises ``StackConfigError`` naming the folder that cannot be loaded, or the bad setting."""
+    ``min_similarity`` (cosine) are not shown (-1 = all K)."""
+    return decision_source(variant, StackSettings(student=student, memory_bank=memory_bank, k=k, gamma_p=gamma_p,
+                                                  device=device, autocast=autocast, lesson_weight=lesson_weight,
+                                                  min_similarity=min_similarity))
+
+
+def decision_source(variant: str, settings: StackSettings) -> SceneDecisionSource:
+    """The decision source of stack ``variant`` (one of ``STUDENT_PLANNERS``): xi_t from each planner
+    input, then the variant's heuristic system with ``settings``' retrieval and candidate-set settings.
+    Student and bank are loaded once per process. Raises ``StackConfigError`` naming the folder that
+    cannot be loaded, or the bad setting."""
     from luna_bridge.reflection_round import SceneDecisionSource
 
-    settings = StackSettings(student=student, memory_bank=memory_bank, k=k, gamma_p=gamma_p, device=device,
-                             autocast=autocast, lesson_weight=lesson_weight, min_similarity=min_similarity)
     return SceneDecisionSource(heuristic_for(variant, settings))
 
 
@@ -360,6 +368,4 @@ def make_stack_planner(variant: str, scenario: Scenario | None = None,
         return StackPlanner(variant, search_planner(True, s),
                             OracleDecisionSource(scenario, s.gamma_p, one_hot=variant == "luna-onehot-oracle",
                                                  privileged=variant != "luna-oracle-cv"))
-    return StackPlanner(variant, search_planner(True, s),
-                        make_decision_source(variant, s.student, s.memory_bank, s.k, s.gamma_p, s.device, s.autocast,
-                                             s.lesson_weight, s.min_similarity))
+    return StackPlanner(variant, search_planner(True, s), decision_source(variant, s))

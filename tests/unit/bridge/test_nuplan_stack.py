@@ -1,7 +1,8 @@
 """The full LUNA stack in the nuPlan devkit: ``luna_bridge.stack_planner.make_decision_source`` (the one
-factory of a variant's decision source) as ``config/planner/luna_stack_planner.yaml`` calls it, with the
-real bundled student and memory bank (``models/``), and ``LunaNuPlanPlanner`` deciding and planning with
-it on real devkit objects where the devkit is importable (skipped with the reason elsewhere).
+factory of a variant's decision source, ``decision_source``, with its settings as keywords) as
+``config/planner/luna_stack_planner.yaml`` calls it, with the real bundled student and memory bank
+(``models/``), and ``LunaNuPlanPlanner`` deciding and planning with it on real devkit objects where the
+devkit is importable (skipped with the reason elsewhere).
 
 One student forward pass per decision costs about a second on this CPU, so the tests retrieve K = 1
 item (the bundled student was trained with K <= 1) and make as few decisions as they can.
