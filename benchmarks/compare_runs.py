@@ -14,7 +14,9 @@ used it and those of them where a lesson acted, the runs whose decisions used it
 or lost, and their summed score change (a run that used several items counts for each). Each suite's
 line gives both sides' NR and R CLS on the runs compared and, where reflection lessons acted on a side's
 decisions (``luna_core.lessons``), in how many decisions and in how many of them the lesson changed the
-top action.
+top action. Where the sides differ in how many decisions showed the student no retrieved example
+(``decisions.examples_shown``: a retrieval floor, ``--min-similarity``, or K = 0), the suite's line counts
+them, and each listed run names its own counts.
 
 ``--rerun-of-a``: the second folder holds only the runs that could move (e.g. those whose decisions used
 a reflection item, rerun with a setting that acts only on them); every run it lacks is taken from the
@@ -52,6 +54,19 @@ def acted_of(result: dict) -> dict[str, int]:
         for item_id in entry.get("reflection_items") or []:
             acted[item_id] = acted.get(item_id, 0) + 1
     return acted
+
+
+def without_examples(result: dict) -> int:
+    """The run's decisions that showed the student no retrieved example (0 for files without the count)."""
+    return int(((result.get("decisions") or {}).get("examples_shown") or {}).get("0", 0))
+
+
+def examples_text(ra: dict, rb: dict) -> str:
+    a, b = without_examples(ra), without_examples(rb)
+    if a == b:
+        return ""
+    count = (rb.get("decisions") or {}).get("count", 0)
+    return f"  no example: {a} -> {b} of {count} decisions"
 
 
 def used_items(ra: dict, rb: dict) -> str:
@@ -93,8 +108,9 @@ def main() -> None:
     rows = []
     for suite in args.suite or SUITES:
         same = n = 0
-        # side -> [decisions, using reflection items, a lesson acted, a lesson changed the top action]
-        decisions = {"a": [0, 0, 0, 0], "b": [0, 0, 0, 0]}
+        # side -> [decisions, using reflection items, a lesson acted, a lesson changed the top action,
+        #          no example shown]
+        decisions = {"a": [0, 0, 0, 0, 0], "b": [0, 0, 0, 0, 0]}
         scores: dict[str, tuple[list[float], list[float]]] = {}  # mode -> (a's scores, b's scores)
         for mode in ["non_reactive", "reactive"]:
             for f in sorted(glob.glob(f"{args.a}/{suite}/scenarios/{args.planner_a}/{mode}/*.json")):
@@ -115,6 +131,7 @@ def main() -> None:
                         acted = lesson_decisions(result)
                         decisions[side][2] += len(acted)
                         decisions[side][3] += sum(e["student_top3"][0][0] != e["top3"][0][0] for e in acted)
+                        decisions[side][4] += without_examples(result)
         line = f"{suite}: {n} runs compared, {same} identical"
         for mode, (a, b) in scores.items():
             label = "NR" if mode == "non_reactive" else "R"
@@ -125,6 +142,9 @@ def main() -> None:
         if decisions["a"][2] or decisions["b"][2]:
             line += (f"; a lesson acted in {decisions['a'][2]} / {decisions['b'][2]} (top action changed in "
                      f"{decisions['a'][3]} / {decisions['b'][3]})")
+        if decisions["a"][4] != decisions["b"][4]:
+            line += (f"; decisions without an example {decisions['a'][4]} of {decisions['a'][0]} / "
+                     f"{decisions['b'][4]} of {decisions['b'][0]}")
         print(line)
     rows.sort(key=lambda r: r[:4])
     print(f"all: {len(rows)} runs compared, {sum(1 for r in rows if abs(r[0]) < 1e-9)} identical")
@@ -134,7 +154,7 @@ def main() -> None:
         for r in rows:
             if abs(r[0]) > args.min_diff:
                 print(f"{r[0]:+.3f} {r[1]} {r[2]} {r[3]} {r[4]['score']:.3f} -> {r[5]['score']:.3f}  "
-                      f"fails: {failing(r[4])} -> {failing(r[5])}" + used_items(r[4], r[5]))
+                      f"fails: {failing(r[4])} -> {failing(r[5])}" + used_items(r[4], r[5]) + examples_text(r[4], r[5]))
         return
     for r in rows[:6] + [None] + rows[-6:]:
         print("..." if r is None else f"{r[0]:+.3f} {r[1]} {r[2]} {r[3]} {r[4]['score']:.3f} -> {r[5]['score']:.3f}")

@@ -254,3 +254,8 @@ def test_compare_runs_counts_decisions_using_reflection_items_where_a_side_has_t
     assert out[0] == "synthetic-hard: 1 runs compared, 0 identical; R CLS 100.00 -> 50.00"
     out = subprocess.run(script + ["--rerun-of-a"], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "synthetic-hard: 2 runs compared, 1 identical; R CLS 100.00 -> 75.00"
+    # a retrieval floor: the decisions that showed no example, per suite and per listed run
+    record(tmp_path / "after", "b_00", 0.5, {"count": 8, "examples_shown": {"0": 5, "3": 3}})
+    out = subprocess.run(script + ["--min-diff", "0.1"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].endswith("; decisions without an example 0 of 8 / 5 of 8")
+    assert out[-1].endswith("fails: [] -> ['no_ego_at_fault_collisions']  no example: 0 -> 5 of 8 decisions")
