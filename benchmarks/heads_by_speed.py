@@ -18,7 +18,6 @@ unseen: say which split (``--split``) and which heads saw it.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from luna_core.scene import head_scene_part, head_scene_values, scene_vector
+from luna_core.student.model import load_decision_head
 from luna_core.types import ACTION_CODES, ACTION_INDEX
 from luna_offline.distill_head import load_features
 from luna_offline.frames import read_frames
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from score_cached_heads import load_head  # noqa: E402 - benchmarks/ on sys.path
 
 BANDS = ((0.0, 1.0), (1.0, 5.0), (5.0, float("inf")))  # m/s: crawling or standing, getting going, driving
 
@@ -140,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, folder = spec.partition("=")
         if not name or not folder:
             p.error(f"--student {spec!r}: expected NAME=FOLDER")
-        heads[name] = load_head(Path(folder))
+        heads[name] = load_decision_head(Path(folder))
     parts = [load_features(args.features, s) for s in (("train", "heldout") if args.split == "all" else (args.split,))]
     parts = [part for part in parts if part[2]]
     if not parts:

@@ -17,22 +17,10 @@ import argparse
 import json
 from pathlib import Path
 
-from safetensors.torch import load_file
-
 from luna_core.scene import head_scene_part
-from luna_core.student import StudentConfig
-from luna_core.student.head import DecisionHead
+from luna_core.student.model import load_decision_head
 from luna_offline.distill_head import (SceneJoinedHead, bank_targets, kl_and_accuracy, load_features,
                                       with_scene_vectors)
-
-
-def load_head(student: Path) -> DecisionHead:
-    state = load_file(str(student / "head.safetensors"))
-    scene_dim = StudentConfig.load(student / "student_config.json").head_scene_dim
-    first = state["net.0.weight"]  # (hidden, d_model + scene_dim)
-    head = DecisionHead(first.shape[1] - scene_dim, first.shape[0], state["net.2.weight"].shape[0], scene_dim)
-    head.load_state_dict(state)
-    return head.eval()
 
 
 def bank_items(path: Path) -> dict:
@@ -51,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets-from-bank", action="store_true",
                    help="score against --bank's labels of the rows' items (a relabelled bank of the same frames)")
     args = p.parse_args(argv)
-    head = load_head(args.student)
+    head = load_decision_head(args.student)
     items = None
     if head.scene_dim or args.targets_from_bank:
         if args.bank is None:

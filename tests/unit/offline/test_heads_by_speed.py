@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from luna_core.student import StudentConfig
+from luna_core.student import StudentConfig, files
 from luna_core.student.head import DecisionHead
 from luna_core.types import ACTION_CODES
 from luna_offline.distill_head import _write_shard
@@ -41,10 +41,13 @@ def always(code: str) -> DecisionHead:
 
 
 def save_student(folder: Path, head: DecisionHead, scene_dim: int = 0) -> Path:
-    """A student folder holding only what ``load_head`` reads: the head and its config."""
+    """A student folder holding what ``load_decision_head`` reads: the head, its config and the meta (an empty
+    adapter file stands in for the adapter the meta names)."""
     folder.mkdir()
     save_file(head.state_dict(), str(folder / "head.safetensors"))
-    StudentConfig(head_scene_dim=scene_dim).save(folder / "student_config.json")
+    save_file({}, str(folder / "adapter.safetensors"))
+    StudentConfig(head_scene_dim=scene_dim, head_hidden=8).save(folder / "student_config.json")
+    files.write_meta(folder, "no base", "smollm2-135m-instruct", D_MODEL)
     return folder
 
 

@@ -383,14 +383,16 @@ SCENE_TIMING_DIM = len(_SLOTS) * _TIMING_FEATURES
 # ``head_scene_values``: xi_t followed by the objects' timing. Each part has its own length, so a head's
 # scene_dim names its part. "ego-road" leaves out the recent decisions (the teacher's top action repeats
 # the last decision on about two thirds of its items) and the objects; "ego-road-timing" adds the
-# objects' timing to it (docs/student.md, sessions 38 and 39).
+# objects' timing to it (docs/student.md, sessions 38 and 39); "all-timing" is every value, what an
+# ensemble of heads reads, each member taking its own part of it (``luna_core.student.head.HeadEnsemble``).
+HEAD_SCENE_VALUES_DIM = SCENE_VECTOR_DIM + SCENE_TIMING_DIM
 HEAD_SCENE_PARTS: dict[str, tuple[int, ...]] = {
     "all": tuple(range(SCENE_VECTOR_DIM)),
     "ego-road": tuple(range(SCENE_VECTOR_EGO_ROAD_DIM)),
     "ego-road-timing": (*range(SCENE_VECTOR_EGO_ROAD_DIM),
                         *range(SCENE_VECTOR_DIM, SCENE_VECTOR_DIM + SCENE_TIMING_DIM)),
+    "all-timing": tuple(range(HEAD_SCENE_VALUES_DIM)),
 }
-HEAD_SCENE_VALUES_DIM = SCENE_VECTOR_DIM + SCENE_TIMING_DIM
 
 
 def head_scene_part(scene_dim: int) -> tuple[int, ...]:

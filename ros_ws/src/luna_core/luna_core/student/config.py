@@ -35,6 +35,10 @@ class StudentConfig:
     # ``luna_core.scene.HEAD_SCENE_PARTS`` (all of xi_t, its ego-and-road part, or that with the objects'
     # timing; ``DecisionHead``), which ``predict`` then needs.
     head_scene_dim: int = 0
+    # An ensemble of heads on the same h_{i*} (``student.head.HeadEnsemble``): the scene values each member
+    # reads, as head_scene_dim (0 = h_{i*} only); head_scene_dim is then the ensemble's, all of the values
+    # where any member reads some, else 0. Empty: one head.
+    head_members: list[int] = field(default_factory=list)
     num_actions: int = NUM_ACTIONS
     max_context_tokens: int = 2048  # prompt budget of predict(); long prompts are shortened first
     truncation_policy: str = "drop_examples_then_objects"
@@ -68,6 +72,13 @@ class StudentConfig:
         if not isinstance(self.head_scene_dim, int) or isinstance(self.head_scene_dim, bool) \
                 or self.head_scene_dim < 0:
             raise bad("head_scene_dim", f"must be an integer >= 0 (0 = h_i* only), got {self.head_scene_dim!r}")
+        if not isinstance(self.head_members, list) or len(self.head_members) == 1 \
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in self.head_members):
+            raise bad("head_members", f"must be empty (one head) or a list of at least 2 integers >= 0, "
+                                      f"got {self.head_members!r}")
+        if self.head_members and self.head_scene_dim != self.ensemble_scene_dim(self.head_members):
+            raise bad("head_scene_dim", f"an ensemble whose members read {self.head_members} scene values reads "
+                                        f"{self.ensemble_scene_dim(self.head_members)}, got {self.head_scene_dim}")
         if not isinstance(self.example_objects, int) or isinstance(self.example_objects, bool) \
                 or self.example_objects < 0:
             raise bad("example_objects", f"must be an integer >= 0 (0 = every object), got {self.example_objects!r}")
@@ -84,6 +95,14 @@ class StudentConfig:
                               ("dtype", DTYPES), ("quantization", QUANTIZATIONS), ("autocast", AUTOCASTS)):
             if getattr(self, name) not in allowed:
                 raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
+
+    @staticmethod
+    def ensemble_scene_dim(head_members: list[int]) -> int:
+        """The scene values an ensemble of heads reading ``head_members`` reads: all of them where a member
+        reads some, else 0."""
+        from luna_core.scene import HEAD_SCENE_VALUES_DIM
+
+        return HEAD_SCENE_VALUES_DIM if any(head_members) else 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 from luna_core.student.errors import StudentModelFileError
@@ -99,3 +101,32 @@ def check_file(directory: Path, name: str, meta: dict) -> Path:
     if file_sha256(path) != expected:
         raise StudentModelFileError(f"{path}: corrupt (checksum differs from the one saved)")
     return path
+
+
+def staging_dir(directory: Path) -> Path:
+    """An empty folder beside ``directory`` to write a student into before ``replace_dir``."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def write_meta(folder: Path, base_hash: str, base_model: str, d_model: int) -> None:
+    """``META_FILE`` of a student written into ``folder``: the base's hash and the weight files' checksums."""
+    meta = {"format_version": FORMAT_VERSION, "base_model_hash": base_hash, "base_model": base_model,
+            "d_model": int(d_model),
+            "files": {name: file_sha256(Path(folder) / name) for name in (ADAPTER_FILE, HEAD_FILE)}}
+    (Path(folder) / META_FILE).write_text(json.dumps(meta, indent=2))
+
+
+def replace_dir(tmp: Path, directory: Path) -> Path:
+    """Put the student written into ``tmp`` at ``directory``: a crash leaves the old copy intact."""
+    directory = Path(directory)
+    old = directory.with_name(directory.name + f".old{os.getpid()}")
+    if directory.exists():
+        directory.rename(old)
+    Path(tmp).rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory

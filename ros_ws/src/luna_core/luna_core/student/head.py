@@ -43,3 +43,32 @@ class DecisionHead(nn.Module):
             z = (scene.to(h.dtype) - self.scene_mean) / self.scene_scale
             h = torch.cat([h, z.expand(*h.shape[:-1], self.scene_dim)], dim=-1)
         return self.net(h)
+
+
+class HeadEnsemble(nn.Module):
+    """Several decision heads on the same h_{i*} (one forward pass of the base), each trained on its own:
+    pi_hat is the mean of their distributions. The members may read different parts of the scene values;
+    the ensemble reads them all (``luna_core.scene.HEAD_SCENE_PARTS["all-timing"]``) and hands each member its
+    part. Why: heads that agree equally well with the teacher err on different states (docs/student.md,
+    "An ensemble of heads"), and the mean is more even where they disagree.
+
+    ``forward`` returns log pi_hat, so that a softmax of it (``DualHeadStudent.dpp_probabilities``) is pi_hat."""
+
+    def __init__(self, d_model: int, hidden: int, num_actions: int, member_scene_dims: list[int]) -> None:
+        from luna_core.scene import HEAD_SCENE_VALUES_DIM, head_scene_part
+
+        super().__init__()
+        if len(member_scene_dims) < 2:
+            raise ValueError(f"an ensemble needs at least 2 heads, got {len(member_scene_dims)}")
+        self.d_model = d_model
+        self.scene_dim = HEAD_SCENE_VALUES_DIM if any(member_scene_dims) else 0
+        self.members = nn.ModuleList(DecisionHead(d_model, hidden, num_actions, dim) for dim in member_scene_dims)
+        self.parts = [list(head_scene_part(dim)) if dim else None for dim in member_scene_dims]
+
+    def forward(self, h: torch.Tensor, scene: torch.Tensor | None = None) -> torch.Tensor:
+        if self.scene_dim and (scene is None or scene.shape[-1] != self.scene_dim):
+            got = "none" if scene is None else f"{scene.shape[-1]} values"
+            raise ValueError(f"this ensemble of decision heads reads {self.scene_dim} scene values beside h_i*, got {got}")
+        probs = [torch.softmax(m(h, scene[..., part] if part else None), dim=-1)
+                 for m, part in zip(self.members, self.parts)]
+        return torch.log(torch.stack(probs).mean(dim=0))

@@ -17,9 +17,6 @@ alone took ~10 s of the decision process's restart; a merged forward pass also s
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -38,7 +35,7 @@ from luna_core.student.config import StudentConfig
 from luna_core.student.context import FittedPrompt, Message, student_encoder
 from luna_core.student.errors import (BaseModelMismatchError, SceneVectorError, StudentConfigError,
                                       StudentModelFileError)
-from luna_core.student.head import DecisionHead
+from luna_core.student.head import DecisionHead, HeadEnsemble
 from luna_core.student.lora import MergedAdapter, merge_lora, unmerged
 from luna_core.types import NUM_ACTIONS, MemoryItem, mask_and_renormalise
 
@@ -111,16 +108,44 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     return max(n, 0)
 
 
-def decision_head(config: StudentConfig, d_model: int) -> DecisionHead:
-    """The head ``config`` describes; a head that reads scene values must read one of this luna_core's parts
-    (``luna_core.scene.HEAD_SCENE_PARTS``, told apart by their lengths; ``scene_tensor``)."""
+def decision_head(config: StudentConfig, d_model: int) -> DecisionHead | HeadEnsemble:
+    """The head ``config`` describes (an ensemble where ``head_members`` lists its heads); a head that reads
+    scene values must read one of this luna_core's parts (``luna_core.scene.HEAD_SCENE_PARTS``, told apart by
+    their lengths; ``scene_tensor``)."""
     from luna_core.scene import HEAD_SCENE_PARTS
 
-    if config.head_scene_dim not in (0, *(len(p) for p in HEAD_SCENE_PARTS.values())):
-        parts = ", ".join(f"{len(p)} in {name!r}" for name, p in HEAD_SCENE_PARTS.items())
-        raise StudentConfigError(f"StudentConfig.head_scene_dim: the head was trained on {config.head_scene_dim} "
-                                 f"scene values; luna_core.scene's parts have {parts} (another descriptor layout)")
+    lengths = (0, *(len(p) for p in HEAD_SCENE_PARTS.values()))
+    for name, dims in (("head_scene_dim", [config.head_scene_dim]), ("head_members", config.head_members)):
+        for dim in dims:
+            if dim not in lengths:
+                parts = ", ".join(f"{len(p)} in {n!r}" for n, p in HEAD_SCENE_PARTS.items())
+                raise StudentConfigError(f"StudentConfig.{name}: a head was trained on {dim} scene values; "
+                                         f"luna_core.scene's parts have {parts} (another descriptor layout)")
+    if config.head_members:
+        return HeadEnsemble(d_model, config.head_hidden, config.num_actions, config.head_members)
     return DecisionHead(d_model, config.head_hidden, config.num_actions, config.head_scene_dim)
+
+
+def load_decision_head(directory: str | Path) -> DecisionHead | HeadEnsemble:
+    """The decision head of a saved student alone, on the CPU in eval mode, without its base model (scoring
+    heads on cached h_{i*}: ``benchmarks/score_cached_heads.py``); its file checked against the meta."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    config = StudentConfig.load(directory / files.CONFIG_FILE)
+    meta = files.read_meta(directory)
+    path = files.check_file(directory, files.HEAD_FILE, meta)
+    if "d_model" not in meta:
+        raise StudentModelFileError(f"{directory / files.META_FILE}: no 'd_model' entry")
+    head = decision_head(config, int(meta["d_model"]))
+    try:
+        head.load_state_dict(load_file(str(path)), strict=True)
+    except (SafetensorError, OSError) as exc:
+        raise StudentModelFileError(f"{path}: unreadable safetensors ({exc})") from exc
+    except RuntimeError as exc:
+        raise StudentModelFileError(f"{path}: head does not fit {directory / files.CONFIG_FILE} ({exc})") from exc
+    return head.eval()
 
 
 def scene_tensor(config: StudentConfig, scene_vector: np.ndarray | None, device: torch.device
@@ -317,10 +342,7 @@ class DualHeadStudent(nn.Module):
         from safetensors.torch import save_file
 
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        tmp = files.staging_dir(directory)
         if self.merged is not None:  # the adapter as it was read: merging does not change it
             adapter = {k: v.contiguous() for k, v in self.merged.state.items()}
         else:
@@ -332,17 +354,8 @@ class DualHeadStudent(nn.Module):
         save_file(adapter, str(tmp / files.ADAPTER_FILE))
         save_file(head, str(tmp / files.HEAD_FILE))
         self.config.save(tmp / files.CONFIG_FILE)
-        meta = {"format_version": files.FORMAT_VERSION, "base_model_hash": self.base_hash,
-                "base_model": self.config.base_model, "d_model": int(self.lm.config.hidden_size),
-                "files": {name: files.file_sha256(tmp / name)
-                          for name in (files.ADAPTER_FILE, files.HEAD_FILE)}}
-        (tmp / files.META_FILE).write_text(json.dumps(meta, indent=2))
-        old = directory.with_name(directory.name + f".old{os.getpid()}")
-        if directory.exists():
-            directory.rename(old)
-        tmp.rename(directory)
-        shutil.rmtree(old, ignore_errors=True)
-        return directory
+        files.write_meta(tmp, self.base_hash, self.config.base_model, int(self.lm.config.hidden_size))
+        return files.replace_dir(tmp, directory)
 
     # ---- model parts ---------------------------------------------------------------------------
     @property
