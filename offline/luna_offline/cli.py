@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     from luna_offline import collect; collect.register(subparsers)  # noqa: E702
     from luna_offline import distill, evaluate; distill.register(subparsers); evaluate.register(subparsers)  # noqa: E702,E501
     from luna_offline import baselines; baselines.register(subparsers)  # noqa: E702
+    from luna_offline import ensemble; ensemble.register(subparsers)  # noqa: E702
     args = parser.parse_args(argv)
     return int(args.func(args) or 0) if hasattr(args, "func") else 0
 
