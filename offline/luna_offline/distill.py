@@ -437,7 +437,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--head-scene-vector", dest="scene_vector", nargs="?", const="all", default="",
                    choices=sorted(HEAD_SCENE_PARTS),
                    help="the head also reads the scene vector xi_t stored with each teacher item, beside h_i*: "
-                        "all of it (the default), or 'ego-road', its road, ego, light and navigation values "
+                        "all of it (the default), 'ego-road', its road, ego, light and navigation values, "
+                        "'ego-road-timing', those and the objects' timing, or 'all-timing', xi_t and the timing "
                         "(StudentConfig.head_scene_dim; docs/student.md)")
     h.add_argument("--targets-from-bank", dest="targets_from_bank", action="store_true",
                    help="train on the distributions --bank gives the cached rows' items (a bank relabelled by "

@@ -51,7 +51,8 @@ def test_the_config_names_an_ensemble_that_does_not_add_up():
     assert StudentConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     with pytest.raises(StudentConfigError, match="head_members: must be empty .* at least 2 integers"):
         StudentConfig(head_members=[TIMING], head_scene_dim=HEAD_SCENE_VALUES_DIM)
-    with pytest.raises(StudentConfigError, match=f"head_scene_dim: an ensemble .* reads {HEAD_SCENE_VALUES_DIM}, got 0"):
+    with pytest.raises(StudentConfigError,
+                       match=f"head_scene_dim: an ensemble .* reads {HEAD_SCENE_VALUES_DIM}, got 0"):
         StudentConfig(head_members=[0, TIMING])
     with pytest.raises(StudentConfigError, match="head_members: a head was trained on 7 scene values"):
         decision_head(StudentConfig(head_members=[0, 7], head_scene_dim=HEAD_SCENE_VALUES_DIM), 8)
@@ -106,8 +107,8 @@ def test_only_students_on_the_same_adapter_form_an_ensemble(members, tmp_path, c
     plain, timing = members
     other = tmp_path / "other"
     shutil.copytree(timing, other)
-    save_file({k: v + 1.0 for k, v in DualHeadStudent.from_pretrained(plain, PROMPTS, device="cpu").merged.state.items()},
-              str(other / files.ADAPTER_FILE))
+    adapter = DualHeadStudent.from_pretrained(plain, PROMPTS, device="cpu").merged.state
+    save_file({k: v + 1.0 for k, v in adapter.items()}, str(other / files.ADAPTER_FILE))
     files.write_meta(other, files.read_meta(timing)["base_model_hash"], "smollm2-135m-instruct",
                      files.read_meta(timing)["d_model"])
     with pytest.raises(StudentModelFileError, match=f"{other}: its adapter differs from {plain}'s"):

@@ -39,11 +39,12 @@ def save_head_ensemble(members: Sequence[str | Path], out: str | Path) -> Path:
         head_path = files.check_file(folder, files.HEAD_FILE, meta)
         if config.head_members:
             raise StudentModelFileError(f"{folder}: already an ensemble of heads; list its members instead")
-        first = (configs or [config])[0], (metas or [meta])[0]
-        for what, mine, theirs in (("base model hash", meta["base_model_hash"], first[1]["base_model_hash"]),
-                                   ("adapter", meta["files"][files.ADAPTER_FILE], first[1]["files"][files.ADAPTER_FILE]),
-                                   ("d_model", meta.get("d_model"), first[1].get("d_model")),
-                                   ("head_hidden", config.head_hidden, first[0].head_hidden)):
+        first_config, first_meta = (configs or [config])[0], (metas or [meta])[0]
+        for what, mine, theirs in (
+                ("base model hash", meta["base_model_hash"], first_meta["base_model_hash"]),
+                ("adapter", meta["files"].get(files.ADAPTER_FILE), first_meta["files"].get(files.ADAPTER_FILE)),
+                ("d_model", meta.get("d_model"), first_meta.get("d_model")),
+                ("head_hidden", config.head_hidden, first_config.head_hidden)):
             if mine != theirs:
                 raise StudentModelFileError(f"{folder}: its {what} differs from {members[0]}'s ({mine!r} against "
                                             f"{theirs!r}); the heads of an ensemble must read the same h_i*")
@@ -60,13 +61,14 @@ def save_head_ensemble(members: Sequence[str | Path], out: str | Path) -> Path:
     try:
         decision_head(config, int(metas[0]["d_model"])).load_state_dict(heads, strict=True)
     except RuntimeError as exc:
-        raise StudentModelFileError(f"the heads of {[str(m) for m in members]} do not form an ensemble ({exc})") from exc
+        names = [str(m) for m in members]
+        raise StudentModelFileError(f"the heads of {names} do not form an ensemble ({exc})") from exc
     # A head saved alone (benchmarks/data/student_*) names its adapter by checksum without the file.
     holders = [(m, meta) for m, meta in zip(members, metas) if (m / files.ADAPTER_FILE).is_file()]
     if not holders:
+        checksum = metas[0]["files"][files.ADAPTER_FILE][:16]
         raise StudentModelFileError(f"none of {[str(m) for m in members]} holds {files.ADAPTER_FILE}: put the "
-                                    f"adapter they were trained on (checksum {metas[0]['files'][files.ADAPTER_FILE][:16]}...) "
-                                    "beside one of them")
+                                    f"adapter they were trained on (checksum {checksum}...) beside one of them")
     adapter = files.check_file(holders[0][0], files.ADAPTER_FILE, holders[0][1])
     tmp = files.staging_dir(Path(out))
     shutil.copyfile(adapter, tmp / files.ADAPTER_FILE)

@@ -68,7 +68,8 @@ class HeadEnsemble(nn.Module):
     def forward(self, h: torch.Tensor, scene: torch.Tensor | None = None) -> torch.Tensor:
         if self.scene_dim and (scene is None or scene.shape[-1] != self.scene_dim):
             got = "none" if scene is None else f"{scene.shape[-1]} values"
-            raise ValueError(f"this ensemble of decision heads reads {self.scene_dim} scene values beside h_i*, got {got}")
+            raise ValueError(f"this ensemble of decision heads reads {self.scene_dim} scene values beside h_i*, "
+                             f"got {got}")
         probs = [torch.softmax(m(h, scene[..., part] if part else None), dim=-1)
                  for m, part in zip(self.members, self.parts)]
         return torch.log(torch.stack(probs).mean(dim=0))
