@@ -61,8 +61,12 @@ def make_handler(state: FakeEndpoint):
                 state.arrivals.append(time.monotonic())
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
+            time.sleep(seconds)
+            # Out of flight before the answer is written: once the client has read it, it may send its next
+            # request, which must not find this one still counted (seen under load, session 42).
+            with state.lock:
+                state.in_flight -= 1
             try:
-                time.sleep(seconds)
                 if mode in ("503", "429", "400"):
                     return self._send(int(mode), {"error": {"message": f"scripted {mode}"}})
                 echo = {k: body.get(k) for k in ("temperature", "seed", "max_tokens", "top_k")}
@@ -73,9 +77,6 @@ def make_handler(state: FakeEndpoint):
                     "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}})
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client timed out and hung up
-            finally:
-                with state.lock:
-                    state.in_flight -= 1
     return Handler
 
 
