@@ -24,10 +24,9 @@ from luna_core.student.errors import StudentModelFileError
 def save_head_ensemble(members: Sequence[str | Path], out: str | Path) -> Path:
     """Write the student whose decision head is the ensemble of ``members``' heads to ``out`` (atomically);
     ``StudentModelFileError`` naming the member that does not fit."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    from luna_core.student.model import decision_head
+    from luna_core.student.model import decision_head, load_decision_head
 
     members = [Path(m) for m in members]
     if len(members) < 2:
@@ -36,7 +35,6 @@ def save_head_ensemble(members: Sequence[str | Path], out: str | Path) -> Path:
     for i, folder in enumerate(members):
         config = StudentConfig.load(folder / files.CONFIG_FILE)
         meta = files.read_meta(folder)
-        head_path = files.check_file(folder, files.HEAD_FILE, meta)
         if config.head_members:
             raise StudentModelFileError(f"{folder}: already an ensemble of heads; list its members instead")
         first_config, first_meta = (configs or [config])[0], (metas or [meta])[0]
@@ -48,10 +46,7 @@ def save_head_ensemble(members: Sequence[str | Path], out: str | Path) -> Path:
             if mine != theirs:
                 raise StudentModelFileError(f"{folder}: its {what} differs from {members[0]}'s ({mine!r} against "
                                             f"{theirs!r}); the heads of an ensemble must read the same h_i*")
-        try:
-            state = load_file(str(head_path))
-        except (SafetensorError, OSError) as exc:
-            raise StudentModelFileError(f"{head_path}: unreadable safetensors ({exc})") from exc
+        state = load_decision_head(folder).state_dict()
         heads.update({f"members.{i}.{k}": v.contiguous() for k, v in state.items()})
         configs.append(config)
         metas.append(meta)

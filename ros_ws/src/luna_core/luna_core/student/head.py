@@ -55,13 +55,14 @@ class HeadEnsemble(nn.Module):
     ``forward`` returns log pi_hat, so that a softmax of it (``DualHeadStudent.dpp_probabilities``) is pi_hat."""
 
     def __init__(self, d_model: int, hidden: int, num_actions: int, member_scene_dims: list[int]) -> None:
-        from luna_core.scene import HEAD_SCENE_VALUES_DIM, head_scene_part
+        from luna_core.scene import head_scene_part
+        from luna_core.student.config import StudentConfig
 
         super().__init__()
         if len(member_scene_dims) < 2:
             raise ValueError(f"an ensemble needs at least 2 heads, got {len(member_scene_dims)}")
         self.d_model = d_model
-        self.scene_dim = HEAD_SCENE_VALUES_DIM if any(member_scene_dims) else 0
+        self.scene_dim = StudentConfig.ensemble_scene_dim(member_scene_dims)
         self.members = nn.ModuleList(DecisionHead(d_model, hidden, num_actions, dim) for dim in member_scene_dims)
         self.parts = [list(head_scene_part(dim)) if dim else None for dim in member_scene_dims]
 

@@ -126,12 +126,25 @@ def decision_head(config: StudentConfig, d_model: int) -> DecisionHead | HeadEns
     return DecisionHead(d_model, config.head_hidden, config.num_actions, config.head_scene_dim)
 
 
-def load_decision_head(directory: str | Path) -> DecisionHead | HeadEnsemble:
-    """The decision head of a saved student alone, on the CPU in eval mode, without its base model (scoring
-    heads on cached h_{i*}: ``benchmarks/score_cached_heads.py``); its file checked against the meta."""
+def load_head_weights(head: DecisionHead | HeadEnsemble, path: Path, device: str = "cpu") -> None:
+    """Load a checked head file into ``head``; ``StudentModelFileError`` naming the file when it cannot be read or
+    does not fit."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    try:
+        state = load_file(str(path), device=device)
+    except (SafetensorError, OSError) as exc:
+        raise StudentModelFileError(f"{path}: unreadable safetensors ({exc})") from exc
+    try:
+        head.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise StudentModelFileError(f"{path}: head does not fit the model ({exc})") from exc
+
+
+def load_decision_head(directory: str | Path) -> DecisionHead | HeadEnsemble:
+    """The decision head of a saved student alone, on the CPU in eval mode, without its base model (scoring
+    heads on cached h_{i*}: ``benchmarks/score_cached_heads.py``); its file checked against the meta."""
     directory = Path(directory)
     config = StudentConfig.load(directory / files.CONFIG_FILE)
     meta = files.read_meta(directory)
@@ -139,12 +152,7 @@ def load_decision_head(directory: str | Path) -> DecisionHead | HeadEnsemble:
     if "d_model" not in meta:
         raise StudentModelFileError(f"{directory / files.META_FILE}: no 'd_model' entry")
     head = decision_head(config, int(meta["d_model"]))
-    try:
-        head.load_state_dict(load_file(str(path)), strict=True)
-    except (SafetensorError, OSError) as exc:
-        raise StudentModelFileError(f"{path}: unreadable safetensors ({exc})") from exc
-    except RuntimeError as exc:
-        raise StudentModelFileError(f"{path}: head does not fit {directory / files.CONFIG_FILE} ({exc})") from exc
+    load_head_weights(head, path)
     return head.eval()
 
 
@@ -322,18 +330,14 @@ class DualHeadStudent(nn.Module):
             student = cls._build(config, prompts, folder, base_hash)
         try:
             adapter = load_file(str(adapter_path), device=str(student.device))
-            head = load_file(str(head_path), device=str(student.device))
         except (SafetensorError, OSError) as exc:
-            raise StudentModelFileError(f"{directory}: unreadable safetensors ({exc})") from exc
+            raise StudentModelFileError(f"{adapter_path}: unreadable safetensors ({exc})") from exc
         if merge:
             student.merged = merge_lora(student.lm, adapter, config.lora_targets, config.lora_r,
                                         config.lora_alpha, adapter_path)
         else:
             _load_peft_adapter(student.lm, adapter, adapter_path)
-        try:
-            student.head.load_state_dict(head, strict=True)
-        except RuntimeError as exc:
-            raise StudentModelFileError(f"{head_path}: head does not fit the model ({exc})") from exc
+        load_head_weights(student.head, head_path, str(student.device))
         student.eval()
         return student
 
