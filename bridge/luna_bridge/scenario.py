@@ -130,8 +130,8 @@ class SimulationLog:
 
     def cycle_statistics(self) -> dict[str, object]:
         """Planner cycles by mode, the flips of a* under one decision (count and per minute of
-        simulated time) and the decision cycles whose a* was not the most likely candidate; empty when
-        the planner reports nothing."""
+        simulated time), the decision cycles whose a* was not the most likely candidate and those where
+        safety first overruled Eq. 22's argmax; empty when the planner reports nothing."""
         if not self.plan_info:
             return {}
         modes: dict[str, int] = {}
@@ -141,8 +141,10 @@ class SimulationLog:
         flips = sum(1 for info in self.plan_info if info.get("flip"))
         minutes = max(float(self.t[-1] - self.t[0]), SIM_DT) / 60.0 if len(self.t) else 1.0
         beside = sum(1 for info in self.plan_info if info.get("beside_argmax"))
+        gated = sum(1 for info in self.plan_info if info.get("safety_gated"))
         return {"cycles": len(self.plan_info), "modes": dict(sorted(modes.items())), "flips": flips,
-                "flips_per_minute": round(flips / minutes, 6), "picks_beside_argmax": beside}
+                "flips_per_minute": round(flips / minutes, 6), "picks_beside_argmax": beside,
+                "safety_gated": gated}
 
     def ego_array(self) -> np.ndarray:
         """(N, 6) of x, y, heading, velocity, acceleration, yaw_rate."""

@@ -87,12 +87,14 @@ def test_it_is_a_planner_and_follows_eq22(prior) -> None:
         assert c.selection_score == pytest.approx(float(selection_score(c.probability, c.j_dec, c.j_gen)))
         assert 0.0 <= c.j_dec <= 1.0 and 0.0 <= c.j_gen <= 1.0
         assert c.j_a == pytest.approx(c.j_dec ** 5.0 * c.j_gen, rel=1e-6)
+        assert c.ttc == 1.0  # the slow car is far enough ahead: every candidate keeps the TTC bound
     best = max(res.candidates, key=lambda c: c.selection_score)
     assert res.action == best.action
     assert res.trajectory is best.trajectory
-    # Evaluation counts the cycles whose Eq. 22 pick is not the most likely candidate (CK here).
+    # Evaluation counts the cycles whose Eq. 22 pick is not the most likely candidate (CK here), and those
+    # where safety first overruled it (none: all are safe).
     assert pl.cycle_info() == {"mode": MODE_DECISION, "action": best.action, "flip": False,
-                               "beside_argmax": best.action != "CK"}
+                               "beside_argmax": best.action != "CK", "safety_gated": False}
     assert_valid(res.trajectory, pi.ego)
     # Left lane change candidates end up in the left lane; the lane keepers stay in theirs.
     cl = next(c for c in res.candidates if c.action == "CL").trajectory

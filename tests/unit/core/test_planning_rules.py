@@ -1,6 +1,7 @@
 """Issue 12's planning rules against hand-computed values: the decision's speed interval is latched at
 its stamp and capped at the speed limit, warm starts never exceed the limit, progress is normalised by
 the best feasible progress of the proposals (PDM-Closed), a* does not flip on near-ties under one decision,
+a likely lane change whose best trajectory breaks the TTC bound loses to a safe candidate (safety first),
 and the published tail stops behind a car the scored horizon never reached."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from luna_core.planning.decision_guided import (MODE_DECISION, DecisionGuidedCon
                                                 PlannerObjective)
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior
 from luna_core.planning.diffusion_es import DiffusionESConfig
-from luna_core.planning.objectives import ObjectiveConfig, speed_interval
+from luna_core.planning.objectives import ObjectiveConfig, select, speed_interval
 from luna_core.planning.reference_paths import reference_paths
 from luna_core.planning.scorer import CLS_WEIGHTS, ObjectBoxes, ProposalScores, ScoringContext
 from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
@@ -194,6 +195,36 @@ def test_near_tie_does_not_flip_the_chosen_action_under_one_decision(prior) -> N
         res = pl.plan_detailed(PlannerInput(now, h, TrackedObjects(now, []), TrafficLights(now), road(),
                                             Route(0.0, ["A"]), d))
         assert res.action == first.action and not res.flipped
+
+
+def test_select_takes_the_best_admissible_candidate_and_all_when_none_is() -> None:
+    args = (["CL", "CK", "DK"], [0.7, 0.2, 0.1], [1.0, 1.0, 1.0], [0.7, 1.0, 1.0])
+    idx, scores = select(*args, CFG)
+    assert idx == 0
+    idx_safe, scores_safe = select(*args, CFG, admissible=[False, True, True])
+    assert idx_safe == 1 and np.array_equal(scores, scores_safe)  # every candidate keeps its Eq. 22 score
+    assert select(*args, CFG, admissible=[False, False, False])[0] == 0  # none admissible: Eq. 22 over all
+    with pytest.raises(ValueError, match="admissibility"):
+        select(*args, CFG, admissible=[True, False])
+
+
+@pytest.mark.parametrize("safety_first", [True, False])
+def test_a_likely_lane_change_into_a_closing_car_loses_to_keeping_the_lane(prior, safety_first) -> None:
+    # A car 8 m behind in the left lane closing at 3 m/s: every searched CL trajectory breaks the TTC bound
+    # (J_gen 0.69 > 0), keeping the lane keeps it. The paper's Eq. 22 takes CL on its probability
+    # (0.8 x 0.69^0.3 > 0.2); safety first keeps the lane and says so.
+    pl = DecisionGuidedPlanner(DecisionGuidedConfig(search=SEARCH, deterministic=True, safety_first=safety_first),
+                               prior=prior)
+    hist = accelerating_history(10.0, 10.0)
+    car = TrackedObject("closing", ObjectClass.VEHICLE, hist[-1].x - 8.0, 3.5, 0.0, 13.0, 0.0, 4.5, 1.9)
+    res = pl.plan_detailed(PlannerInput(10.0, hist, TrackedObjects(10.0, [car]), TrafficLights(10.0), road(),
+                                        Route(0.0, ["A"]), decision({"CL": 0.8, "CK": 0.2}, stamp=10.0)))
+    by_action = {c.action: c for c in res.candidates}
+    assert res.mode == MODE_DECISION
+    assert by_action["CL"].ttc == 0.0 and by_action["CL"].j_gen > 0.0 and by_action["CK"].ttc == 1.0
+    assert by_action["CL"].selection_score > by_action["CK"].selection_score
+    assert (res.action, res.safety_gated) == (("CK", True) if safety_first else ("CL", False))
+    assert pl.cycle_info()["safety_gated"] is safety_first
 
 
 def test_published_tail_stops_behind_a_car_beyond_the_scored_horizon(prior) -> None:

@@ -17,9 +17,12 @@ Each call (``plan`` / ``plan_detailed``):
    J_gen^omega_gen (Eq. 20-21), warm-started by IDM proposals along the action's reference lane at
    target speeds inside its speed interval (Stop: braking profiles), blended smoothly from the ego's
    current lateral position, plus the previous cycle's plan (consistency);
-5. Eq. 22: a* = argmax pi(a)^omega_prob * J~_a(X*_a), with hysteresis: while the same decision is in
-   force, another action must beat the previous cycle's a* by ``switch_margin`` (no flipping between
-   manoeuvres on near-ties);
+5. Eq. 22: a* = argmax pi(a)^omega_prob * J~_a(X*_a), safety first (``safety_first``): when some
+   candidate's X*_a keeps nuPlan's time-to-collision bound, a* is the best of those, so a likely
+   manoeuvre whose best trajectory closes within 0.9 s of a car (a lane change into a gap too short)
+   does not win on its probability (J_gen^0.3 alone leaves it 0.89 of a safe one's score); with
+   hysteresis: while the same decision is in force, another action must beat the previous cycle's a*
+   by ``switch_margin`` (no flipping between manoeuvres on near-ties);
 6. if every candidate's best has J_gen = 0 (at-fault collision, off the drivable area or against
    traffic), PDM-Closed's fallback: the least-bad trajectory among the searched members and PDM-Closed's
    own proposals (the best weighted score among those without an at-fault collision; if everything
@@ -111,6 +114,9 @@ class DecisionGuidedConfig:
     # Eq. 22 hysteresis: while one decision is in force, another action replaces the previous cycle's
     # a* only if its Eq. 22 score is higher by this fraction.
     switch_margin: float = 0.1
+    # Safety-first arbitration (our addition to Eq. 22): a* only among the candidates whose X*_a keeps the
+    # TTC bound, when any does. False: the paper's Eq. 22 over every candidate.
+    safety_first: bool = True
     # PDM-Closed's emergency brake (``pdm_closed``): the least-bad trajectory collides at fault within
     # this time (s) while the ego is at most this fast (m/s).
     emergency_time: float = 2.0
@@ -160,6 +166,7 @@ class CandidateResult:
     j_a: float  # Eq. 20 value of X*_a
     selection_score: float  # Eq. 22 bracket (J_gen for the J_gen-only search)
     origin: str  # which Diffusion-ES stage found X*_a
+    ttc: float = 0.0  # J_gen's TTC term of X*_a: 1 if it keeps the time-to-collision bound, else 0
 
 
 @dataclass
@@ -175,6 +182,8 @@ class PlanResult:
     stages_done: list[str]
     decision_stamp: float | None = None
     flipped: bool = False  # a* changed from the previous cycle while the same decision was in force
+    # Eq. 22's argmax over every candidate broke the TTC bound and safety first chose another candidate
+    safety_gated: bool = False
 
     @property
     def degraded(self) -> bool:
@@ -311,14 +320,18 @@ class PlannerObjective:
     def group_terms(self, group: int, evaluation: Evaluation, rows: np.ndarray) -> dict[str, np.ndarray]:
         action = self.groups[group]
         j_gen = evaluation.j_gen[rows]
+        ttc = np.zeros(len(evaluation.j_gen))  # members the tracker could not follow keep 0
+        if isinstance(evaluation, ScoredBatch) and evaluation.scores is not None:
+            ttc[evaluation.tracked] = evaluation.scores.ttc
         if not action:
-            return {"score": action_objective(None, j_gen, self.config), "j_gen": j_gen}
+            return {"score": action_objective(None, j_gen, self.config), "j_gen": j_gen, "ttc": ttc[rows]}
         path = self.paths[group]
         states = evaluation.states[rows, 1:]
         j_dec = decision_following(action, path.lateral_offset(states[..., :2]), states[..., StateIndex.VELOCITY],
                                    self.reference_speed, self.config, path.speed_limit, self.elapsed,
                                    self.speed_cap(group))
-        return {"score": action_objective(j_dec, j_gen, self.config), "j_dec": j_dec, "j_gen": j_gen}
+        return {"score": action_objective(j_dec, j_gen, self.config), "j_dec": j_dec, "j_gen": j_gen,
+                "ttc": ttc[rows]}
 
     def speed_cap(self, group: int) -> np.ndarray:
         """The group's J_dec speed cap (``proposals.following_speed_cap``), computed once per cycle."""
@@ -420,13 +433,15 @@ class DecisionGuidedPlanner:
 
     def cycle_info(self) -> dict[str, object]:
         """How the last cycle ended, for evaluation statistics (mode, a*, whether a* flipped and, in
-        the decision mode, whether Eq. 22 chose a candidate other than the most likely one searched)."""
+        the decision mode, whether Eq. 22 chose a candidate other than the most likely one searched and
+        whether safety first overruled Eq. 22's argmax)."""
         last = self.last
         if last is None:
             return {}
         info: dict[str, object] = {"mode": last.mode, "action": last.action or "", "flip": last.flipped}
         if last.mode == MODE_DECISION and last.candidates:
             info["beside_argmax"] = last.action != max(last.candidates, key=lambda c: c.probability).action
+            info["safety_gated"] = last.safety_gated
         return info
 
     def debug_candidates(self) -> list[tuple[str, Trajectory, float, bool]]:
@@ -614,16 +629,21 @@ class DecisionGuidedPlanner:
             traj = self._with_tail(Trajectory.from_poses(ego.stamp, t, poses), group_paths[g], forecast,
                                    planner_input.vehicle)
             candidates.append(CandidateResult(action, probs[g], traj, best.terms.get("j_dec", math.nan),
-                                              best.terms["j_gen"], best.score, 0.0, best.origin))
+                                              best.terms["j_gen"], best.score, 0.0, best.origin,
+                                              best.terms.get("ttc", 0.0)))
         scored = [k for k, cand in enumerate(candidates) if cand.trajectory is not None]
-        flipped = False
+        flipped = gated = False
         if scored and mode == MODE_DECISION:
+            safe = [candidates[k].j_gen > 0.0 and candidates[k].ttc >= 1.0 for k in scored]
+            admissible = safe if c.safety_first and any(safe) else [True] * len(scored)
             idx, eq22 = select([candidates[k].action for k in scored], [candidates[k].probability for k in scored],
                                [candidates[k].j_dec for k in scored], [candidates[k].j_gen for k in scored],
-                               c.objective)
+                               c.objective, admissible)
             for k, value in zip(scored, eq22):
                 candidates[k].selection_score = float(value)
-            chosen = scored[self._hysteresis(idx, eq22, [candidates[k].action for k in scored], decision)]
+            gated = not admissible[int(np.argmax(eq22))]
+            chosen = scored[self._hysteresis(idx, eq22, [candidates[k].action for k in scored], decision,
+                                             admissible)]
             previous = self.last
             flipped = (previous is not None and previous.mode == MODE_DECISION and decision is not None
                        and previous.decision_stamp == decision.stamp and previous.action != candidates[chosen].action)
@@ -636,17 +656,21 @@ class DecisionGuidedPlanner:
         stamp = decision.stamp if decision is not None else None
         if chosen is not None and candidates[chosen].j_gen > 0.0:
             return self._finish(candidates[chosen].trajectory, candidates[chosen].action or None, mode, reasons,
-                                candidates, start, budget, stamp, search, flipped)
+                                candidates, start, budget, stamp, search, flipped, gated)
         return self._fallback(objective, ego, paths, forecast, t, reasons, candidates, start, budget, stamp,
                               search, planner_input.vehicle)
 
-    def _hysteresis(self, idx: int, eq22: np.ndarray, actions: list[str], decision: DecisionInForce | None) -> int:
-        """Keep the previous cycle's a* under the same decision unless ``idx`` beats it by the margin."""
+    def _hysteresis(self, idx: int, eq22: np.ndarray, actions: list[str], decision: DecisionInForce | None,
+                    admissible: list[bool]) -> int:
+        """Keep the previous cycle's a* under the same decision unless ``idx`` beats it by the margin (or
+        it is no longer admissible)."""
         last = self.last
         if (last is None or decision is None or last.decision_stamp != decision.stamp or last.action is None
                 or last.action not in actions):
             return idx
         keep = actions.index(last.action)
+        if not admissible[keep]:
+            return idx
         if keep != idx and eq22[keep] > 0.0 and eq22[idx] <= (1.0 + self.config.switch_margin) * eq22[keep]:
             return keep
         return idx
@@ -729,10 +753,10 @@ class DecisionGuidedPlanner:
 
     def _finish(self, trajectory: Trajectory, action: str | None, mode: str, reasons: list[str],
                 candidates: list[CandidateResult], start: float, budget: float, stamp: float | None,
-                search: ESResult | None = None, flipped: bool = False) -> PlanResult:
+                search: ESResult | None = None, flipped: bool = False, safety_gated: bool = False) -> PlanResult:
         result = PlanResult(trajectory, action, mode, reasons, candidates, self.clock() - start, budget,
                             search.budget_cut if search else "", search.stages_done if search else [], stamp,
-                            flipped)
+                            flipped, safety_gated)
         self.last = result
         return result
 

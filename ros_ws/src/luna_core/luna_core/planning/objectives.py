@@ -190,13 +190,22 @@ def candidate_actions(probabilities: Sequence[float] | np.ndarray,
 
 
 def select(actions: Sequence[str], probabilities: Sequence[float], j_dec: Sequence[float],
-           j_gen: Sequence[float], config: ObjectiveConfig = ObjectiveConfig()) -> tuple[int, np.ndarray]:
+           j_gen: Sequence[float], config: ObjectiveConfig = ObjectiveConfig(),
+           admissible: Sequence[bool] | None = None) -> tuple[int, np.ndarray]:
     """Eq. 22: the index of a* among ``actions`` (each with its best trajectory's J_dec, J_gen) and
-    every candidate's Eq. 22 score. Ties go to the earlier (more likely) action."""
+    every candidate's Eq. 22 score. Ties go to the earlier (more likely) action. With ``admissible``,
+    a* is the best of the admissible candidates when there is one (the safety-first arbitration of
+    ``DecisionGuidedConfig.safety_first``); the scores are every candidate's all the same."""
     if not actions:
         raise ValueError("Eq. 22 selection needs at least one candidate action")
     if not len(actions) == len(probabilities) == len(j_dec) == len(j_gen):
         raise ValueError(f"select: {len(actions)} actions but {len(probabilities)} probabilities, "
                          f"{len(j_dec)} J_dec and {len(j_gen)} J_gen values")
     scores = selection_score(np.asarray(probabilities), np.asarray(j_dec), np.asarray(j_gen), config)
+    if admissible is not None:
+        allowed = np.asarray(admissible, dtype=bool)
+        if allowed.shape != scores.shape:
+            raise ValueError(f"select: {len(actions)} actions but {allowed.size} admissibility flags")
+        if allowed.any():
+            return int(np.argmax(np.where(allowed, scores, -np.inf))), scores
     return int(np.argmax(scores)), scores
