@@ -124,3 +124,22 @@ def test_an_instant_is_complete_with_its_odometry_acceleration_inputs_and_decisi
     assert instant_missing(ego, inputs(now=4.1), no_decisions) == ["odometry (latest 4.00 s)",
                                                                    "acceleration (latest 4.00 s)"], \
         "odometry of 4.1 not in, nor its acceleration"
+
+
+def test_what_the_planner_says_of_its_cycle_is_counted():
+    class Reporting:
+        """The IDM planner, reporting a decision cycle where a* flipped and safety first overruled Eq. 22."""
+
+        def __init__(self, info: dict) -> None:
+            self.info = info
+
+        def plan(self, pin: PlannerInput) -> Trajectory:
+            return make_planner("idm").plan(pin)
+
+        def cycle_info(self) -> dict:
+            return self.info
+
+    out = plan_cycle(Reporting({"mode": "decision", "flip": True, "safety_gated": True}), inputs(), POLICY)
+    assert out.planned and out.counts == ["mode_decision", "decision_flips", "safety_gated"]
+    out = plan_cycle(Reporting({"mode": "least_bad", "flip": False, "safety_gated": False}), inputs(), POLICY)
+    assert out.counts == ["mode_least_bad"]

@@ -12,7 +12,7 @@ default, or a baseline. This node only gathers inputs and publishes; the degrade
   object without a usable position is left out, at most ``max_tracked_objects`` nearest the ego), diagnosed;
 * no lane graph or route yet, an empty lane graph, or stale odometry: a comfortable stop;
 * nothing feasible: the planner's least-bad trajectory, or its emergency brake (counted per mode in
-  ``/diagnostics``: ``mode_<mode>`` values, and ``decision_flips``);
+  ``/diagnostics``: ``mode_<mode>`` values, ``decision_flips`` and ``safety_gated``);
 * planner exception or non-finite output: a comfortable stop along the route (or straight ahead);
 * a planning cycle longer than the replan period counts as a missed deadline.
 

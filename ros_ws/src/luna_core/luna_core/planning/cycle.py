@@ -139,6 +139,8 @@ def plan_cycle(planner: Any, inputs: CycleInputs, policy: CyclePolicy) -> CycleO
                 out.counts.append(f"mode_{cycle['mode']}")
             if cycle.get("flip"):
                 out.counts.append("decision_flips")
+            if cycle.get("safety_gated"):  # safety first overruled Eq. 22's most likely pick
+                out.counts.append("safety_gated")
             out.conditions["planning"] = Condition(WARN, reason) if reason else None
         except Exception as exc:  # noqa: BLE001 - any planner failure -> comfortable stop
             out.conditions["planning"] = Condition(ERROR, f"planner failed ({exc}): comfortable stop")
