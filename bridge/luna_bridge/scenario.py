@@ -131,7 +131,7 @@ class SimulationLog:
     def cycle_statistics(self) -> dict[str, object]:
         """Planner cycles by mode, the flips of a* under one decision (count and per minute of
         simulated time), the decision cycles whose a* was not the most likely candidate and those where
-        safety first overruled Eq. 22's argmax; empty when the planner reports nothing."""
+        safety first changed a* from the paper's Eq. 22 pick; empty when the planner reports nothing."""
         if not self.plan_info:
             return {}
         modes: dict[str, int] = {}

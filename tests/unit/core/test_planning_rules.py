@@ -7,6 +7,8 @@ and the published tail stops behind a car the scored horizon never reached."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -225,6 +227,12 @@ def test_a_likely_lane_change_into_a_closing_car_loses_to_keeping_the_lane(prior
     assert by_action["CL"].selection_score > by_action["CK"].selection_score
     assert (res.action, res.safety_gated) == (("CK", True) if safety_first else ("CL", False))
     assert pl.cycle_info()["safety_gated"] is safety_first
+    # The hysteresis keeps a previous a* within the margin only while it is admissible.
+    pl.last = replace(res, action="CL")
+    in_force = SimpleNamespace(stamp=res.decision_stamp)
+    near_tie = np.array([0.30, 0.32])
+    assert pl._hysteresis(1, near_tie, ["CL", "CK"], in_force, [True, True]) == 0
+    assert pl._hysteresis(1, near_tie, ["CL", "CK"], in_force, [False, True]) == 1
 
 
 def test_published_tail_stops_behind_a_car_beyond_the_scored_horizon(prior) -> None:

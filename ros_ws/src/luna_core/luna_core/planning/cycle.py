@@ -139,7 +139,7 @@ def plan_cycle(planner: Any, inputs: CycleInputs, policy: CyclePolicy) -> CycleO
                 out.counts.append(f"mode_{cycle['mode']}")
             if cycle.get("flip"):
                 out.counts.append("decision_flips")
-            if cycle.get("safety_gated"):  # safety first overruled Eq. 22's most likely pick
+            if cycle.get("safety_gated"):  # safety first changed a* from the paper's Eq. 22 pick
                 out.counts.append("safety_gated")
             out.conditions["planning"] = Condition(WARN, reason) if reason else None
         except Exception as exc:  # noqa: BLE001 - any planner failure -> comfortable stop

@@ -182,7 +182,7 @@ class PlanResult:
     stages_done: list[str]
     decision_stamp: float | None = None
     flipped: bool = False  # a* changed from the previous cycle while the same decision was in force
-    # Eq. 22's argmax over every candidate broke the TTC bound and safety first chose another candidate
+    # safety first changed a*: the paper's Eq. 22 (with the same hysteresis) would have picked another candidate
     safety_gated: bool = False
 
     @property
@@ -434,7 +434,7 @@ class DecisionGuidedPlanner:
     def cycle_info(self) -> dict[str, object]:
         """How the last cycle ended, for evaluation statistics (mode, a*, whether a* flipped and, in
         the decision mode, whether Eq. 22 chose a candidate other than the most likely one searched and
-        whether safety first overruled Eq. 22's argmax)."""
+        whether safety first changed a* from the paper's Eq. 22 pick)."""
         last = self.last
         if last is None:
             return {}
@@ -641,9 +641,11 @@ class DecisionGuidedPlanner:
                                c.objective, admissible)
             for k, value in zip(scored, eq22):
                 candidates[k].selection_score = float(value)
-            gated = not admissible[int(np.argmax(eq22))]
-            chosen = scored[self._hysteresis(idx, eq22, [candidates[k].action for k in scored], decision,
-                                             admissible)]
+            actions = [candidates[k].action for k in scored]
+            pick = self._hysteresis(idx, eq22, actions, decision, admissible)
+            # Safety first changed a* when the paper's rule (argmax over all, then hysteresis) picks another.
+            gated = pick != self._hysteresis(int(np.argmax(eq22)), eq22, actions, decision, [True] * len(scored))
+            chosen = scored[pick]
             previous = self.last
             flipped = (previous is not None and previous.mode == MODE_DECISION and decision is not None
                        and previous.decision_stamp == decision.stamp and previous.action != candidates[chosen].action)
