@@ -575,10 +575,16 @@ def _job_files(job: Job) -> dict[str, bytes]:
         return {str(f.relative_to(scratch)): f.read_bytes() for f in sorted(Path(scratch).rglob("*")) if f.is_file()}
 
 
+# Stack settings whose behaviour before the field existed is not today's default: a result file without the
+# field ran with this value (before session 43 every run arbitrated by the paper's Eq. 22).
+SETTINGS_BEFORE_THEIR_FIELD = {"safety_first": False}
+
+
 def _finished(job: Job) -> bool:
     """A run is done when its result file parses and was made with the same settings (a torn or
     corrupt file, or one from another replanning rate or other stack settings, is rerun). A setting that
-    a file predates (added to StackSettings later) counts as its default, which is what that run used."""
+    a file predates (added to StackSettings later) counts as what that run used: its default, or the value
+    in ``SETTINGS_BEFORE_THEIR_FIELD``."""
     try:
         done = json.loads(job.result_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -587,7 +593,7 @@ def _finished(job: Job) -> bool:
         return False
     stored = done.get("stack")
     if isinstance(stored, dict):
-        stored = {**asdict(StackSettings()), **stored}
+        stored = {**asdict(StackSettings()), **SETTINGS_BEFORE_THEIR_FIELD, **stored}
     return done.get("replan_every") == job.replan_every and stored == (asdict(job.stack) if job.stack else None)
 
 

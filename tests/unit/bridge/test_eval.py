@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +19,10 @@ from luna_core.lanes import make_lane
 from luna_core.types import EgoState, LaneGraph, ObjectClass, Route
 
 from luna_bridge.cli import main
-from luna_bridge.evaluate import EvalConfig, EvaluationError, run_evaluation
+from luna_bridge.evaluate import EvalConfig, EvaluationError, Job, ScenarioRef, _finished, run_evaluation
 from luna_bridge.scenario import SIM_DT, AgentTrack, Scenario
 from luna_bridge.scenarios.format import save_scenario
+from luna_bridge.stack_planner import StackSettings
 
 DURATION = 2.0
 
@@ -189,3 +191,14 @@ def test_named_evaluation_sets_fix_the_suites_and_their_counts() -> None:
     assert [(s, every) for s, every, _ in standard] == [("synthetic-hard", 5), ("synthetic-random", 5),
                                                         ("commonroad", 1)]
     assert sum(-(-count // every) for _, every, count in standard) == 28 + 28 + 27
+
+
+def test_a_result_file_that_predates_safety_first_is_not_taken_for_a_safety_first_run(tmp_path: Path) -> None:
+    ref = ScenarioRef("s0", "s0.json", "synthetic")
+    job = Job(ref, "luna", False, str(tmp_path), replan_every=5, stack=StackSettings())
+    job.result_path.parent.mkdir(parents=True)
+    old = asdict(StackSettings())
+    del old["safety_first"]  # written before the field: that run used the paper's Eq. 22
+    job.result_path.write_text(json.dumps({"replan_every": 5, "stack": old}), encoding="utf-8")
+    assert not _finished(job)
+    assert _finished(replace(job, stack=StackSettings(safety_first=False)))
