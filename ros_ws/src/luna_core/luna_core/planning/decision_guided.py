@@ -223,6 +223,7 @@ class ScoredBatch(Evaluation):
     poses: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3)))  # (M, N, 3) ego-frame waypoints
     scores: ProposalScores | None = None  # of the tracked members (rows ``tracked``)
     tracked: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    ttc: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (M,) J_gen's TTC term; 0 where not tracked
 
 
 class PlannerObjective:
@@ -274,7 +275,7 @@ class PlannerObjective:
         ok = np.all(np.isfinite(ref), axis=(1, 2))
         states = np.zeros((m, steps + 1, len(StateIndex)))
         states[:] = self.state0
-        batch = ScoredBatch(states, np.zeros(m), np.asarray(poses, dtype=np.float64))
+        batch = ScoredBatch(states, np.zeros(m), np.asarray(poses, dtype=np.float64), ttc=np.zeros(m))
         if ok.any():
             sim = simulate_proposals(self.state0, ref[ok], self.ctx.vehicle)
             good = np.all(np.isfinite(sim), axis=(1, 2))
@@ -286,6 +287,7 @@ class PlannerObjective:
                 if self.progress_reference is None:
                     self._set_reference(batch.scores)
                 batch.j_gen[idx] = self.j_gen(batch.scores)
+                batch.ttc[idx] = batch.scores.ttc
         self.batches.append(batch)
         return batch
 
@@ -320,18 +322,15 @@ class PlannerObjective:
     def group_terms(self, group: int, evaluation: Evaluation, rows: np.ndarray) -> dict[str, np.ndarray]:
         action = self.groups[group]
         j_gen = evaluation.j_gen[rows]
-        ttc = np.zeros(len(evaluation.j_gen))  # members the tracker could not follow keep 0
-        if isinstance(evaluation, ScoredBatch) and evaluation.scores is not None:
-            ttc[evaluation.tracked] = evaluation.scores.ttc
+        ttc = evaluation.ttc[rows]  # ``evaluate`` makes every batch a ScoredBatch
         if not action:
-            return {"score": action_objective(None, j_gen, self.config), "j_gen": j_gen, "ttc": ttc[rows]}
+            return {"score": action_objective(None, j_gen, self.config), "j_gen": j_gen, "ttc": ttc}
         path = self.paths[group]
         states = evaluation.states[rows, 1:]
         j_dec = decision_following(action, path.lateral_offset(states[..., :2]), states[..., StateIndex.VELOCITY],
                                    self.reference_speed, self.config, path.speed_limit, self.elapsed,
                                    self.speed_cap(group))
-        return {"score": action_objective(j_dec, j_gen, self.config), "j_dec": j_dec, "j_gen": j_gen,
-                "ttc": ttc[rows]}
+        return {"score": action_objective(j_dec, j_gen, self.config), "j_dec": j_dec, "j_gen": j_gen, "ttc": ttc}
 
     def speed_cap(self, group: int) -> np.ndarray:
         """The group's J_dec speed cap (``proposals.following_speed_cap``), computed once per cycle."""
@@ -636,12 +635,12 @@ class DecisionGuidedPlanner:
         if scored and mode == MODE_DECISION:
             safe = [candidates[k].j_gen > 0.0 and candidates[k].ttc >= 1.0 for k in scored]
             admissible = safe if c.safety_first and any(safe) else [True] * len(scored)
-            idx, eq22 = select([candidates[k].action for k in scored], [candidates[k].probability for k in scored],
+            actions = [candidates[k].action for k in scored]
+            idx, eq22 = select(actions, [candidates[k].probability for k in scored],
                                [candidates[k].j_dec for k in scored], [candidates[k].j_gen for k in scored],
                                c.objective, admissible)
             for k, value in zip(scored, eq22):
                 candidates[k].selection_score = float(value)
-            actions = [candidates[k].action for k in scored]
             pick = self._hysteresis(idx, eq22, actions, decision, admissible)
             # Safety first changed a* when the paper's rule (argmax over all, then hysteresis) picks another.
             gated = pick != self._hysteresis(int(np.argmax(eq22)), eq22, actions, decision, [True] * len(scored))
