@@ -2,7 +2,6 @@
 its stamp and capped at the speed limit, warm starts never exceed the limit, progress is normalised by
 the best feasible progress of the proposals (PDM-Closed), a* does not flip on near-ties under one decision,
 a likely lane change whose best trajectory breaks the TTC bound loses to a safe candidate (safety first),
-safety first starts no lane change that Eq. 22 does not rank first,
 and the published tail stops behind a car the scored horizon never reached."""
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from luna_core.planning.decision_guided import (MODE_DECISION, DecisionGuidedCon
                                                 PlannerObjective)
 from luna_core.planning.diffusion import TrajectoryDiffusionPrior
 from luna_core.planning.diffusion_es import DiffusionESConfig
-from luna_core.planning.objectives import ObjectiveConfig, safety_first_admissible, select, speed_interval
+from luna_core.planning.objectives import ObjectiveConfig, select, speed_interval
 from luna_core.planning.reference_paths import reference_paths
 from luna_core.planning.scorer import CLS_WEIGHTS, ObjectBoxes, ProposalScores, ScoringContext
 from luna_core.types import (ACTION_INDEX, DecisionDistribution, EgoState, LaneGraph, ObjectClass, PlannerInput,
@@ -209,21 +208,6 @@ def test_select_takes_the_best_admissible_candidate_and_all_when_none_is() -> No
     assert select(*args, CFG, admissible=[False, False, False])[0] == 0  # none admissible: Eq. 22 over all
     with pytest.raises(ValueError, match="admissibility"):
         select(*args, CFG, admissible=[True, False])
-
-
-def test_safety_first_keeps_the_lane_or_the_lane_change_under_way_but_starts_none() -> None:
-    actions = ["CK", "CR", "DK"]
-    eq22 = np.array([0.58, 0.26, 0.10])  # Eq. 22 ranks CK first
-    # CK breaks the TTC bound: braking in the lane may be chosen, a lane change to the right may not.
-    assert safety_first_admissible(actions, [False, True, True], eq22) == [False, False, True]
-    assert safety_first_admissible(actions, [False, True, False], eq22) == [False, False, False]
-    # ... unless the ego is already changing to the right (the last a*), or Eq. 22 ranks it first itself.
-    assert safety_first_admissible(actions, [False, True, False], eq22, "R") == [False, True, False]
-    assert safety_first_admissible(actions, [False, True, False], np.array([0.2, 0.3, 0.1])) == [False, True, False]
-    # A lane change to the other side is a new one.
-    assert safety_first_admissible(["CK", "CL"], [False, True], np.array([0.6, 0.3]), "R") == [False, False]
-    with pytest.raises(ValueError, match="safety flags"):
-        safety_first_admissible(actions, [True, True], eq22)
 
 
 @pytest.mark.parametrize("safety_first", [True, False])

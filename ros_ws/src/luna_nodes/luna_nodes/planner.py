@@ -93,8 +93,7 @@ INTERFACE = NodeInterface(
         ParamSpec("gamma_p", float, DEFAULT_GAMMA_P, "Candidate-set threshold of Eq. 19 (common.param.yaml); "
                   "used only for a decision published without its candidate set.", min=0.0, max=1.0),
         ParamSpec("safety_first", bool, True, "Eq. 22 safety first (luna): a* among the candidate actions whose best "
-                  "trajectory keeps the time-to-collision bound and that start no lane change Eq. 22 does not "
-                  "rank first, when any does; false = the paper's Eq. 22 over all."),
+                  "trajectory keeps the time-to-collision bound, when any does; false = the paper's Eq. 22 over all."),
         ParamSpec("diffusion_model", str, "", "Folder of the diffusion prior; empty = the bundled default."),
         ParamSpec("device", str, "cpu", "Torch device of the diffusion denoiser (luna, diffusion-es); auto = CUDA "
                   "when present. The search's noise is drawn on the CPU, so devices differ only by rounding.",

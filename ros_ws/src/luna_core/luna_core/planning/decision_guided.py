@@ -20,9 +20,7 @@ Each call (``plan`` / ``plan_detailed``):
 5. Eq. 22: a* = argmax pi(a)^omega_prob * J~_a(X*_a), safety first (``safety_first``): when some
    candidate's X*_a keeps nuPlan's time-to-collision bound, a* is the best of those, so a likely
    manoeuvre whose best trajectory closes within 0.9 s of a car (a lane change into a gap too short)
-   does not win on its probability (J_gen^0.3 alone leaves it 0.89 of a safe one's score); safety first
-   keeps the lane or continues the lane change under way, it does not start one that Eq. 22 does not
-   rank first (``objectives.safety_first_admissible``); with
+   does not win on its probability (J_gen^0.3 alone leaves it 0.89 of a safe one's score); with
    hysteresis: while the same decision is in force, another action must beat the previous cycle's a*
    by ``switch_margin`` (no flipping between manoeuvres on near-ties);
 6. if every candidate's best has J_gen = 0 (at-fault collision, off the drivable area or against
@@ -66,8 +64,8 @@ from luna_core.planning.diffusion_es import (DiffusionESConfig, ESResult, Evalua
 from luna_core.planning.fallback import stop_along
 from luna_core.planning.context import PlanningContext, build_planning_context
 from luna_core.planning.context import PlannerInputError  # noqa: F401 (raised by plan_detailed; imported from here)
-from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following,
-                                           safety_first_admissible, select, selection_score, speed_interval)
+from luna_core.planning.objectives import (ObjectiveConfig, action_objective, decision_following, select,
+                                           speed_interval)
 from luna_core.planning.pdm_closed import emergency_brake_trajectory
 from luna_core.planning.proposals import following_speed_cap, idm_proposals, idm_rollout
 from luna_core.planning.reference_paths import ReferencePath
@@ -117,8 +115,7 @@ class DecisionGuidedConfig:
     # a* only if its Eq. 22 score is higher by this fraction.
     switch_margin: float = 0.1
     # Safety-first arbitration (our addition to Eq. 22): a* only among the candidates whose X*_a keeps the
-    # TTC bound and that start no lane change Eq. 22 does not rank first, when any does. False: the paper's
-    # Eq. 22 over every candidate.
+    # TTC bound, when any does. False: the paper's Eq. 22 over every candidate.
     safety_first: bool = True
     # PDM-Closed's emergency brake (``pdm_closed``): the least-bad trajectory collides at fault within
     # this time (s) while the ego is at most this fast (m/s).
@@ -636,15 +633,12 @@ class DecisionGuidedPlanner:
         scored = [k for k, cand in enumerate(candidates) if cand.trajectory is not None]
         flipped = gated = False
         if scored and mode == MODE_DECISION:
-            actions = [candidates[k].action for k in scored]
-            terms = ([candidates[k].probability for k in scored], [candidates[k].j_dec for k in scored],
-                     [candidates[k].j_gen for k in scored])
-            eq22 = selection_score(*(np.asarray(v) for v in terms), c.objective)
-            under_way = self.last.action[1] if self.last is not None and self.last.action else "K"
-            safe = safety_first_admissible(actions, [candidates[k].j_gen > 0.0 and candidates[k].ttc >= 1.0
-                                                     for k in scored], eq22, under_way)
+            safe = [candidates[k].j_gen > 0.0 and candidates[k].ttc >= 1.0 for k in scored]
             admissible = safe if c.safety_first and any(safe) else [True] * len(scored)
-            idx = select(actions, *terms, c.objective, admissible)[0]
+            actions = [candidates[k].action for k in scored]
+            idx, eq22 = select(actions, [candidates[k].probability for k in scored],
+                               [candidates[k].j_dec for k in scored], [candidates[k].j_gen for k in scored],
+                               c.objective, admissible)
             for k, value in zip(scored, eq22):
                 candidates[k].selection_score = float(value)
             pick = self._hysteresis(idx, eq22, actions, decision, admissible)

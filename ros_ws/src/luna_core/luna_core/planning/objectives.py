@@ -189,22 +189,6 @@ def candidate_actions(probabilities: Sequence[float] | np.ndarray,
     return candidate_set(probabilities, config.gamma_p)
 
 
-def safety_first_admissible(actions: Sequence[str], safe: Sequence[bool], scores: np.ndarray,
-                            lateral_under_way: str = "K") -> list[bool]:
-    """The candidates safety first may pick (``DecisionGuidedConfig.safety_first``): those whose X*_a is
-    ``safe`` (feasible, keeps the TTC bound) and that keep the lane, continue the lane change under way
-    (``lateral_under_way``: the previous a*'s lateral, L, R or K), or are Eq. 22's own first (``scores``).
-    Safety first does not start a lane change that neither the decision nor Eq. 22 ranks first: J_gen's
-    TTC term sees constant-velocity forecasts, one cycle at a time, and a lane change begun on it must then
-    be carried through the target lane's traffic over several cycles (or abandoned half-way)."""
-    if not len(actions) == len(safe) == len(scores):
-        raise ValueError(f"safety_first_admissible: {len(actions)} actions but {len(safe)} safety flags and "
-                         f"{len(scores)} scores")
-    best = int(np.argmax(scores))
-    return [bool(ok) and (k == best or a[1] in ("K", lateral_under_way))
-            for k, (a, ok) in enumerate(zip(actions, safe))]
-
-
 def select(actions: Sequence[str], probabilities: Sequence[float], j_dec: Sequence[float],
            j_gen: Sequence[float], config: ObjectiveConfig = ObjectiveConfig(),
            admissible: Sequence[bool] | None = None) -> tuple[int, np.ndarray]:
