@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="refuse to run unless the suite has this many (with --set: the set's)")
     p.add_argument("--limit", type=int, default=None, help="only the first N scenarios (smoke runs)")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
-                   help="only this scenario of the --suite (repeatable)")
+                   help="only this scenario of the --suite (repeatable; with --every, a scenario of that subset)")
     p.add_argument("--every", type=int, default=1,
                    help="every N-th scenario of the sorted suite (an even subset over scenario types)")
     p.add_argument("--replan-every", type=int, default=1,

@@ -307,7 +307,7 @@ class EvalConfig:
     expect_count: int | None = None  # refuse to run when the suite does not have this many scenarios
     limit: int | None = None  # first N scenarios only (smoke runs)
     every: int = 1  # every N-th scenario of the sorted suite (an even subset across scenario types)
-    only: tuple[str, ...] = ()  # these scenarios of the suite by name (before ``every``); () = all
+    only: tuple[str, ...] = ()  # these scenarios of the suite by name (of the ``every`` subset); () = all
     replan_every: int = 1  # simulation steps between planner calls (nuPlan: 1, i.e. 10 Hz)
     stack: StackSettings = field(default_factory=StackSettings)  # for the stack / Diffusion-ES planners
     executor: str = "process"  # one of EXECUTORS: where the runs execute
@@ -466,12 +466,18 @@ def run_evaluation(cfg: EvalConfig, command: str = "", progress: bool = True) ->
         raise EvaluationError(f"every ({cfg.every}) and replan_every ({cfg.replan_every}) must be >= 1")
     if cfg.executor not in EXECUTORS:
         raise EvaluationError(f"unknown executor {cfg.executor!r}; one of {', '.join(EXECUTORS)}")
+    subset = refs[:: cfg.every]
     if cfg.only:
+        # Names pick from the --every subset (not every N-th of the names, which would drop some silently).
         unknown = sorted(set(cfg.only) - {r.name for r in refs})
         if unknown:
             raise EvaluationError(f"suite {cfg.suite!r} has no scenario(s) {unknown}")
-        refs = [r for r in refs if r.name in cfg.only]
-    refs = refs[:: cfg.every][: cfg.limit]
+        outside = sorted(set(cfg.only) - {r.name for r in subset})
+        if outside:
+            raise EvaluationError(f"scenario(s) {outside} of suite {cfg.suite!r} are not in its --every "
+                                  f"{cfg.every} subset; drop --every to run them")
+        subset = [r for r in subset if r.name in cfg.only]
+    refs = subset[: cfg.limit]
     planners = _planner_order(cfg.planners)
     unknown = [p for p in planners if planner_spec(p)[0] not in eval_planner_names()]
     if unknown:

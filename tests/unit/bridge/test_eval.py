@@ -132,6 +132,13 @@ def test_eval_only_named_scenarios(suite: Path, tmp_path: Path) -> None:
     assert summary.scenario_count == 1
     assert [p.stem for p in (tmp_path / "only" / "scenarios" / "idm" / "non_reactive").glob("*.json")] == ["b_lead_far"]
     assert main(["eval", "--set", "standard", "--only", "b_lead_far", "--planner", "idm"]) == 2  # one suite only
+    # With --every, names pick from that subset (a_lead_near, c_broken, e_...): none is dropped silently.
+    with pytest.raises(EvaluationError, match=r"\['b_lead_far'\] of suite .* --every 2 subset"):
+        run_evaluation(EvalConfig(str(suite), ["idm"], out_dir=tmp_path / "x", every=2,
+                                  only=("a_lead_near", "b_lead_far")), progress=False)
+    both = run_evaluation(EvalConfig(str(suite), ["idm"], out_dir=tmp_path / "every", every=2,
+                                     only=("a_lead_near", "c_broken")), progress=False)
+    assert both.scenario_count == 2
 
 
 def test_cli_eval(suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
