@@ -1,11 +1,13 @@
-"""Student prompt length at K retrieved examples, by how many objects each example keeps (issue 13).
+"""Student prompt length at K retrieved examples, by prompt form and objects kept (issue 13).
 
 Held-out items of the bank (the split of ``luna-offline distill``), their K examples retrieved from the
-training items as ``evaluate`` does, each prompt rendered by the student's encoder (chat template,
-compact Q_md) with ``StudentConfig.example_objects`` = 0 (every object, the current students) and the
-given caps. Tokens only: no forward pass, so the figures do not depend on the machine's load.
+training items as ``evaluate`` does, each prompt rendered by the student's encoder (chat template) under
+each given prompt, FORM/QUERY_OBJECTS/EXAMPLE_OBJECTS: ``StudentConfig.prompt_form``, ``query_objects``
+and ``example_objects`` (``compact/0/0`` is the prompt of the students up to session 45). Besides the
+whole prompt, the tokens after the system message: what a decision computes when the system message's
+KV cache is reused. Tokens only: no forward pass, so the figures do not depend on the machine's load.
 
-    .venv/bin/python benchmarks/prompt_lengths.py --items 300 --k 3 --example-objects 0 1 2 3
+    .venv/bin/python benchmarks/prompt_lengths.py --items 300 --k 3 --prompts compact/0/0 compact/0/1 brief/6/1
 """
 
 from __future__ import annotations
@@ -20,8 +22,18 @@ from luna_core.assets import default_path
 from luna_core.memory import MemoryBank
 from luna_core.prompts import PromptManager
 from luna_core.student import StudentConfig
-from luna_core.student.context import student_encoder
+from luna_core.student.config import PROMPT_FORMS
+from luna_core.student.context import chat_ids, student_encoder
 from luna_offline.distill import retrieve_examples, split_items, subset
+
+
+def parse_prompt(spec: str) -> tuple[str, int, int]:
+    """FORM/QUERY_OBJECTS/EXAMPLE_OBJECTS -> its three values; ``ValueError`` naming the spec otherwise."""
+    parts = spec.split("/")
+    if len(parts) != 3 or parts[0] not in PROMPT_FORMS or not all(p.isdigit() for p in parts[1:]):
+        raise ValueError(f"--prompts {spec!r}: expected FORM/QUERY_OBJECTS/EXAMPLE_OBJECTS with FORM one of "
+                         f"{', '.join(PROMPT_FORMS)}, e.g. brief/6/1")
+    return parts[0], int(parts[1]), int(parts[2])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bank", default="", help="memory bank (default: the bundled one)")
     ap.add_argument("--items", type=int, default=300, help="held-out items measured (a seeded subset)")
     ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--example-objects", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--prompts", nargs="+", default=["compact/0/0", "compact/0/1", "brief/6/1"],
+                    help="FORM/QUERY_OBJECTS/EXAMPLE_OBJECTS per row (0 = every object)")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -45,15 +58,22 @@ def main(argv: list[str] | None = None) -> int:
         held = subset(held, args.items, 0)
         cases = [(it.query, retrieve_examples(bank, it, args.k, exclude)) for it in held]
     print(f"bank {bank_path}: {len(cases)} held-out items, K = {args.k}\n")
-    print("| objects per example | prompt tokens p50 | p90 | max | prompts over 1,000 tokens |")
-    print("|---|---:|---:|---:|---:|")
-    for n in args.example_objects:
+    print("| form | query objects | objects per example | prompt tokens p50 | p90 | max | over 1,000 "
+          "| after the system message p50 | p90 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for spec in args.prompts:
+        form, query_objects, example_objects = parse_prompt(spec)
         # No budget: the full length of every prompt is what is measured.
-        encoder = student_encoder(tokenizer, prompts, StudentConfig(example_objects=n, max_context_tokens=1 << 20))
-        lengths = np.array([len(encoder.fit(q, ex).input_ids)
-                            for q, ex in tqdm(cases, desc=f"example_objects={n}", leave=False)])
-        print(f"| {n or 'every'} | {np.median(lengths):.0f} | {np.percentile(lengths, 90):.0f} | {lengths.max()} "
-              f"| {100 * np.mean(lengths > 1000):.0f} % |")
+        config = StudentConfig(prompt_form=form, query_objects=query_objects, example_objects=example_objects,
+                               max_context_tokens=1 << 20)
+        encoder = student_encoder(tokenizer, prompts, config)
+        fitted = [encoder.fit(q, ex) for q, ex in tqdm(cases, desc=spec, leave=False)]
+        lengths = np.array([len(f.input_ids) for f in fitted])
+        system = len(chat_ids(tokenizer, fitted[0].messages[:1]))  # the system turn, whose KV cache is kept
+        after = lengths - system
+        print(f"| {form} | {query_objects or 'every'} | {example_objects or 'every'} | {np.median(lengths):.0f} "
+              f"| {np.percentile(lengths, 90):.0f} | {lengths.max()} | {100 * np.mean(lengths > 1000):.0f} % "
+              f"| {np.median(after):.0f} | {np.percentile(after, 90):.0f} |")
     return 0
 
 

@@ -40,6 +40,7 @@ import torch
 
 from luna_core.scene import HEAD_SCENE_PARTS, item_head_values
 from luna_core.student import DualHeadStudent, StudentConfig
+from luna_core.student.config import PROMPT_FORMS
 from luna_core.student.model import StudentPrompts, default_prompts, scene_tensor
 from luna_core.types import MemoryItem, validate_distribution
 from luna_offline.distill_head import FEATURE_MODES, CachePart, HeadSettings, run_head_stage
@@ -72,7 +73,10 @@ class DistillSettings:
     limit: int = 0  # use at most this many training items, a seeded random subset (0 = all); small CPU runs
     seed: int = 0
     max_context_tokens: int = 2048
-    example_objects: int = 0  # nearest objects kept per retrieved example (StudentConfig.example_objects)
+    # The student's prompt (StudentConfig.example_objects, query_objects, prompt_form; student.context).
+    example_objects: int = 0
+    query_objects: int = 0
+    prompt_form: str = "compact"
     quantization: str = "auto"  # auto = nf4 on CUDA, none on CPU
     gradient_checkpointing: str = "auto"  # auto = on with CUDA
     optimizer: str = "auto"  # auto = adamw8bit on CUDA, adamw on CPU
@@ -103,6 +107,11 @@ class DistillSettings:
         for key in ("out", "checkpoint_every", "max_steps", "epochs", "max_time"):
             d.pop(key)
         return d
+
+    def prompt_settings(self) -> dict:
+        """The ``StudentConfig`` fields that shape the student's prompt."""
+        return {"example_objects": self.example_objects, "query_objects": self.query_objects,
+                "prompt_form": self.prompt_form}
 
 
 @dataclass
@@ -291,13 +300,14 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
     state = TrainerState()
     ckpt = out / "checkpoint"
     config = StudentConfig(base_model=settings.base_model, max_context_tokens=settings.max_context_tokens,
-                           example_objects=settings.example_objects, device=str(accelerator.device.type),
-                           quantization=quant)
+                           **settings.prompt_settings(), device=str(accelerator.device.type), quantization=quant)
     torch.manual_seed(settings.seed)
     if (ckpt / STATE_FILE).exists():
         saved = json.loads((ckpt / STATE_FILE).read_text())
-        if saved["settings"] != settings.resumable_keys():
-            diff = sorted(k for k in saved["settings"] if saved["settings"][k] != settings.resumable_keys().get(k))
+        # A checkpoint written before a setting existed ran with that setting's default.
+        saved_settings = {**DistillSettings(bank="", out="").resumable_keys(), **saved["settings"]}
+        if saved_settings != settings.resumable_keys():
+            diff = sorted(k for k in saved_settings if saved_settings[k] != settings.resumable_keys().get(k))
             raise DistillError(f"{ckpt} was written with different settings ({', '.join(diff)}); use "
                                f"another --out or the same settings")
         student = DualHeadStudent.from_pretrained(ckpt, prompts, device=config.device, for_training=True)
@@ -308,9 +318,10 @@ def distill(settings: DistillSettings, prompts: StudentPrompts | None = None,
         if student.config.base_model != settings.base_model:
             raise DistillError(f"--init {settings.init} was trained on {student.config.base_model!r}, not "
                                f"--base-model {settings.base_model!r}")
-        if student.config.example_objects != settings.example_objects:
-            raise DistillError(f"--init {settings.init} reads {student.config.example_objects or 'every'} object(s) "
-                               f"per example, not --example-objects {settings.example_objects}")
+        read = {k: getattr(student.config, k) for k in settings.prompt_settings()}
+        if read != settings.prompt_settings():
+            raise DistillError(f"--init {settings.init} was trained on the prompt {read}, not "
+                               f"{settings.prompt_settings()} (--example-objects, --query-objects, --prompt-form)")
     else:
         student = DualHeadStudent.from_base(config, prompts)
     if quant == "nf4":
@@ -409,9 +420,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for name, typ in (("epochs", int), ("max_steps", int), ("batch_size", int), ("grad_accum", int),
                       ("lr", float), ("warmup_steps", int), ("alpha", float), ("k_min", int), ("k_max", int),
                       ("heldout_fraction", float), ("limit", int), ("seed", int),
-                      ("max_context_tokens", int), ("example_objects", int), ("checkpoint_every", int),
-                      ("max_time", float)):
+                      ("max_context_tokens", int), ("example_objects", int), ("query_objects", int),
+                      ("checkpoint_every", int), ("max_time", float)):
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(d, name))
+    p.add_argument("--prompt-form", choices=PROMPT_FORMS, default=d.prompt_form,
+                   help="how the prompt's traffic states read (StudentConfig.prompt_form)")
     p.add_argument("--quantization", choices=("auto", "none", "nf4"), default=d.quantization)
     p.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default=d.gradient_checkpointing)
     p.add_argument("--optimizer", choices=("auto", "adamw", "adamw8bit"), default=d.optimizer)

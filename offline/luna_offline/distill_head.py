@@ -514,7 +514,7 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     plan = feature_plan([it.id for it in train], [it.id for it in held], head_settings.variants,
                         head_settings.eval_k, settings.seed, settings.k_min, settings.k_max)
     config = StudentConfig(base_model=settings.base_model, max_context_tokens=settings.max_context_tokens,
-                           example_objects=settings.example_objects,
+                           **settings.prompt_settings(),
                            device="cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu")
     student = DualHeadStudent.from_base(config, prompts)
     t0 = time.process_time()

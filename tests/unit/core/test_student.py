@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import threading
 
 import numpy as np
@@ -12,8 +13,9 @@ import torch
 from luna_core.student import (BaseModelMismatchError, ContextOverflowError, DualHeadStudent,
                                StudentConfig, StudentConfigError, StudentModelFileError)
 from luna_core import model_cache
+from luna_core.prompts import knowledge
 from luna_core.student import files
-from luna_core.student.context import PromptEncoder, with_example_objects
+from luna_core.student.context import PromptEncoder, chat_ids, named_objects, student_encoder, student_messages
 from luna_core.types import ACTION_CODES
 from tests.unit.core.test_student_support import PROMPTS, memory_item, query
 
@@ -126,22 +128,64 @@ def test_context_policy_drops_examples_then_far_objects_then_fails(student):
     assert full.examples_used == 3 and not full.truncated
 
 
+def _encoder(student, **prompt) -> PromptEncoder:
+    """The encoder of ``student``'s tokenizer under a config with these prompt fields."""
+    return student_encoder(student.tokenizer, PROMPTS, StudentConfig(**prompt))
+
+
 def test_example_objects_keeps_the_nearest_objects_of_each_example_only(student):
     q = query(6)
     examples = [memory_item(i, n_objects=4) for i in range(3)]
     full = student.encoder.fit(q, examples)
-    short = PromptEncoder(student.tokenizer, with_example_objects(PROMPTS.md_messages, 1),
-                          student.config.max_context_tokens)
-    fitted = short.fit(q, examples)
+    fitted = _encoder(student, example_objects=1).fit(q, examples)
     assert fitted.examples_used == 3 and not fitted.truncated
     assert len(fitted.input_ids) < len(full.input_ids) - 3 * 2 * 10, "three object lines less per example"
     example_queries = [m["content"] for m in fitted.messages[1:-1] if m["role"] == "user"]
     assert len(example_queries) == 3 and all("veh0" in t and "veh1" not in t for t in example_queries), \
         "each example keeps its nearest object"
     assert fitted.messages[-1] == full.messages[-1], "the current query keeps every object"
-    assert with_example_objects(PROMPTS.md_messages, 0) == PROMPTS.md_messages
+    assert student_messages(PROMPTS.md_messages, StudentConfig()) == PROMPTS.md_messages
     with pytest.raises(StudentConfigError, match="example_objects"):
         StudentConfig(example_objects=-1)
+
+
+def test_an_example_keeps_the_objects_its_answer_names(student):
+    q = query(2)
+    item = memory_item(1, n_objects=4)
+    item = replace(item, answer=f"{item.answer.strip()}\n- DK: Vehicle veh3 40 m ahead (same lane) at 5 m/s; clear.")
+    assert named_objects(item.answer) == {"veh3"}
+    example = _encoder(student, example_objects=1).fit(q, [item]).messages[1]["content"]
+    assert "veh0" in example and "veh3" in example, "the nearest and the named object stay"
+    assert "veh1" not in example and "veh2" not in example
+
+
+def test_query_objects_keeps_the_nearest_objects_of_the_current_query(student):
+    fitted = _encoder(student, query_objects=2).fit(query(6), [memory_item(1, n_objects=4)])
+    current = fitted.messages[-1]["content"]
+    assert "veh0" in current and "veh1" in current and "veh2" not in current
+    assert all(f"veh{i}" in fitted.messages[1]["content"] for i in range(4)), "examples keep every object"
+    with pytest.raises(StudentConfigError, match="query_objects"):
+        StudentConfig(query_objects=-2)
+
+
+def test_brief_form_states_the_same_traffic_state_in_fewer_tokens(student):
+    q, examples = query(4), [memory_item(i, n_objects=3) for i in range(2)]
+    compact = student.encoder.fit(q, examples)
+    brief = _encoder(student, prompt_form="brief").fit(q, examples)
+    assert knowledge.BRIEF_FORM in brief.messages[0]["content"], "the layout is stated once, in the system turn"
+    current = brief.messages[-1]["content"]
+    assert "Traffic light: None." not in current and "Navigation: None." not in current
+    assert current.startswith("Road: ") and "\nEgo: " in current and "acceleration" not in current
+    assert [ln for ln in current.split("\n") if ln.startswith("- ")] == \
+        [ln for ln in compact.messages[-1]["content"].split("\n") if ln.startswith("- ")], "objects unchanged"
+    assert [m["content"] for m in brief.messages if m["role"] == "assistant"] == \
+        [m["content"] for m in compact.messages if m["role"] == "assistant"], "answers unchanged"
+    system = len(chat_ids(student.tokenizer, brief.messages[:1]))
+    compact_system = len(chat_ids(student.tokenizer, compact.messages[:1]))
+    assert len(brief.input_ids) - system < len(compact.input_ids) - compact_system - 3 * 10, \
+        "each of the three traffic states is shorter after the (cached) system turn"
+    with pytest.raises(StudentConfigError, match="prompt_form"):
+        StudentConfig(prompt_form="terse")
 
 
 def test_explain_starts_with_the_ranked_codes_and_can_be_stopped(student):

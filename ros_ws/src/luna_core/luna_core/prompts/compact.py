@@ -60,3 +60,30 @@ def compact_query(query: str) -> str:
     # Codes separated by spaces: "CK,DK" splits into more tokens than "CK DK".
     codes = action_lines[0][len(K.ACTION_SET_TAG):].replace(",", " ").split()
     return f"{state}\n{K.ACTION_SET_TAG} {' '.join(codes)}"
+
+
+# The brief form (``brief_query``): the compact form's fixed words that the system message's BRIEF_FORM
+# states once. Applied line by line to a compact traffic state.
+_BRIEF_DROPPED = ("Traffic light: None.", "Navigation: None.")
+_BRIEF_EGO = re.compile(r"^Ego: speed (\S+), acceleration (\S+), length (\S+), width (\S+)\.$")
+_BRIEF_RECENT = "Recent decisions: "
+
+
+def _brief_line(line: str) -> str | None:
+    if line in _BRIEF_DROPPED:
+        return None
+    ego = _BRIEF_EGO.match(line)
+    if ego:
+        return f"Ego: {ego[1]},{ego[2]}."  # the ego's size is the vehicle's, the same in every decision
+    if line.startswith(_BRIEF_RECENT):
+        return "Recent: " + line[len(_BRIEF_RECENT):].replace(", ", " ")
+    return line.replace("Road section: ", "Road: ", 1).replace(", ego in lane ", ", ego ", 1)
+
+
+def brief_query(compact: str) -> str:
+    """The student's brief form of a compact query (``compact_query``): no "None" traffic-light and
+    navigation lines, the ego line's speed and acceleration without their names (not the ego's size, which
+    does not change), "Recent:" for the recent decisions. The other facts are the compact form's; the
+    words it drops are stated once in ``knowledge.BRIEF_FORM``. Which
+    objects are listed is the caller's choice (``student.context``)."""
+    return "\n".join(out for out in map(_brief_line, compact.split("\n")) if out is not None)

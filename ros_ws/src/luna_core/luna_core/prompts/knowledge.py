@@ -101,6 +101,14 @@ DECISION_MAKING = BASICS + "\n\n" + (
     "- <code>: <rationale>"
 )
 
+# The student's brief prompt form (``StudentConfig.prompt_form``, luna_core.prompts.compact.brief_query) says
+# this once in its system message, whose KV cache is reused, instead of in every traffic state.
+BRIEF_FORM = (
+    "The traffic states are brief: the ego line reads speed,acceleration; 'Recent' lists "
+    "the last decisions; a traffic light or navigation line is there only when there is one; only the "
+    "nearest objects are listed, and in an example also those its answer names."
+)
+
 REFLECTION = BASICS + "\n\n" + (
     "Task: you are shown a driving question, the answer that was given to it, and what happened after the "
     "first recommended decision was executed. Check the answer for mistakes such as wrong priorities, "

@@ -12,6 +12,7 @@ from luna_core.types import NUM_ACTIONS
 
 #: How a prompt that does not fit ``max_context_tokens`` is shortened (see ``student.context``).
 TRUNCATION_POLICIES = ("drop_examples_then_objects",)
+PROMPT_FORMS = ("compact", "brief")  # how the traffic states read (student.context)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "nf4")
@@ -53,7 +54,12 @@ class StudentConfig:
     autocast: str = "none"
     quantization: str = "none"  # "nf4" = bitsandbytes 4-bit base (CUDA)
     reuse_prefix_cache: bool = True  # keep the KV cache of the prefix shared with the previous prompt
-    example_objects: int = 0  # nearest objects kept in each retrieved example (0 = all; student.context)
+    # The prompt's length (student.context): objects kept in each retrieved example (those its answer names
+    # and this many nearest; 0 = all), nearest objects kept in the current query (0 = all), and the form of
+    # the traffic states ("compact", or "brief": fixed words stated once in the system message).
+    example_objects: int = 0
+    query_objects: int = 0
+    prompt_form: str = "compact"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -79,9 +85,10 @@ class StudentConfig:
         if self.head_members and self.head_scene_dim != self.ensemble_scene_dim(self.head_members):
             raise bad("head_scene_dim", f"an ensemble whose members read {self.head_members} scene values reads "
                                         f"{self.ensemble_scene_dim(self.head_members)}, got {self.head_scene_dim}")
-        if not isinstance(self.example_objects, int) or isinstance(self.example_objects, bool) \
-                or self.example_objects < 0:
-            raise bad("example_objects", f"must be an integer >= 0 (0 = every object), got {self.example_objects!r}")
+        for name in ("example_objects", "query_objects"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise bad(name, f"must be an integer >= 0 (0 = every object), got {value!r}")
         if not isinstance(self.explanation_max_yield, (int, float)) or not self.explanation_max_yield > 0.0:
             raise bad("explanation_max_yield", f"must be a positive number of seconds, got "
                                                f"{self.explanation_max_yield!r}")
@@ -92,7 +99,8 @@ class StudentConfig:
         if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
             raise bad("lora_targets", f"must be a non-empty list of module names, got {self.lora_targets!r}")
         for name, allowed in (("truncation_policy", TRUNCATION_POLICIES), ("device", DEVICES),
-                              ("dtype", DTYPES), ("quantization", QUANTIZATIONS), ("autocast", AUTOCASTS)):
+                              ("dtype", DTYPES), ("quantization", QUANTIZATIONS), ("autocast", AUTOCASTS),
+                              ("prompt_form", PROMPT_FORMS)):
             if getattr(self, name) not in allowed:
                 raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
 

@@ -12,17 +12,24 @@ Context-length policy ``drop_examples_then_objects`` (when the prompt exceeds ``
 3. if the prompt still does not fit, raise ``ContextOverflowError`` naming the sizes.
 Every shortening is reported (``examples_used``, ``objects_dropped``) so callers can log it.
 
-Independently of the budget, ``StudentConfig.example_objects`` > 0 keeps only that many nearest objects
-in each retrieved example (``with_example_objects``): an example teaches by its decisive objects, which
-are the nearest, and each further object line costs ~32 tokens per example (issue 13: a K = 3 prompt
-of ~1,330 tokens against a goal of ~1,000). The current query always keeps every object that fits.
+Independently of the budget, the student's config shortens its prompt (``student_messages``; issue 13: a
+K = 3 prompt of ~1,400 tokens against a goal of ~1,000, and each token costs time on a CPU):
+- ``example_objects`` > 0 keeps in each retrieved example the objects its answer names (the decisive
+  ones) and its ``example_objects`` nearest; each further object line costs ~32 tokens per example;
+- ``query_objects`` > 0 keeps the current query's nearest ``query_objects`` objects;
+- ``prompt_form`` "brief" writes every traffic state in the brief form (``prompts.compact.brief_query``)
+  and states its layout once in the system message.
+The defaults (0, 0, "compact") are the prompt the students up to session 45 were trained on.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+from luna_core.prompts import knowledge
+from luna_core.prompts.compact import brief_query
 from luna_core.student.errors import ContextOverflowError, PromptTemplateError
 from luna_core.types import MemoryItem
 
@@ -63,36 +70,71 @@ def drop_farthest_object(query: str) -> str | None:
     return None
 
 
-def keep_nearest_objects(query: str, count: int) -> str:
+# An object an answer names: the teacher's brief rationale reads "<kind> <id> <distance> m ahead|behind"
+# (luna_core.teacher._brief_object).
+_NAMED_OBJECT = re.compile(r"\b(?:vehicle|pedestrian|cyclist|obstacle) (\S+) \d+ m (?:ahead|behind)\b",
+                           re.IGNORECASE)
+
+
+def named_objects(answer: str) -> frozenset[str]:
+    """The ids of the objects an answer's rationales name."""
+    return frozenset(_NAMED_OBJECT.findall(answer))
+
+
+def keep_nearest_objects(query: str, count: int, named: frozenset[str] = frozenset()) -> str:
     """The query with only its first ``count`` object lines (the nearest: the scene descriptor lists them
-    nearest first); the other lines unchanged."""
+    nearest first) and those whose id is in ``named``; the other lines unchanged."""
     kept, out = 0, []
     for line in query.split("\n"):
         if line.startswith(OBJECT_LINE_PREFIX):
             kept += 1
-            if kept > count:
+            if kept > count and line[len(OBJECT_LINE_PREFIX):].split(" ", 1)[0] not in named:
                 continue
         out.append(line)
     return "\n".join(out)
 
 
-def with_example_objects(messages_fn: MessagesFn, example_objects: int) -> MessagesFn:
-    """``messages_fn`` whose retrieved examples keep their ``example_objects`` nearest objects (0 = all)."""
-    if example_objects <= 0:
+def student_messages(messages_fn: MessagesFn, config) -> MessagesFn:
+    """``messages_fn`` (``PromptManager.md_messages``) shortened as ``config`` (a ``StudentConfig``) says:
+    its ``query_objects``, ``example_objects`` and ``prompt_form`` (module docstring). The defaults return
+    ``messages_fn`` itself."""
+    query_objects, example_objects = config.query_objects, config.example_objects
+    brief = config.prompt_form == "brief"
+    if not (query_objects or example_objects or brief):
         return messages_fn
 
     def messages(query: str, examples: Sequence[MemoryItem]) -> list[Message]:
-        return messages_fn(query, [replace(item, query=keep_nearest_objects(item.query, example_objects))
-                                   for item in examples])
+        if query_objects:
+            query = keep_nearest_objects(query, query_objects)
+        if example_objects:
+            examples = [replace(item, query=keep_nearest_objects(item.query, example_objects,
+                                                                 named_objects(item.answer)))
+                        for item in examples]
+        out = messages_fn(query, examples)
+        return [_brief_message(m) for m in out] if brief else out
     return messages
 
 
+def _brief_message(message: Message) -> Message:
+    """A message of the compact prompt in the brief form: traffic states shortened, the layout stated once."""
+    if message["role"] == "user":
+        return {**message, "content": brief_query(message["content"])}
+    if message["role"] == "system":
+        return {**message, "content": message["content"] + "\n" + knowledge.BRIEF_FORM}
+    return message
+
+
 def student_encoder(tokenizer, prompts, config) -> "PromptEncoder":
-    """The encoder of a student with ``config`` (a ``StudentConfig``): ``prompts.md_messages`` with its
-    ``example_objects`` and its ``max_context_tokens``; the one way the student, its ONNX form and the
+    """The encoder of a student with ``config`` (a ``StudentConfig``): ``prompts.md_messages`` shortened by
+    ``student_messages``, under its ``max_context_tokens``; the one way the student, its ONNX form and the
     prompt-length benchmark build prompts."""
-    return PromptEncoder(tokenizer, with_example_objects(prompts.md_messages, config.example_objects),
-                         config.max_context_tokens)
+    return PromptEncoder(tokenizer, student_messages(prompts.md_messages, config), config.max_context_tokens)
+
+
+def chat_ids(tokenizer, messages: list[Message], add_generation_prompt: bool = False) -> list[int]:
+    """Token ids of ``messages`` under the tokenizer's chat template (whichever container it returns)."""
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
 class PromptEncoder:
@@ -112,8 +154,7 @@ class PromptEncoder:
         """Token ids of the messages with the generation prompt (ending at i*)."""
         if not messages or messages[-1].get("role") != "user":
             raise PromptTemplateError("the student's prompt must end with the current user query")
-        enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        return chat_ids(self.tokenizer, messages, add_generation_prompt=True)
 
     def fit(self, query: str, retrieved: Sequence[MemoryItem], reserve: int = 0) -> FittedPrompt:
         """Encode ``query`` with ``retrieved`` examples so that it leaves ``reserve`` tokens free."""
