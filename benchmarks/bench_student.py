@@ -35,6 +35,7 @@ from tqdm import tqdm
 from luna_core.prompts import PromptManager, format_ranked_answer
 from luna_core.scene import item_head_values, head_scene_values
 from luna_core.student import DualHeadStudent, StudentConfig
+from luna_core.student.context import chat_ids
 from luna_core.student.onnx_dpp import OnnxDecisionPredictor, export_dpp_onnx
 from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSection, SceneDescriptor
 
@@ -113,16 +114,21 @@ def main() -> int:
                          "weights dtype, then the autocast dtype of the matrix products), on the real items "
                          "of --bank: K = 3 decision latency and the decisions' difference to the first one's, "
                          "alternating calls in one run")
-    ap.add_argument("--bank", default="models/memory_bank", help="the bank of --compare-precisions")
+    ap.add_argument("--compare-students", nargs="+", metavar="DIRECTORY[:WEIGHTS[/AUTOCAST]]",
+                    help="instead: saved students (each in its own prompt form, e.g. models/student "
+                         "out/brief/student), optionally at a precision as --compare-precisions, on the real "
+                         "items of --bank, alternating calls in one run")
+    ap.add_argument("--bank", default="models/memory_bank",
+                    help="the bank of --compare-precisions and --compare-students")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.compare_precisions:
-        if not args.student:
+    if args.compare_precisions or args.compare_students:
+        if args.compare_precisions and not args.student:
             ap.error("--compare-precisions needs --student")
         from luna_core.assets import unpacked
 
-        print(compare_precisions(args.student, args.compare_precisions, str(unpacked(Path(args.bank))),
-                                 args.repeats))
+        specs = args.compare_students or [f"{args.student}:{p}" for p in args.compare_precisions]
+        print(compare_students(specs, str(unpacked(Path(args.bank))), args.repeats))
         return 0
     prompts = PromptManager()
     student = (DualHeadStudent.from_pretrained(args.student, prompts, device="cpu") if args.student
@@ -195,6 +201,11 @@ def _prompt_tokens(student: DualHeadStudent, items: list[MemoryItem], k: int) ->
     return [len(student.encoder.fit(items[d[0]].query, [items[j] for j in d[1:]]).input_ids) for d in draws]
 
 
+def _system_tokens(student: DualHeadStudent, query: str) -> int:
+    """Tokens of the student's system turn, whose KV cache every decision reuses."""
+    return len(chat_ids(student.tokenizer, student.encoder.messages_fn(query, [])[:1]))
+
+
 def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[int]]], repeats: int, k: int,
              first_column: str, agreement: bool = False) -> str:
     """The steady state (the same K retrieved items for consecutive scenes) and a retrieval change at
@@ -219,15 +230,17 @@ def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[i
             if i:  # the first round warms up
                 steady[v].append(lat.total)
                 change[v].append(time.perf_counter() - t0)
-    header = f"| {first_column} | K = {k} prompt tokens (median, max of 200 draws) | steady state (s, p50) | " \
+    header = f"| {first_column} | K = {k} prompt tokens (median, max of 200 draws; median after the system " \
+             "turn) | steady state (s, p50) | " \
              "retrieval change (s, p50) |"
     rule = "|---|---|---|---|"
     if agreement:
         header += f" same top action as {variants[0][0]} | max abs. probability difference | mean KL to it |"
         rule += "---|---|---|"
     lines = [header, rule]
-    for v, (label, _, _, tokens) in enumerate(variants):
-        row = (f"| {label} | {statistics.median(tokens):.0f}, {max(tokens)} | {statistics.median(steady[v]):.3f} | "
+    for v, (label, student, pool, tokens) in enumerate(variants):
+        row = (f"| {label} | {statistics.median(tokens):.0f}, {max(tokens)}; "
+               f"{statistics.median(tokens) - _system_tokens(student, pool[0].query):.0f} | {statistics.median(steady[v]):.3f} | "
                f"{statistics.median(change[v]):.3f} |")
         if agreement:
             ref, out = outputs[0], outputs[v]
@@ -248,20 +261,23 @@ def compare_banks(student: DualHeadStudent, banks: list[str], repeats: int, k: i
     return _compare(variants, repeats, k, "bank")
 
 
-def compare_precisions(directory: str, specs: list[str], bank: str, repeats: int, k: int = 3) -> str:
-    """The student of ``directory`` loaded at each precision ``<weights dtype>[/<autocast dtype>]``
-    (e.g. ``float32``, ``bfloat16``, ``float32/bfloat16``), on the same real items of ``bank``: the
-    latency of each and how far its decisions are from the first one's on the same prompts."""
+def compare_students(specs: list[str], bank: str, repeats: int, k: int = 3) -> str:
+    """Each student ``<directory>[:<weights dtype>[/<autocast dtype>]]`` (e.g. ``models/student``,
+    ``models/student:float32/bfloat16``), on the same real items of ``bank``, each in its own prompt
+    form: the latency of each and how far its decisions are from the first one's on the same scenes."""
     items = _bank_items(bank)
     pool = _pool(items, k, repeats)
     variants = []
     for spec in specs:
-        dtype, _, autocast = spec.partition("/")
+        directory, _, precision = spec.partition(":")
+        dtype, _, autocast = (precision or "float32").partition("/")
         student = DualHeadStudent.from_pretrained(directory, PromptManager(), device="cpu", dtype=dtype,
                                                   autocast=autocast or "none")
-        label = f"{dtype} weights" + (f", {autocast} autocast" if autocast else "")
+        c = student.config
+        label = (f"`{directory}` ({c.prompt_form}, query objects {c.query_objects or 'all'}, example objects "
+                 f"{c.example_objects or 'all'}), {dtype} weights" + (f", {autocast} autocast" if autocast else ""))
         variants.append((label, student, pool, _prompt_tokens(student, items, k)))
-    return _compare(variants, repeats, k, "precision", agreement=True)
+    return _compare(variants, repeats, k, "student", agreement=True)
 
 
 def busy_versus_idle(student: DualHeadStudent, queries: list[str], vectors: list[np.ndarray],
