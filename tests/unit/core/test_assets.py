@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from luna_core.assets import default_path, unpacked
-from luna_core.memory.bank import MemoryBank
+from luna_core.memory.bank import MemoryBank, MemoryBankError
 
 
 def test_a_folder_without_compressed_files_is_used_as_is(tmp_path: Path) -> None:
@@ -41,3 +41,13 @@ def test_the_bundled_bank_is_the_students_training_bank(tmp_path: Path, monkeypa
         assert all(item.source == "teacher" for item in bank.items[:100])
     with pytest.raises(KeyError, match="unknown bundled artifact"):
         default_path("nothing")
+
+
+def test_a_packed_bank_opens_for_reading_from_its_unpacked_copy_and_refuses_writing(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    monkeypatch.setenv("LUNA_CACHE", str(tmp_path / "cache"))
+    shipped = Path(__file__).resolve().parents[3] / "models" / "memory_bank"  # as `--bank models/memory_bank`
+    with MemoryBank.open(shipped) as bank:
+        assert len(bank) == 21_700 and Path(bank.path).parent == tmp_path / "cache" / "bundled"
+    with pytest.raises(MemoryBankError, match="packed bank"):
+        MemoryBank.open(shipped, writable=True)

@@ -222,7 +222,19 @@ class MemoryBank:
     def open(cls, path: str | os.PathLike[str], embedder: Embedder | None = None, *,
              writable: bool = False, index: IndexKind = "ivf", **index_options: int) -> "MemoryBank":
         """Open an existing bank. ``embedder`` defaults to the one the manifest names; a different one
-        is refused with :class:`EmbedderMismatchError`."""
+        is refused with :class:`EmbedderMismatchError`. A bank shipped with its journal xz-compressed
+        (``models/memory_bank``) is read from its unpacked copy (``luna_core.assets.unpacked``); it cannot
+        be opened for writing (the stack appends to a live copy, ``assets.live_memory_bank``)."""
+        from pathlib import Path
+
+        from luna_core.assets import unpacked
+
+        packed = Path(path) / (JOURNAL + ".xz")
+        if packed.exists() and not (Path(path) / JOURNAL).exists():
+            if writable:
+                raise MemoryBankError(f"{path}: a packed bank ({packed.name}) cannot be opened for writing; "
+                                      "append to a copy (luna_core.assets.live_memory_bank)")
+            path = unpacked(Path(path))
         return cls(path, embedder, writable=writable, index=index, **index_options)
 
     # ------------------------------------------------------------------ state
