@@ -19,7 +19,7 @@ K = 3 prompt of ~1,400 tokens against a goal of ~1,000, and each token costs tim
 - ``query_objects`` > 0 keeps the current query's nearest ``query_objects`` objects;
 - ``prompt_form`` "brief" writes every traffic state in the brief form (``prompts.compact.brief_query``)
   and states its layout once in the system message.
-The defaults (0, 0, "compact") are the prompt the students up to session 45 were trained on.
+The defaults (0, 0, "compact") leave the prompt as ``PromptManager.md_messages`` renders it.
 """
 
 from __future__ import annotations
