@@ -92,6 +92,20 @@ def test_distill_writes_student_curves_and_resumes(tmp_path):
     settings.alpha = 0.1
     with pytest.raises(DistillError, match="alpha"):
         distill(settings, prompts=PROMPTS, progress=False)
+    settings.alpha = DistillSettings.alpha
+
+    # A checkpoint written before the prompt settings existed ran with their defaults: it resumes.
+    state_file = out / "checkpoint" / "trainer_state.json"
+    saved = json.loads(state_file.read_text())
+    for key in ("query_objects", "prompt_form"):
+        del saved["settings"][key]
+    state_file.write_text(json.dumps(saved))
+    settings.max_steps, settings.epochs = 4, 2  # one epoch of the 6 items is 3 steps
+    distill(settings, prompts=PROMPTS, progress=False)
+    assert [h["step"] for h in json.loads((out / "history.json").read_text())] == [1, 2, 3, 4]
+    settings.prompt_form = "brief"
+    with pytest.raises(DistillError, match="prompt_form"):
+        distill(settings, prompts=PROMPTS, progress=False)
 
 
 def test_bad_settings_and_an_empty_bank_are_refused(tmp_path):
