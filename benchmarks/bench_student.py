@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -207,11 +208,13 @@ def _system_tokens(student: DualHeadStudent, query: str) -> int:
 
 
 def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[int]]], repeats: int, k: int,
-             first_column: str, agreement: bool = False) -> str:
+             first_column: str, agreement: Sequence[bool] = ()) -> str:
     """The steady state (the same K retrieved items for consecutive scenes) and a retrieval change at
     every call, per variant (label, student, item pool, prompt tokens); calls alternate between the
-    variants, so load on the shared machine affects all alike. With ``agreement`` (the same pool for
-    every variant) the outputs of each variant are compared with the first one's on the same prompts."""
+    variants, so load on the shared machine affects all alike. ``agreement`` (the same pool for every
+    variant): per variant, whether its outputs are compared with the first one's on the same prompts
+    (the same student at another precision; the pool pairs a query with unrelated items, not retrieved
+    ones, so two students' decisions on them say nothing about their decisions in use)."""
     steady: list[list[float]] = [[] for _ in variants]
     change: list[list[float]] = [[] for _ in variants]
     outputs: list[list[np.ndarray]] = [[] for _ in variants]
@@ -242,7 +245,9 @@ def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[i
         row = (f"| {label} | {statistics.median(tokens):.0f}, {max(tokens)}; "
                f"{statistics.median(tokens) - _system_tokens(student, pool[0].query):.0f} | {statistics.median(steady[v]):.3f} | "
                f"{statistics.median(change[v]):.3f} |")
-        if agreement:
+        if agreement and not agreement[v]:
+            row += " another student | - | - |"
+        elif agreement:
             ref, out = outputs[0], outputs[v]
             same_top = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(ref, out))
             diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, out))
@@ -277,7 +282,8 @@ def compare_students(specs: list[str], bank: str, repeats: int, k: int = 3) -> s
         label = (f"`{directory}` ({c.prompt_form}, query objects {c.query_objects or 'all'}, example objects "
                  f"{c.example_objects or 'all'}), {dtype} weights" + (f", {autocast} autocast" if autocast else ""))
         variants.append((label, student, pool, _prompt_tokens(student, items, k)))
-    return _compare(variants, repeats, k, "student", agreement=True)
+    same_student = [spec.partition(":")[0] == specs[0].partition(":")[0] for spec in specs]
+    return _compare(variants, repeats, k, "student", agreement=same_student)
 
 
 def busy_versus_idle(student: DualHeadStudent, queries: list[str], vectors: list[np.ndarray],
