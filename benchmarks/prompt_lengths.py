@@ -3,7 +3,7 @@
 Held-out items of the bank (the split of ``luna-offline distill``), their K examples retrieved from the
 training items as ``evaluate`` does, each prompt rendered by the student's encoder (chat template) under
 each given prompt, FORM/QUERY_OBJECTS/EXAMPLE_OBJECTS: ``StudentConfig.prompt_form``, ``query_objects``
-and ``example_objects`` (``compact/0/0`` is the prompt of the students up to session 45). Besides the
+and ``example_objects`` (``compact/0/0`` is the prompt of ``models/student``). Besides the
 whole prompt, the tokens after the system message: what a decision computes when the system message's
 KV cache is reused. Tokens only: no forward pass, so the figures do not depend on the machine's load.
 

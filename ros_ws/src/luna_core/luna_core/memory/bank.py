@@ -43,11 +43,13 @@ import threading
 import time
 import uuid
 import zlib
+from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
 
 import faiss
 import numpy as np
 
+from luna_core.assets import unpacked
 from luna_core.memory.embedders import Embedder, EmbeddingError, embedder_from_spec, normalise
 from luna_core.memory.journal import (Journal, JournalCorruptionError, _decode_line, encode_record, scan,
                                       warn)
@@ -225,10 +227,6 @@ class MemoryBank:
         is refused with :class:`EmbedderMismatchError`. A bank shipped with its journal xz-compressed
         (``models/memory_bank``) is read from its unpacked copy (``luna_core.assets.unpacked``); it cannot
         be opened for writing (the stack appends to a live copy, ``assets.live_memory_bank``)."""
-        from pathlib import Path
-
-        from luna_core.assets import unpacked
-
         packed = Path(path) / (JOURNAL + ".xz")
         if packed.exists() and not (Path(path) / JOURNAL).exists():
             if writable:

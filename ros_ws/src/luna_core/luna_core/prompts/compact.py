@@ -84,6 +84,6 @@ def brief_query(compact: str) -> str:
     """The student's brief form of a compact query (``compact_query``): no "None" traffic-light and
     navigation lines, the ego line's speed and acceleration without their names (not the ego's size, which
     does not change), "Recent:" for the recent decisions. The other facts are the compact form's; the
-    words it drops are stated once in ``knowledge.BRIEF_FORM``. Which
-    objects are listed is the caller's choice (``student.context``)."""
+    words it drops are stated once in ``knowledge.BRIEF_FORM``. Which objects are listed is the caller's
+    choice (``student.context``)."""
     return "\n".join(out for out in map(_brief_line, compact.split("\n")) if out is not None)
