@@ -22,7 +22,6 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from luna_core.assets import unpacked
 from luna_core.memory.bank import MemoryBank
 
 
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(1)
-    base = MemoryBank.open(unpacked(args.base))
+    base = MemoryBank.open(args.base)
     items = base.items  # parses every record once (a few seconds at 21.7k items)
     base_ids = {item.id for item in items}
     rng = np.random.default_rng(args.seed)
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, path = spec.partition("=")
         if not path:
             parser.error(f"--grown {spec!r}: expected NAME=PATH")
-        grown = MemoryBank.open(unpacked(Path(path)))
+        grown = MemoryBank.open(path)
         entered = moved = 0
         for q, before in zip(probes, expected):
             got = [item.id for item, _ in grown.retrieve(q, args.k)]

@@ -5,17 +5,15 @@ teacher), the figures of docs/student.md "Relabelled by the reachable A band"::
 """
 import argparse
 import collections
-from pathlib import Path
 
 import numpy as np
 
-from luna_core.assets import unpacked
 from luna_core.memory import MemoryBank
 from luna_core.types import ACTION_CODES
 
 
 def top_actions(path: str) -> dict[str, str]:
-    bank = MemoryBank.open(unpacked(Path(path)))  # the bundled bank ships its journal xz-compressed
+    bank = MemoryBank.open(path)
     try:
         return {it.id: ACTION_CODES[int(np.argmax(it.distribution))] for it in bank if it.distribution is not None}
     finally:

@@ -126,10 +126,8 @@ def main() -> int:
     if args.compare_precisions or args.compare_students:
         if args.compare_precisions and not args.student:
             ap.error("--compare-precisions needs --student")
-        from luna_core.assets import unpacked
-
         specs = args.compare_students or [f"{args.student}:{p}" for p in args.compare_precisions]
-        print(compare_students(specs, str(unpacked(Path(args.bank))), args.repeats))
+        print(compare_students(specs, args.bank, args.repeats))
         return 0
     prompts = PromptManager()
     student = (DualHeadStudent.from_pretrained(args.student, prompts, device="cpu") if args.student

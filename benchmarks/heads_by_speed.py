@@ -68,12 +68,11 @@ def head_log_probs(head: Callable[..., torch.Tensor], hidden: torch.Tensor,
 def trees_log_probs(bank: Path, scenes: Sequence) -> torch.Tensor:
     """log pi_hat (n, 10) of the scene-vector trees of ``luna-offline baselines``, trained on the training
     split of ``bank`` (held out by scenario as the students' heads), for these scene descriptors."""
-    from luna_core.assets import unpacked
     from luna_core.memory import MemoryBank
     from luna_offline.baselines import SceneVectorTrees
     from luna_offline.distill import DistillSettings, split_items
 
-    with MemoryBank.open(str(unpacked(bank))) as opened:  # the students' held-out split: distill's default
+    with MemoryBank.open(str(bank)) as opened:  # the students' held-out split: distill's default
         train, _ = split_items(list(opened), DistillSettings.heldout_fraction)
     pi = SceneVectorTrees(train).predict(np.stack([scene_vector(s) for s in scenes]))
     return torch.log(torch.as_tensor(pi, dtype=torch.float32).clamp_min(1e-12))  # the baselines' KL floor

@@ -24,10 +24,9 @@ from luna_offline.distill_head import (SceneJoinedHead, bank_targets, kl_and_acc
 
 
 def bank_items(path: Path) -> dict:
-    from luna_core.assets import unpacked
     from luna_core.memory import MemoryBank
 
-    with MemoryBank.open(str(unpacked(path))) as bank:
+    with MemoryBank.open(str(path)) as bank:
         return {it.id: it for it in bank}
 
 
