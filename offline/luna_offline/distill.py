@@ -437,6 +437,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "cached: train on the shards that exist")
     p.add_argument("--cache-part", default="0/1", metavar="I/N",
                    help="--stage head: compute shard s only when s %% N == I (parallel cache processes)")
+    p.add_argument("--cache-like", default="", metavar="DIR",
+                   help="--stage head: compute only the shards that this other cache (a features/ folder of the "
+                        "same bank, seed and K settings) holds: the same rows, e.g. read in another prompt form")
     p.add_argument("--init", default="", help="--stage joint: start from this saved student (stage-1 output)")
     h = p.add_argument_group("stage 1 (--stage head)")
     hd = HeadSettings()
@@ -467,7 +470,8 @@ def run(args: argparse.Namespace) -> int:
     if args.stage == "head":
         settings.validate()
         head = HeadSettings(**{k: v for k, v in vars(args).items() if k in HeadSettings.__dataclass_fields__})
-        final = run_head_stage(settings, head, features=args.features, part=CachePart.parse(args.cache_part))
+        final = run_head_stage(settings, head, features=args.features, part=CachePart.parse(args.cache_part),
+                               like=Path(args.cache_like) if args.cache_like else None)
         if final is None:
             print(f"cached part {args.cache_part} of the features in {settings.out}")
             return 0

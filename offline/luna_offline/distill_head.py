@@ -26,9 +26,9 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -100,6 +100,9 @@ class CachePart:
 
     index: int = 0
     count: int = 1
+    # Only these shards of each split (``--cache-like``: the rows another cache holds, e.g. the same rows read
+    # in another prompt form); None = every shard.
+    only: Mapping[str, frozenset[int]] | None = None
 
     @classmethod
     def parse(cls, text: str) -> "CachePart":
@@ -111,8 +114,31 @@ class CachePart:
             raise ValueError(f"--cache-part {text!r}: I must be in 0..N-1")
         return cls(index, count)
 
-    def owns(self, shard: int) -> bool:
-        return shard % self.count == self.index
+    def owns(self, shard: int, split: str = "train") -> bool:
+        return shard % self.count == self.index and (self.only is None or shard in self.only.get(split, ()))
+
+
+def like_shards(folder: Path, plan: Mapping[str, Sequence[tuple[str, int]]]) -> dict[str, frozenset[int]]:
+    """The shards of each split that the cache ``folder`` holds (``--cache-like``), each checked to hold its
+    slice of ``plan``: the other cache must come from the same bank, seed and K settings."""
+    from luna_offline.distill import DistillError
+
+    if not folder.is_dir():
+        raise DistillError(f"--cache-like {folder}: not a feature cache folder")
+    found: dict[str, frozenset[int]] = {}
+    for split, plan_rows in plan.items():
+        indices = set()
+        for path in _shards(folder, split):
+            s = int(path.stem.rsplit("-", 1)[1])
+            meta = _meta(path)
+            rows = [(i, int(k)) for i, k in zip(json.loads(meta["ids"]), json.loads(meta["ks"]))]
+            if rows != list(plan_rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]):
+                raise DistillError(f"--cache-like {path}: holds rows of another plan (bank, seed or K settings)")
+            indices.add(s)
+        found[split] = frozenset(indices)
+    if not any(found.values()):
+        raise DistillError(f"--cache-like {folder}: holds no shards (train-*.safetensors, heldout-*.safetensors)")
+    return found
 
 
 def _shard_path(folder: Path, split: str, index: int) -> Path:
@@ -174,7 +200,7 @@ def cache_features(student, plan: dict[str, list[tuple[str, int]]], items: dict,
         # Shards in a seeded random order: the shards cached so far are a uniform sample of the plan's
         # scenarios, whenever a run stops.
         order = np.random.default_rng([len(rows), 13]).permutation(math.ceil(len(rows) / SHARD_ROWS))
-        shards = [int(s) for s in order if part.owns(int(s)) and not _shard_path(folder, split, int(s)).exists()]
+        shards = [int(s) for s in order if part.owns(int(s), split) and not _shard_path(folder, split, int(s)).exists()]
         total = sum(len(rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]) for s in shards)
         bar = tqdm(total=total, desc=f"h_i* {split} part {part.index}/{part.count}", unit="row",
                    disable=not progress)
@@ -472,12 +498,14 @@ FEATURE_MODES = ("compute", "only", "cached")
 
 
 def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress: bool = True,
-                   features: str = "compute", part: CachePart = CachePart()) -> Path | None:
+                   features: str = "compute", part: CachePart = CachePart(), like: Path | None = None
+                   ) -> Path | None:
     """Stage 1 end to end (module docstring); ``settings`` is the run's ``DistillSettings``.
 
     ``features``: "compute" fills the missing shards of ``part`` and trains the head on the cache;
     "only" fills them and returns None (parallel processes, each with its own ``part``); "cached" trains on
-    the shards that exist (a cache filled over several sessions) without computing any."""
+    the shards that exist (a cache filled over several sessions) without computing any. ``like``: compute only
+    the shards that this other cache holds (``--cache-like``)."""
     from luna_core.memory import MemoryBank
     from luna_core.student import DualHeadStudent, StudentConfig
     from luna_offline.distill import DistillError, retrieve_examples, split_group, split_items, subset
@@ -518,6 +546,8 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
                            device="cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu")
     student = DualHeadStudent.from_base(config, prompts)
     t0 = time.process_time()
+    if like is not None:
+        part = replace(part, only=like_shards(Path(like), plan))
     if features != "cached":
         cache_features(student, plan, items, neighbours, out / FEATURES, progress, part)
     feature_cpu = time.process_time() - t0

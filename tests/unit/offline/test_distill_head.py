@@ -169,6 +169,16 @@ def test_stage1_caches_run_time_states_and_resumes_without_recomputing(tmp_path)
     assert sorted(p.name for p in (split / FEATURES).iterdir()) == sorted(stamps)
     xs, ys, split_rows = load_features(split / FEATURES, "train")
     assert split_rows == done and torch.equal(ys, y) and torch.allclose(xs, x, atol=2e-3)
+    # --cache-like computes exactly the shards another cache of the same plan holds: here its training shard,
+    # not the held-out one it lacks; a cache of another plan (K drawn otherwise) is refused.
+    (split / FEATURES / "heldout-00000.safetensors").unlink()
+    like = tmp_path / "like"
+    assert run_head_stage(DistillSettings(**{**settings.__dict__, "out": str(like)}), hs, PROMPTS, progress=False,
+                          features="only", like=split / FEATURES) is None
+    assert sorted(p.name for p in (like / FEATURES).iterdir()) == sorted(p.name for p in (split / FEATURES).iterdir())
+    other_k = DistillSettings(**{**settings.__dict__, "out": str(tmp_path / "like_k"), "k_min": 2, "k_max": 2})
+    with pytest.raises(DistillError, match="--cache-like .* another plan"):
+        run_head_stage(other_k, hs, PROMPTS, progress=False, features="only", like=split / FEATURES)
     # --features cached trains on what exists and computes nothing; with no training shard it says so.
     for shard in (split / FEATURES).glob("train-*"):
         shard.unlink()
