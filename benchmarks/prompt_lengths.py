@@ -8,6 +8,10 @@ whole prompt, the tokens after the system message: what a decision computes when
 KV cache is reused. Tokens only: no forward pass, so the figures do not depend on the machine's load.
 
     .venv/bin/python benchmarks/prompt_lengths.py --items 300 --k 3 --prompts compact/0/0 compact/0/1 brief/6/1
+
+``--query-lines`` adds, per prompt, where the current query's tokens go: each kind of line (its label
+before the colon; the object lines together), how many tokens it takes, and how many of those are digits
+(the tokenizer spends one per digit). The current query is what a steady-state decision computes.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--prompts", nargs="+", default=["compact/0/0", "compact/0/1", "brief/6/1"],
                     help="FORM/QUERY_OBJECTS/EXAMPLE_OBJECTS per row (0 = every object)")
+    ap.add_argument("--query-lines", action="store_true",
+                    help="also break the current query's tokens down by kind of line, digits apart")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| form | query objects | objects per example | prompt tokens p50 | p90 | max | over 1,000 "
           "| after the system message p50 | p90 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    breakdowns = []
     for spec in args.prompts:
         form, query_objects, example_objects = parse_prompt(spec)
         # No budget: the full length of every prompt is what is measured.
@@ -74,7 +81,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {form} | {query_objects or 'every'} | {example_objects or 'every'} | {np.median(lengths):.0f} "
               f"| {np.percentile(lengths, 90):.0f} | {lengths.max()} | {100 * np.mean(lengths > 1000):.0f} % "
               f"| {np.median(after):.0f} | {np.percentile(after, 90):.0f} |")
+        if args.query_lines:
+            breakdowns.append((spec, query_line_tokens(tokenizer, [f.messages[-1]["content"] for f in fitted])))
+    for spec, rows in breakdowns:
+        print(f"\nThe current query of {spec}, tokens per query by kind of line (mean over {len(cases)} queries; "
+              "the chat template's tokens around it not counted):\n")
+        print("| line | in % of queries | tokens per query | of which digits |\n|---|---:|---:|---:|")
+        for kind, share, tokens, digits in rows:
+            print(f"| {kind} | {share:.0f} | {tokens:.1f} | {digits:.1f} |")
     return 0
+
+
+def line_kind(line: str) -> str:
+    """The kind of a query line: "object lines" for the object list's entries, else its label."""
+    return "object lines" if line.startswith("- ") else line.split(":", 1)[0]
+
+
+def query_line_tokens(tokenizer, queries: list[str]) -> list[tuple[str, float, float, float]]:
+    """(kind of line, % of queries with it, mean tokens per query, mean digit tokens per query), most tokens
+    first, and a last row for the whole query."""
+    tokens: dict[str, float] = {}
+    digits: dict[str, float] = {}
+    present: dict[str, int] = {}
+    for query in queries:
+        kinds = set()
+        for line in query.split("\n"):
+            kind = line_kind(line)
+            pieces = [tokenizer.decode([i]) for i in tokenizer(line, add_special_tokens=False)["input_ids"]]
+            tokens[kind] = tokens.get(kind, 0) + len(pieces)
+            digits[kind] = digits.get(kind, 0) + sum(p.strip().isdigit() for p in pieces)
+            kinds.add(kind)
+        for kind in kinds:
+            present[kind] = present.get(kind, 0) + 1
+    n = len(queries)
+    rows = sorted(((k, 100 * present[k] / n, tokens[k] / n, digits[k] / n) for k in tokens), key=lambda r: -r[2])
+    return rows + [("whole query", 100.0, sum(tokens.values()) / n, sum(digits.values()) / n)]
 
 
 if __name__ == "__main__":

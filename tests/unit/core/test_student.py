@@ -188,6 +188,23 @@ def test_brief_form_states_the_same_traffic_state_in_fewer_tokens(student):
         StudentConfig(prompt_form="terse")
 
 
+def test_query_line_breakdown_adds_up_to_the_query_and_counts_digits(student):
+    """benchmarks/prompt_lengths.py --query-lines: where a query's tokens go."""
+    from tests.benchmark_scripts import load_benchmark
+
+    lengths = load_benchmark("prompt_lengths")
+    queries = [_encoder(student, prompt_form="brief").fit(query(n), []).messages[-1]["content"] for n in (1, 3)]
+    rows = lengths.query_line_tokens(student.tokenizer, queries)
+    kinds = {kind: (share, tokens, digits) for kind, share, tokens, digits in rows}
+    whole = kinds.pop("whole query")
+    assert rows[-1][0] == "whole query" and kinds["object lines"][0] == 100.0 and kinds["Ego"][2] > 0
+    assert whole[1] == pytest.approx(sum(t for _, t, _ in kinds.values()))
+    per_line = sum(len(student.tokenizer(ln, add_special_tokens=False)["input_ids"])
+                   for q in queries for ln in q.split("\n")) / 2
+    assert whole[1] == pytest.approx(per_line) and 0 < whole[2] < whole[1]
+    assert kinds["object lines"][1] > kinds["Ego"][1], "two object lines a query, on average, take more tokens than its ego line"
+
+
 def test_explain_starts_with_the_ranked_codes_and_can_be_stopped(student):
     e = student.explain(query(), [memory_item(1)], ["CK", "DK"], max_new_tokens=4)
     assert e.text.startswith("Recommended decisions: CK,DK\n")
