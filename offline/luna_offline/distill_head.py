@@ -130,15 +130,18 @@ def like_shards(folder: Path, plan: Mapping[str, Sequence[tuple[str, int]]]) -> 
         indices = set()
         for path in _shards(folder, split):
             s = int(path.stem.rsplit("-", 1)[1])
-            meta = _meta(path)
-            rows = [(i, int(k)) for i, k in zip(json.loads(meta["ids"]), json.loads(meta["ks"]))]
-            if rows != list(plan_rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]):
+            if _meta_rows(_meta(path)) != list(plan_rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]):
                 raise DistillError(f"--cache-like {path}: holds rows of another plan (bank, seed or K settings)")
             indices.add(s)
         found[split] = frozenset(indices)
     if not any(found.values()):
         raise DistillError(f"--cache-like {folder}: holds no shards (train-*.safetensors, heldout-*.safetensors)")
     return found
+
+
+def _meta_rows(meta: Mapping[str, str]) -> list[tuple[str, int]]:
+    """A shard's rows, [(item id, K)], from its metadata."""
+    return [(i, int(k)) for i, k in zip(json.loads(meta["ids"]), json.loads(meta["ks"]))]
 
 
 def _shard_path(folder: Path, split: str, index: int) -> Path:
@@ -162,7 +165,7 @@ def load_features(folder: Path, split: str, plan_rows: Sequence[tuple[str, int]]
             meta = f.metadata()
             hidden.append(f.get_tensor("hidden").float())
             target.append(f.get_tensor("target"))
-        shard_rows = [(i, int(k)) for i, k in zip(json.loads(meta["ids"]), json.loads(meta["ks"]))]
+        shard_rows = _meta_rows(meta)
         if plan_rows is not None:
             s = int(path.stem.rsplit("-", 1)[1])
             if shard_rows != list(plan_rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]):

@@ -193,7 +193,8 @@ def test_query_line_breakdown_adds_up_to_the_query_and_counts_digits(student):
     from tests.benchmark_scripts import load_benchmark
 
     lengths = load_benchmark("prompt_lengths")
-    queries = [_encoder(student, prompt_form="brief").fit(query(n), []).messages[-1]["content"] for n in (1, 3)]
+    encoder = _encoder(student, prompt_form="brief")
+    queries = [encoder.fit(query(n), []).messages[-1]["content"] for n in (1, 3)]
     rows = lengths.query_line_tokens(student.tokenizer, queries)
     kinds = {kind: (share, tokens, digits) for kind, share, tokens, digits in rows}
     whole = kinds.pop("whole query")
@@ -202,7 +203,7 @@ def test_query_line_breakdown_adds_up_to_the_query_and_counts_digits(student):
     per_line = sum(len(student.tokenizer(ln, add_special_tokens=False)["input_ids"])
                    for q in queries for ln in q.split("\n")) / 2
     assert whole[1] == pytest.approx(per_line) and 0 < whole[2] < whole[1]
-    assert kinds["object lines"][1] > kinds["Ego"][1], "two object lines a query, on average, take more tokens than its ego line"
+    assert kinds["object lines"][1] > kinds["Ego"][1], "two object lines a query (the mean) outweigh the ego line"
 
 
 def test_explain_starts_with_the_ranked_codes_and_can_be_stopped(student):
