@@ -129,10 +129,9 @@ def like_shards(folder: Path, plan: Mapping[str, Sequence[tuple[str, int]]]) -> 
     for split, plan_rows in plan.items():
         indices = set()
         for path in _shards(folder, split):
-            s = int(path.stem.rsplit("-", 1)[1])
-            if _meta_rows(_meta(path)) != list(plan_rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]):
+            if not _holds_its_slice(path, _meta_rows(_meta(path)), plan_rows):
                 raise DistillError(f"--cache-like {path}: holds rows of another plan (bank, seed or K settings)")
-            indices.add(s)
+            indices.add(_shard_index(path))
         found[split] = frozenset(indices)
     if not any(found.values()):
         raise DistillError(f"--cache-like {folder}: holds no shards (train-*.safetensors, heldout-*.safetensors)")
@@ -142,6 +141,16 @@ def like_shards(folder: Path, plan: Mapping[str, Sequence[tuple[str, int]]]) -> 
 def _meta_rows(meta: Mapping[str, str]) -> list[tuple[str, int]]:
     """A shard's rows, [(item id, K)], from its metadata."""
     return [(i, int(k)) for i, k in zip(json.loads(meta["ids"]), json.loads(meta["ks"]))]
+
+
+def _shard_index(path: Path) -> int:
+    return int(path.stem.rsplit("-", 1)[1])
+
+
+def _holds_its_slice(path: Path, shard_rows: list[tuple[str, int]], plan_rows: Sequence[tuple[str, int]]) -> bool:
+    """Whether the shard at ``path`` holds exactly its slice of the plan (shard s = rows s*SHARD_ROWS...)."""
+    s = _shard_index(path)
+    return shard_rows == list(plan_rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS])
 
 
 def _shard_path(folder: Path, split: str, index: int) -> Path:
@@ -166,11 +175,9 @@ def load_features(folder: Path, split: str, plan_rows: Sequence[tuple[str, int]]
             hidden.append(f.get_tensor("hidden").float())
             target.append(f.get_tensor("target"))
         shard_rows = _meta_rows(meta)
-        if plan_rows is not None:
-            s = int(path.stem.rsplit("-", 1)[1])
-            if shard_rows != list(plan_rows[s * SHARD_ROWS:(s + 1) * SHARD_ROWS]):
-                raise ValueError(f"{path} holds rows of another plan (bank, seed or K settings changed); "
-                                 "use another --out")
+        if plan_rows is not None and not _holds_its_slice(path, shard_rows, plan_rows):
+            raise ValueError(f"{path} holds rows of another plan (bank, seed or K settings changed); "
+                             "use another --out")
         rows += shard_rows
     if not hidden:
         return torch.zeros(0, 0), torch.zeros(0, 10), []
@@ -547,10 +554,10 @@ def run_head_stage(settings, head_settings: HeadSettings, prompts=None, progress
     config = StudentConfig(base_model=settings.base_model, max_context_tokens=settings.max_context_tokens,
                            **settings.prompt_settings(),
                            device="cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu")
+    if like is not None:  # checked before the base model loads
+        part = replace(part, only=like_shards(like, plan))
     student = DualHeadStudent.from_base(config, prompts)
     t0 = time.process_time()
-    if like is not None:
-        part = replace(part, only=like_shards(Path(like), plan))
     if features != "cached":
         cache_features(student, plan, items, neighbours, out / FEATURES, progress, part)
     feature_cpu = time.process_time() - t0
