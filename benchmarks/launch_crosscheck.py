@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -70,6 +71,7 @@ class ProcessLaunch:
     """What one launcher starts for one process, in a form both launchers can be reduced to."""
 
     label: str  # log name: luna up's [name] prefix; launch's exec_name (else the executable's name)
+    prefix: tuple[str, ...]  # what runs the executable (`nice -n 10`): luna up's command, launch's prefix
     package: str
     executable: str
     node_name: str | None  # a __node remapping (None: the nodes keep their own names)
@@ -230,7 +232,7 @@ def luna_side(case: Case, base_env: dict[str, str]) -> list[ProcessLaunch]:
         except TopologyError as exc:  # executable not installed here: the arguments are still known
             argv = [p.executable, *topology.ros_arguments(p, supervisor.params_dir, case.sim_time)]
             resolved = f"not installed ({exc})"
-        out.append(ProcessLaunch(label=p.name, package=p.package, executable=p.executable,
+        out.append(ProcessLaunch(label=p.name, prefix=tuple(p.command_prefix()), package=p.package, executable=p.executable,
                                  **parse_ros_argv(argv[1:]), environment=env,
                                  restart=_restart(True, r.delay, -1 if p.critical else r.limit),
                                  resolved=resolved))
@@ -287,7 +289,8 @@ def _dry_node(node, context, base_env: dict[str, str]) -> ProcessLaunch:
     respawn = perform_typed_substitution(context, getattr(node, "_ExecuteLocal__respawn"), bool)
     restart = _restart(respawn, getattr(node, "_ExecuteLocal__respawn_delay"),
                        getattr(node, "_ExecuteLocal__respawn_max_retries"))
-    return ProcessLaunch(label=label, package=package, executable=executable, **parse_ros_argv(argv),
+    prefix = tuple(shlex.split(perform_substitutions(context, getattr(node, "_ExecuteLocal__prefix"))))
+    return ProcessLaunch(label=label, prefix=prefix, package=package, executable=executable, **parse_ros_argv(argv),
                          environment=_env_delta(env, base_env), restart=restart, resolved=resolved)
 
 
@@ -330,7 +333,7 @@ def launch_side(launch_file: Path, case: Case, base_env: dict[str, str]) -> list
 
 # --- comparison and report --------------------------------------------------------------------------
 
-COMPARED = ("label", "package", "executable", "node_name", "namespace", "parameters", "remappings",
+COMPARED = ("label", "prefix", "package", "executable", "node_name", "namespace", "parameters", "remappings",
             "other_arguments", "environment", "restart")
 
 

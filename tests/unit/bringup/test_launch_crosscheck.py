@@ -28,6 +28,8 @@ def test_a_planted_difference_is_reported_and_gives_exit_status_1() -> None:
     assert [Path(p.file).name for p in decision.parameters] == ["common.param.yaml", "decision_inference.yaml",
                                                                 "explainer.yaml"]
     assert dict(decision.environment)["PYTHONUNBUFFERED"] == "1"
+    # The reflection client is niced (topology `nice: 10`); the driving processes are not.
+    assert [p.prefix for p in luna] == [()] * 5 + [("nice", "-n", "10")]
     assert lc.compare("defaults", luna, list(luna)) == []
     assert lc.exit_status([]) == 0
 

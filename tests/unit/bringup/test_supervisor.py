@@ -5,6 +5,8 @@ down after the limit, a critical one never; only an explicit stop ends the stack
 from __future__ import annotations
 
 import io
+import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,9 +31,9 @@ class ScriptSupervisor(Supervisor):
 
 
 def supervisor(scripts: dict[str, str], critical: dict[str, bool], policy: RestartPolicy,
-               standby: tuple[str, ...] = ()) -> ScriptSupervisor:
-    specs = [ProcessSpec(name, "none", name, [name], critical=critical.get(name, True), standby=name in standby)
-             for name in scripts]
+               standby: tuple[str, ...] = (), nice: dict[str, int] | None = None) -> ScriptSupervisor:
+    specs = [ProcessSpec(name, "none", name, [name], critical=critical.get(name, True), standby=name in standby,
+                         nice=(nice or {}).get(name, 0)) for name in scripts]
     return ScriptSupervisor(Topology(specs, restart=policy), out=io.StringIO(), poll_period=0.02, scripts=scripts,
                             standby=bool(standby))
 
@@ -119,6 +121,30 @@ def test_restart_policy_and_criticality_are_read_from_the_topology(tmp_path):
     bad.write_text("processes: [{name: a, executable: a, standby: 1}]\n")
     with pytest.raises(TopologyError, match="standby must be true or false"):
         load_topology(bad)
+    assert {p.name: p.nice for p in topology.processes} == {"map_server": 0, "scene_descriptor": 0,
+                                                            "progress_monitor": 0, "planner": 0, "decision": 0,
+                                                            "reflection_client": 10}
+    for nice in ("-5", "20", "high"):  # below 0 needs privileges; 19 is the kernel's highest
+        bad.write_text(f"processes: [{{name: a, executable: a, nice: {nice}}}]\n")
+        with pytest.raises(TopologyError, match=r"process #0: nice must be an integer from 0 to 19"):
+            load_topology(bad)
+
+
+def test_a_niced_process_runs_and_restarts_at_its_niceness_and_the_others_at_the_supervisors():
+    # `nice -n 10` adds to the launcher's own niceness (the kernel's ceiling is 19).
+    sup = supervisor({"planner": SERVE, "reflection_client": SERVE}, {}, RestartPolicy(delay=0.05),
+                     nice={"reflection_client": 10})
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with sup:
+        wait_until(lambda: sup.out.getvalue().count("] up") == 2)  # both executed their command
+        planner, reflection = sup.processes
+        first = reflection.popen.pid
+        assert os.getpriority(os.PRIO_PROCESS, first) == min(19, own + 10)
+        assert os.getpriority(os.PRIO_PROCESS, planner.popen.pid) == own
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: sup.out.getvalue().count("] up") == 3)
+        assert reflection.popen.pid != first
+        assert os.getpriority(os.PRIO_PROCESS, reflection.popen.pid) == min(19, own + 10), "its restart too"
 
 
 def test_a_process_with_invalid_parameters_is_not_restarted_and_an_empty_stack_ends():

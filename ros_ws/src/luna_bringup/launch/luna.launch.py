@@ -49,7 +49,8 @@ def _nodes(context):
                             output="screen", parameters=params, additional_env=env,
                             remappings=topology.remappings + p.remappings,
                             respawn=True, respawn_delay=restart.delay,
-                            respawn_max_retries=-1 if p.critical else restart.limit))
+                            respawn_max_retries=-1 if p.critical else restart.limit,
+                            prefix=" ".join(p.command_prefix()) or None))
     return actions
 
 

@@ -54,7 +54,7 @@ def cmd_topology(args) -> int:
         marks = [m for m, on in (("not critical", not p.critical), ("standby", p.standby)) if on]
         print(f"- {p.name}: nodes {', '.join(p.nodes)}{''.join(f' ({m})' for m in marks)}")
         try:
-            print(f"    {' '.join(supervisor.command(p))}")
+            print(f"    {' '.join(supervisor.argv(p))}")
         except TopologyError as exc:
             print(f"    (not runnable: {exc})")
     return 0

@@ -105,8 +105,12 @@ class Supervisor:
         args = self.topology.ros_arguments(spec, self.params_dir, self.use_sim_time)
         return [executable_path(spec), *args, *self.extra_ros_args]
 
+    def argv(self, spec: ProcessSpec) -> list[str]:
+        """What is started: the command behind the process's prefix (its ``nice``)."""
+        return [*spec.command_prefix(), *self.command(spec)]
+
     def _spawn(self, spec: ProcessSpec, index: int, standby: bool = False) -> Child:
-        cmd = self.command(spec)
+        cmd = self.argv(spec)
         env = stack_environment(self.env)
         if standby:
             env[STANDBY_ENV] = "1"

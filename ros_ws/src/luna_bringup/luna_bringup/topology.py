@@ -84,6 +84,14 @@ class ProcessSpec:
     # A warm standby (luna up): a second process that has loaded the models and waits, off the ROS graph,
     # to replace this one when it dies, so the restart does not pay the process's start.
     standby: bool = False
+    #: CPU niceness added to the launcher's own, 0..19 (higher yields more): a process the vehicle does not
+    #: drive on (reflection) is niced so that its cold start or a burst of its work yields the cores to the
+    #: planner. Only raising is allowed: lowering needs privileges a vehicle's launcher grants, not this file.
+    nice: int = 0
+
+    def command_prefix(self) -> list[str]:
+        """What both launchers put before the executable (``nice`` execs it: the pid stays the process's)."""
+        return ["nice", "-n", str(self.nice)] if self.nice else []
 
     def params_files(self, params_dir: Path) -> list[Path]:
         """The parameter files of this process, in the order they are read: the shared one first
@@ -164,8 +172,12 @@ def load_topology(path: str | Path | None = None) -> Topology:
         for key, value in flags.items():
             if not isinstance(value, bool):
                 raise TopologyError(f"{where}: {key} must be true or false, got {value!r}")
+        nice = p.get("nice", 0)
+        if not isinstance(nice, int) or isinstance(nice, bool) or not 0 <= nice <= 19:
+            raise TopologyError(f"{where}: nice must be an integer from 0 to 19, got {nice!r}")
         processes.append(ProcessSpec(str(p["name"]), str(p.get("package", "luna_nodes")), str(p["executable"]),
-                                     [str(n) for n in nodes], _pairs(p.get("remappings"), where), **flags))
+                                     [str(n) for n in nodes], _pairs(p.get("remappings"), where), **flags,
+                                     nice=nice))
     if len({p.name for p in processes}) != len(processes):
         raise TopologyError(f"{path}: process names must be unique")
     return Topology(processes, _pairs(data.get("remappings"), str(path)), path,
