@@ -289,7 +289,8 @@ def _dry_node(node, context, base_env: dict[str, str]) -> ProcessLaunch:
     respawn = perform_typed_substitution(context, getattr(node, "_ExecuteLocal__respawn"), bool)
     restart = _restart(respawn, getattr(node, "_ExecuteLocal__respawn_delay"),
                        getattr(node, "_ExecuteLocal__respawn_max_retries"))
-    prefix = tuple(shlex.split(perform_substitutions(context, getattr(node, "_ExecuteLocal__prefix"))))
+    # Executable.prepare: shlex.split of the substituted prefix ('' unless given or a launch-prefix is set)
+    prefix = tuple(shlex.split(perform_substitutions(context, description.prefix)))
     return ProcessLaunch(label=label, prefix=prefix, package=package, executable=executable, **parse_ros_argv(argv),
                          environment=_env_delta(env, base_env), restart=restart, resolved=resolved)
 
@@ -381,11 +382,12 @@ def case_table(case: Case, luna: list[ProcessLaunch], diffs: list[Difference]) -
     for d in diffs:
         by_process.setdefault(d.process, []).append(d.what)
     lines = [f"#### {case.name}", "", f"`{case.luna_command()}` against `{case.launch_command()}`", "",
-             "| process | package / executable | parameters | remappings | restart | launch differs in |",
+             "| process | package / executable (run by) | parameters | remappings | restart | launch differs in |",
              "|---|---|---|---|---|---|"]
     for p in luna:
         differs = ", ".join(by_process.get(p.label, [])) or "nothing"
-        lines.append(f"| {p.label} | {p.package} / {p.executable} | {_cell(_show(p.parameters))} | "
+        run_by = f" ({' '.join(p.prefix)})" if p.prefix else ""
+        lines.append(f"| {p.label} | {p.package} / {p.executable}{run_by} | {_cell(_show(p.parameters))} | "
                      f"{_cell(_show(p.remappings))} | {p.restart} | {differs} |")
     extra = [d for d in diffs if d.process not in {p.label for p in luna}]
     lines += [f"| {d.process} | (launch only) | | | | process |" for d in extra]

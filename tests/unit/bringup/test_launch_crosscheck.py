@@ -36,8 +36,10 @@ def test_a_planted_difference_is_reported_and_gives_exit_status_1() -> None:
     planted = list(luna)
     planted[3] = replace(luna[3], remappings=(("route", "/other/route"),))
     planted[4] = replace(luna[4], parameters=luna[4].parameters + (lc.Param(name="use_sim_time", value=False),))
+    planted[5] = replace(luna[5], prefix=())  # a launch file that forgot the nice
     diffs = lc.compare("defaults", luna, planted)
-    assert [(d.process, d.what) for d in diffs] == [("planner", "remappings"), ("decision", "parameters")]
+    assert [(d.process, d.what) for d in diffs] == [("planner", "remappings"), ("decision", "parameters"),
+                                                    ("reflection_client", "prefix")]
     assert diffs[0].launch == "route:=/other/route" and diffs[0].luna == "-"
     assert lc.exit_status(diffs) == 1
     missing = lc.compare("defaults", luna, luna[:-1])
