@@ -87,3 +87,21 @@ def brief_query(compact: str) -> str:
     words it drops are stated once in ``knowledge.BRIEF_FORM``. Which objects are listed is the caller's
     choice (``student.context``)."""
     return "\n".join(out for out in map(_brief_line, compact.split("\n")) if out is not None)
+
+
+# The rounded form: the object lines' decimals cost a token per digit and the point, and a decision needs
+# no object's distance, speed or size to 0.1 (the ego line keeps its 0.1: acceleration is small).
+_OBJECT_LINE = re.compile(r"^(- [^:]*: )(.*)$")
+_DECIMAL = re.compile(r"-?\d+\.\d+")
+
+
+def _whole(match: re.Match) -> str:
+    text = f"{float(match.group(0)):.0f}"
+    return "0" if text == "-0" else text
+
+
+def rounded_query(compact: str) -> str:
+    """The brief form (``brief_query``) with every number of an object line in whole units (m, m/s, deg):
+    about a third of an object line's tokens are digits."""
+    return "\n".join((m[1] + _DECIMAL.sub(_whole, m[2])) if (m := _OBJECT_LINE.match(line)) else line
+                     for line in brief_query(compact).split("\n"))

@@ -109,6 +109,9 @@ BRIEF_FORM = (
     "nearest objects are listed, and in an example also those its answer names."
 )
 
+# The rounded form (``prompts.compact.rounded_query``) adds this to BRIEF_FORM.
+ROUNDED_FORM = BRIEF_FORM + " Object lines give distances, speeds and sizes in whole metres and m/s."
+
 REFLECTION = BASICS + "\n\n" + (
     "Task: you are shown a driving question, the answer that was given to it, and what happened after the "
     "first recommended decision was executed. Check the answer for mistakes such as wrong priorities, "

@@ -12,7 +12,7 @@ from luna_core.types import NUM_ACTIONS
 
 #: How a prompt that does not fit ``max_context_tokens`` is shortened (see ``student.context``).
 TRUNCATION_POLICIES = ("drop_examples_then_objects",)
-PROMPT_FORMS = ("compact", "brief")  # how the traffic states read (student.context)
+PROMPT_FORMS = ("compact", "brief", "rounded")  # how the traffic states read (student.context)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "nf4")
@@ -56,7 +56,8 @@ class StudentConfig:
     reuse_prefix_cache: bool = True  # keep the KV cache of the prefix shared with the previous prompt
     # The prompt's length (student.context): objects kept in each retrieved example (those its answer names
     # and this many nearest; 0 = all), nearest objects kept in the current query (0 = all), and the form of
-    # the traffic states ("compact", or "brief": fixed words stated once in the system message).
+    # the traffic states ("compact"; "brief": fixed words stated once in the system message; "rounded": brief,
+    # with the object lines' numbers in whole units).
     example_objects: int = 0
     query_objects: int = 0
     prompt_form: str = "compact"

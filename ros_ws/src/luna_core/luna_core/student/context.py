@@ -18,7 +18,8 @@ K = 3 prompt of ~1,400 tokens against a goal of ~1,000, and each token costs tim
   ones) and its ``example_objects`` nearest; each further object line costs ~32 tokens per example;
 - ``query_objects`` > 0 keeps the current query's nearest ``query_objects`` objects;
 - ``prompt_form`` "brief" writes every traffic state in the brief form (``prompts.compact.brief_query``)
-  and states its layout once in the system message.
+  and states its layout once in the system message; "rounded" is brief with the object lines' numbers in
+  whole units (``prompts.compact.rounded_query``).
 The defaults (0, 0, "compact") leave the prompt as ``PromptManager.md_messages`` renders it.
 """
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from luna_core.prompts import knowledge
-from luna_core.prompts.compact import brief_query
+from luna_core.prompts.compact import brief_query, rounded_query
 from luna_core.student.errors import ContextOverflowError, PromptTemplateError
 from luna_core.types import MemoryItem
 
@@ -99,8 +100,8 @@ def student_messages(messages_fn: MessagesFn, config) -> MessagesFn:
     its ``query_objects``, ``example_objects`` and ``prompt_form`` (module docstring). The defaults return
     ``messages_fn`` itself."""
     query_objects, example_objects = config.query_objects, config.example_objects
-    brief = config.prompt_form == "brief"
-    if not (query_objects or example_objects or brief):
+    form = _SHORT_FORMS.get(config.prompt_form)
+    if not (query_objects or example_objects or form):
         return messages_fn
 
     def messages(query: str, examples: Sequence[MemoryItem]) -> list[Message]:
@@ -111,16 +112,23 @@ def student_messages(messages_fn: MessagesFn, config) -> MessagesFn:
                                                                  named_objects(item.answer)))
                         for item in examples]
         out = messages_fn(query, examples)
-        return [_brief_message(m) for m in out] if brief else out
+        return [_short_message(m, *form) for m in out] if form else out
     return messages
 
 
-def _brief_message(message: Message) -> Message:
-    """A message of the compact prompt in the brief form: traffic states shortened, the layout stated once."""
+# The shortened prompt forms: how a compact traffic state is rewritten, and what the system message adds.
+_SHORT_FORMS: dict[str, tuple[Callable[[str], str], str]] = {
+    "brief": (brief_query, knowledge.BRIEF_FORM),
+    "rounded": (rounded_query, knowledge.ROUNDED_FORM),
+}
+
+
+def _short_message(message: Message, rewrite: Callable[[str], str], layout: str) -> Message:
+    """A message of the compact prompt in a short form: traffic states rewritten, the layout stated once."""
     if message["role"] == "user":
-        return {**message, "content": brief_query(message["content"])}
+        return {**message, "content": rewrite(message["content"])}
     if message["role"] == "system":
-        return {**message, "content": message["content"] + "\n" + knowledge.BRIEF_FORM}
+        return {**message, "content": message["content"] + "\n" + layout}
     return message
 
 
