@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -45,6 +46,7 @@ from docs_section import write_section  # noqa: E402 - benchmarks/ is on sys.pat
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Student latency (issue 5)"
 COT_TOKENS = 200
+T_D = 2.0  # s between decisions (CALMM-Drive's decision period, the stack's default)
 WARM = "DPP torch, consecutive decisions retrieving the same items (KV cache of the shared prefix)"
 COLD = "DPP torch, other retrieved items every call (KV cache of the system message)"
 FULL = "DPP torch, full prefill"
@@ -187,10 +189,37 @@ def _bank_items(path: str) -> list[MemoryItem]:
         return [it for it in bank if it.distribution is not None]
 
 
-def _pool(items: list[MemoryItem], k: int, repeats: int) -> list[MemoryItem]:
-    """Every n-th item: scenes and answers from across the bank (it is written scenario by scenario)."""
+def _next_decisions(items: list[MemoryItem]) -> dict[str, MemoryItem]:
+    """Each item's next decision: the same scenario's item T_D s later (bank ids read ``<scenario>@<time>``,
+    frames at 2 Hz), where the bank has it."""
+    by_id = {it.id: it for it in items}
+    out = {}
+    for it in items:
+        scenario, sep, stamp = it.id.rpartition("@")
+        try:
+            following = by_id.get(f"{scenario}@{float(stamp) + T_D:07.2f}") if sep else None
+        except ValueError:  # not a bank id of that form
+            following = None
+        if following is not None:
+            out[it.id] = following
+    return out
+
+
+@dataclass
+class Pool:
+    """Real bank items for the latency comparisons: ``items`` every n-th item that has a next decision
+    (scenes and answers from across the bank, which is written scenario by scenario), ``next`` each one's
+    next decision (``_next_decisions``)."""
+
+    items: list[MemoryItem]
+    next: dict[str, MemoryItem]
+
+
+def _pool(items: list[MemoryItem], k: int, repeats: int) -> Pool:
+    following = _next_decisions(items)
+    items = [it for it in items if it.id in following]
     step = max(1, len(items) // ((k + 1) * (repeats + 1)))
-    return items[::step][:(k + 1) * (repeats + 1)]
+    return Pool(items[::step][:(k + 1) * (repeats + 1)], following)
 
 
 def _prompt_tokens(student: DualHeadStudent, items: list[MemoryItem], k: int) -> list[int]:
@@ -205,10 +234,12 @@ def _system_tokens(student: DualHeadStudent, query: str) -> int:
     return len(chat_ids(student.tokenizer, student.encoder.messages_fn(query, [])[:1]))
 
 
-def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[int]]], repeats: int, k: int,
+def _compare(variants: list[tuple[str, DualHeadStudent, Pool, list[int]]], repeats: int, k: int,
              first_column: str, agreement: Sequence[bool] = ()) -> str:
-    """The steady state (the same K retrieved items for consecutive scenes) and a retrieval change at
-    every call, per variant (label, student, item pool, prompt tokens); calls alternate between the
+    """The steady state and a retrieval change at every call, per variant (label, student, item pool,
+    prompt tokens). Steady state: a decision on a bank frame, then the next decision of its scenario (the
+    frame T_D s later) with the same K retrieved items, as the decision node meets them: only what the
+    next frame's prompt does not share with the previous one is computed. Calls alternate between the
     variants, so load on the shared machine affects all alike. ``agreement`` (the same pool for every
     variant): per variant, whether its outputs are compared with the first one's on the same prompts
     (the same student at another precision; the pool pairs a query with unrelated items, not retrieved
@@ -218,12 +249,13 @@ def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[i
     outputs: list[list[np.ndarray]] = [[] for _ in variants]
     for i in tqdm(range(repeats + 1), desc="compare"):
         for v, (_, student, pool, _) in enumerate(variants):
-            query = pool[(k + 1) * i].query
-            same = pool[1:k + 1]
-            other = pool[(k + 1) * i + 1:(k + 1) * (i + 1)]
-            # the cache holds the steady state's prefix
-            student.predict(pool[0].query, same, scene_vector=item_head_values(pool[0]))
-            vector = item_head_values(pool[(k + 1) * i])
+            previous = pool.items[(k + 1) * i]
+            current = pool.next[previous.id]
+            same = pool.items[1:k + 1]
+            other = pool.items[(k + 1) * i + 1:(k + 1) * (i + 1)]
+            # the previous decision leaves its prompt's KV cache, as in the node
+            student.predict(previous.query, same, scene_vector=item_head_values(previous))
+            query, vector = current.query, item_head_values(current)
             probs, lat = student.predict(query, same, scene_vector=vector)
             t0 = time.perf_counter()
             probs_other, _ = student.predict(query, other, scene_vector=vector)
@@ -241,7 +273,7 @@ def _compare(variants: list[tuple[str, DualHeadStudent, list[MemoryItem], list[i
     lines = [header, rule]
     for v, (label, student, pool, tokens) in enumerate(variants):
         row = (f"| {label} | {statistics.median(tokens):.0f}, {max(tokens)}; "
-               f"{statistics.median(tokens) - _system_tokens(student, pool[0].query):.0f} | {statistics.median(steady[v]):.3f} | "
+               f"{statistics.median(tokens) - _system_tokens(student, pool.items[0].query):.0f} | {statistics.median(steady[v]):.3f} | "
                f"{statistics.median(change[v]):.3f} |")
         if agreement and not agreement[v]:
             row += " another student | - | - |"

@@ -189,23 +189,28 @@ def test_brief_form_states_the_same_traffic_state_in_fewer_tokens(student):
         StudentConfig(prompt_form="terse")
 
 
-def test_rounded_form_is_the_brief_form_with_whole_numbers_in_object_lines(student):
+def test_rounded_form_is_the_brief_form_with_whole_numbers_and_the_steady_lines_first(student):
     q, examples = query(4), [memory_item(i, n_objects=3) for i in range(2)]
     brief = _encoder(student, prompt_form="brief").fit(q, examples)
     rounded = _encoder(student, prompt_form="rounded").fit(q, examples)
     assert rounded.messages[0]["content"].endswith(knowledge.ROUNDED_FORM)
-    for short, whole in zip(brief.messages[1:], rounded.messages[1:]):
+    for short, whole in zip(brief.messages[1:], rounded.messages[1:], strict=True):
         if short["role"] == "assistant":
             assert whole == short, "answers unchanged"
             continue
-        pairs = list(zip(short["content"].split("\n"), whole["content"].split("\n"), strict=True))
-        objects = [(a, b) for a, b in pairs if a.startswith("- ")]
-        assert objects and all(a != b and "." not in b.split(": ", 1)[1].rstrip(".") for a, b in objects)
+        a_lines, b_lines = short["content"].split("\n"), whole["content"].split("\n")
+        objects = list(zip([ln for ln in a_lines if ln.startswith("- ")], [ln for ln in b_lines if ln.startswith("- ")],
+                           strict=True))
+        assert objects and all("." not in b.split(": ", 1)[1].rstrip(".") for _, b in objects)
         for a, b in objects:  # each number is the brief one rounded, in the same place
             numbers = [re.findall(r"-?\d+(?:\.\d+)?", line.split(": ", 1)[1]) for line in (a, b)]
-            assert [abs(float(x) - float(y)) <= 0.5 for x, y in zip(*numbers, strict=True)] == [True] * len(numbers[0])
-        assert [a for a, b in pairs if not a.startswith("- ")] == [b for a, b in pairs if not a.startswith("- ")], \
-            "the other lines are the brief form's (the ego keeps its 0.1)"
+            assert all(abs(float(x) - float(y)) <= 0.5 for x, y in zip(*numbers, strict=True))
+            assert a.split(": ", 1)[0] == b.split(": ", 1)[0], "the id, type and relation unchanged"
+        others = sorted(ln for ln in a_lines if not ln.startswith("- "))
+        assert others == sorted(ln for ln in b_lines if not ln.startswith("- ")), "the ego keeps its 0.1"
+        ego = next(i for i, ln in enumerate(b_lines) if ln.startswith("Ego:"))
+        assert any(ln.startswith(knowledge.ACTION_SET_TAG) for ln in b_lines[:ego]), "the action set before the ego"
+        assert any(ln.startswith("Recent:") for ln in b_lines[:ego]) == any(ln.startswith("Recent:") for ln in a_lines)
     assert len(rounded.input_ids) < len(brief.input_ids) - 4 * 3, "fewer digits in the 3 traffic states"
 
 

@@ -100,8 +100,18 @@ def _whole(match: re.Match) -> str:
     return "0" if text == "-0" else text
 
 
+# Lines that change from one decision to the next less often than the ego's, which the rounded form puts
+# before it: a decision computes only what follows the first line that differs from the previous prompt's.
+_BEFORE_EGO = (K.ACTION_SET_TAG, "Recent:", "Traffic light:")
+
+
 def rounded_query(compact: str) -> str:
     """The brief form (``brief_query``) with every number of an object line in whole units (m, m/s, deg):
-    about a third of an object line's tokens are digits."""
-    return "\n".join((m[1] + _DECIMAL.sub(_whole, m[2])) if (m := _OBJECT_LINE.match(line)) else line
-                     for line in brief_query(compact).split("\n"))
+    about a third of an object line's tokens are digits. The action set, the recent decisions and the
+    traffic light come before the ego line (in that order, the steadiest first), not after the objects."""
+    lines = [(m[1] + _DECIMAL.sub(_whole, m[2])) if (m := _OBJECT_LINE.match(line)) else line
+             for line in brief_query(compact).split("\n")]
+    moved = [line for tag in _BEFORE_EGO for line in lines if line.startswith(tag)]
+    rest = [line for line in lines if line not in moved]
+    ego = next((i for i, line in enumerate(rest) if line.startswith("Ego:")), len(rest))
+    return "\n".join(rest[:ego] + moved + rest[ego:])

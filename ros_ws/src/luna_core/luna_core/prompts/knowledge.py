@@ -110,7 +110,8 @@ BRIEF_FORM = (
 )
 
 # The rounded form (``prompts.compact.rounded_query``) adds this to BRIEF_FORM.
-ROUNDED_FORM = BRIEF_FORM + " Object lines give distances, speeds and sizes in whole metres and m/s."
+ROUNDED_FORM = BRIEF_FORM + (" Object lines give distances, speeds and sizes in whole metres and m/s; the action "
+                             "set, the recent decisions and the traffic light come before the ego line.")
 
 REFLECTION = BASICS + "\n\n" + (
     "Task: you are shown a driving question, the answer that was given to it, and what happened after the "
