@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +146,13 @@ def test_a_niced_process_runs_and_restarts_at_its_niceness_and_the_others_at_the
         wait_until(lambda: sup.out.getvalue().count("] up") == 3)
         assert reflection.popen.pid != first
         assert os.getpriority(os.PRIO_PROCESS, reflection.popen.pid) == min(19, own + 10), "its restart too"
+        # With autogroups, each process's session (luna up starts each in its own) is niced too: a process's
+        # own nice would weigh only inside its session.
+        if Path("/proc/self/autogroup").exists():
+            assert Path(f"/proc/{reflection.popen.pid}/autogroup").read_text().split()[-1] == "10"
+            assert Path(f"/proc/{planner.popen.pid}/autogroup").read_text().split()[-1] == "0"
+        else:
+            print("no /proc/self/autogroup (kernel without autogroups): only the process's nice was checked")
 
 
 def test_a_process_with_invalid_parameters_is_not_restarted_and_an_empty_stack_ends():

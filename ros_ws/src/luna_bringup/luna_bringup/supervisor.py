@@ -116,6 +116,8 @@ class Supervisor:
             env[STANDBY_ENV] = "1"
         popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                  start_new_session=True, stdin=subprocess.PIPE if standby else None)
+        if spec.nice and (problem := nice_session(popen.pid, spec.nice)):
+            self.log(f"{spec.name} runs at nice {spec.nice} only inside its own session: {problem}")
         label = [f"{spec.name} standby" if standby else spec.name]
         reader = threading.Thread(target=self._pump, args=(label, popen, index), daemon=True)
         reader.start()
@@ -258,6 +260,26 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def nice_session(pid: int, nice: int) -> str | None:
+    """Give the session of ``pid`` (a process ``luna up`` started in its own session) the niceness ``nice``;
+    what went wrong, or None.
+
+    With the kernel's autogroups (``/proc/sys/kernel/sched_autogroup_enabled``) every session shares the CPU
+    as one group, and a process's own nice weighs only against the other processes of its session: a
+    process alone in its session at ``nice -n 10`` still gets as much CPU as the planner's. The autogroup's
+    own nice (``/proc/<pid>/autogroup``, sched(7)) is what weighs against the other sessions. Raising it
+    needs no privileges. Without autogroups there is no such file, and ``nice -n`` alone does the job.
+    """
+    path = Path(f"/proc/{pid}/autogroup")
+    if not path.exists():
+        return None
+    try:
+        path.write_text(str(nice))
+    except OSError as exc:
+        return f"cannot set the nice of its autogroup ({exc})"
+    return None
 
 
 def _kill_group(popen: subprocess.Popen) -> None:
