@@ -17,6 +17,7 @@ any stored Q_md whatever was collected before this form existed.
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from luna_core.prompts import knowledge as K
 from luna_core.prompts.parsers import MalformedModelOutput
@@ -34,9 +35,15 @@ _SIZE_GAP = re.compile(r"(?<=\d) x (?=\d)")
 _HEADING_LABEL = re.compile(r"\bheading (?=-?\d)")  # its place in the object line says what it is
 
 
-def _round(match: re.Match) -> str:
-    text = f"{float(match.group(0)):.1f}"
-    return "0.0" if text == "-0.0" else text
+def _rounder(digits: int) -> Callable[[re.Match], str]:
+    """A ``re.sub`` replacement writing the matched number to ``digits`` decimals (no "-0")."""
+    def rounded(match: re.Match) -> str:
+        text = f"{float(match.group(0)):.{digits}f}"
+        return text.lstrip("-") if float(text) == 0 else text
+    return rounded
+
+
+_TENTH = _rounder(1)
 
 
 def compact_query(query: str) -> str:
@@ -55,7 +62,7 @@ def compact_query(query: str) -> str:
         raise MalformedModelOutput("query", "missing", f"the query must state one {K.ACTION_SET_TAG!r} line",
                                    query[-160:])
     state = _OBJECT_HEADER.sub("Objects:", state).replace(_LANE_COUNTING, "")
-    state = _UNIT.sub("", _FINE_NUMBER.sub(_round, state))
+    state = _UNIT.sub("", _FINE_NUMBER.sub(_TENTH, state))
     state = _LIST_GAP.sub(",", _SIZE_GAP.sub("x", _HEADING_LABEL.sub("", state)))
     # Codes separated by spaces: "CK,DK" splits into more tokens than "CK DK".
     codes = action_lines[0][len(K.ACTION_SET_TAG):].replace(",", " ").split()
@@ -93,11 +100,7 @@ def brief_query(compact: str) -> str:
 # no object's distance, speed or size to 0.1 (the ego line keeps its 0.1: acceleration is small).
 _OBJECT_LINE = re.compile(r"^(- [^:]*: )(.*)$")
 _DECIMAL = re.compile(r"-?\d+\.\d+")
-
-
-def _whole(match: re.Match) -> str:
-    text = f"{float(match.group(0)):.0f}"
-    return "0" if text == "-0" else text
+_WHOLE = _rounder(0)
 
 
 # Lines that change from one decision to the next less often than the ego's, which the rounded form puts
@@ -109,7 +112,7 @@ def rounded_query(compact: str) -> str:
     """The brief form (``brief_query``) with every number of an object line in whole units (m, m/s, deg):
     about a third of an object line's tokens are digits. The action set, the recent decisions and the
     traffic light come before the ego line (in that order, the steadiest first), not after the objects."""
-    lines = [(m[1] + _DECIMAL.sub(_whole, m[2])) if (m := _OBJECT_LINE.match(line)) else line
+    lines = [(m[1] + _DECIMAL.sub(_WHOLE, m[2])) if (m := _OBJECT_LINE.match(line)) else line
              for line in brief_query(compact).split("\n")]
     moved = [line for tag in _BEFORE_EGO for line in lines if line.startswith(tag)]
     rest = [line for line in lines if line not in moved]
