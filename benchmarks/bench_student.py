@@ -37,7 +37,7 @@ from tqdm import tqdm
 from luna_core.prompts import PromptManager, format_ranked_answer
 from luna_core.scene import item_head_values, head_scene_values
 from luna_core.student import DualHeadStudent, StudentConfig
-from luna_core.student.context import chat_ids
+from luna_core.student.context import chat_ids, student_encoder
 from luna_core.student.onnx_dpp import OnnxDecisionPredictor, export_dpp_onnx
 from luna_core.types import MemoryItem, ObjectClass, ObjectDescription, RoadSection, SceneDescriptor
 
@@ -117,10 +117,11 @@ def main() -> int:
                          "weights dtype, then the autocast dtype of the matrix products), on the real items "
                          "of --bank: K = 3 decision latency and the decisions' difference to the first one's, "
                          "alternating calls in one run")
-    ap.add_argument("--compare-students", nargs="+", metavar="DIRECTORY[:WEIGHTS[/AUTOCAST]]",
+    ap.add_argument("--compare-students", nargs="+", metavar="DIRECTORY[:WEIGHTS[/AUTOCAST]][@PROMPT]",
                     help="instead: saved students (each in its own prompt form, e.g. models/student "
-                         "out/brief/student), optionally at a precision as --compare-precisions, on the real "
-                         "items of --bank, alternating calls in one run")
+                         "out/brief/student, or in PROMPT = FORM/QUERY_OBJECTS/EXAMPLE_OBJECTS, e.g. "
+                         "out/brief/student@rounded/4/1), optionally at a precision as --compare-precisions, "
+                         "on the real items of --bank, alternating calls in one run")
     ap.add_argument("--bank", default="models/memory_bank",
                     help="the bank of --compare-precisions and --compare-students")
     args = ap.parse_args()
@@ -297,22 +298,33 @@ def compare_banks(student: DualHeadStudent, banks: list[str], repeats: int, k: i
 
 
 def compare_students(specs: list[str], bank: str, repeats: int, k: int = 3) -> str:
-    """Each student ``<directory>[:<weights dtype>[/<autocast dtype>]]`` (e.g. ``models/student``,
-    ``models/student:float32/bfloat16``), on the same real items of ``bank``, each in its own prompt
-    form: the latency of each and how far its decisions are from the first one's on the same scenes."""
+    """Each student ``<directory>[:<weights dtype>[/<autocast dtype>]][@<form>/<query objects>/<example
+    objects>]`` (e.g. ``models/student``, ``models/student:float32/bfloat16``), on the same real items of
+    ``bank``, each in its own prompt form or the one after ``@`` (as ``prompt_lengths.py --prompts``: latency
+    does not depend on the weights, so a prompt no head was trained on can be timed): the latency of each
+    and how far its decisions are from the first one's on the same scenes."""
+    from prompt_lengths import parse_prompt  # benchmarks/ is on sys.path when run as a script
+
     items = _bank_items(bank)
     pool = _pool(items, k, repeats)
     variants = []
     for spec in specs:
-        directory, _, precision = spec.partition(":")
+        loaded, _, prompt = spec.partition("@")
+        directory, _, precision = loaded.partition(":")
         dtype, _, autocast = (precision or "float32").partition("/")
         student = DualHeadStudent.from_pretrained(directory, PromptManager(), device="cpu", dtype=dtype,
                                                   autocast=autocast or "none")
         c = student.config
+        if prompt:
+            c.prompt_form, c.query_objects, c.example_objects = parse_prompt(prompt)
+            student.encoder = student_encoder(student.tokenizer, student.prompts, c)
         label = (f"`{directory}` ({c.prompt_form}, query objects {c.query_objects or 'all'}, example objects "
                  f"{c.example_objects or 'all'}), {dtype} weights" + (f", {autocast} autocast" if autocast else ""))
         variants.append((label, student, pool, _prompt_tokens(student, items, k)))
-    same_student = [spec.partition(":")[0] == specs[0].partition(":")[0] for spec in specs]
+    def student_and_prompt(spec: str) -> tuple[str, str]:
+        loaded, _, prompt = spec.partition("@")
+        return loaded.partition(":")[0], prompt
+    same_student = [student_and_prompt(spec) == student_and_prompt(specs[0]) for spec in specs]
     return _compare(variants, repeats, k, "student", agreement=same_student)
 
 
