@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
 FASTDDS_PROFILE = REPO / "ros_ws/src/luna_bringup/config/fastdds_fast_discovery.xml"
@@ -214,6 +214,25 @@ class StalledCarTraffic:
             self.probe.spin_for(0.1)
 
 
+def answered(probe: Probe, send: Callable[[], Any], timeout: float, what: str, resend_after: float = 5.0):
+    """The future of an idempotent service request, sent again each ``resend_after`` s until answered.
+
+    A server that takes a request before it has discovered the client's response reader drops the
+    answer (Fast DDS waits only briefly for it: ros2/rmw_fastrtps#390), although the client already
+    sees the service as ready; under load (CI) that happens, and one resend is the remedy.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        future = send()
+        try:
+            wait_for(future.done, min(resend_after, max(deadline - time.monotonic(), 0.0)), what, spin=probe.spin)
+            return future
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"timed out after {timeout:.1f} s waiting for {what} "
+                                   f"(request sent every {resend_after:.0f} s)") from None
+
+
 def set_parameters(probe: Probe, node_name: str, timeout: float = 30.0, **values) -> list:
     """``set_parameters`` on a running node, one call per parameter; the SetParametersResult of each."""
     from rclpy.parameter import Parameter
@@ -224,8 +243,8 @@ def set_parameters(probe: Probe, node_name: str, timeout: float = 30.0, **values
              spin=probe.spin)
     results = []
     for name, value in values.items():
-        future = client.set_parameters([Parameter(name, value=value)])
-        wait_for(future.done, timeout, f"the answer to set_parameters({name}) from {node_name}", spin=probe.spin)
+        future = answered(probe, lambda: client.set_parameters([Parameter(name, value=value)]), timeout,
+                          f"the answer to set_parameters({name}) from {node_name}")
         results.extend(future.result().results)
     return results
 
@@ -238,6 +257,6 @@ def get_parameters(probe: Probe, node_name: str, names: list[str], timeout: floa
     client = AsyncParameterClient(probe.node, node_name)
     wait_for(lambda: client.services_are_ready(), timeout, f"the parameter services of {node_name}",
              spin=probe.spin)
-    future = client.get_parameters(names)
-    wait_for(future.done, timeout, f"the answer to get_parameters from {node_name}", spin=probe.spin)
+    future = answered(probe, lambda: client.get_parameters(names), timeout,
+                      f"the answer to get_parameters from {node_name}")
     return {n: parameter_value_to_python(v) for n, v in zip(names, future.result().values)}

@@ -264,11 +264,16 @@ def decision_parameters(node: Node, timeout: float = 10.0) -> dict | None:
     try:
         if not client.wait_for_service(timeout_sec=timeout):
             return None
-        future = client.call_async(GetParameters.Request(names=names))
         deadline = time.monotonic() + timeout
-        while not future.done() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if not future.done() or future.result() is None:
+        future = None
+        while time.monotonic() < deadline and (future is None or not future.done()):
+            # Sent again every 2 s: a server that takes the request before it has discovered our
+            # response reader drops the answer (Fast DDS, ros2/rmw_fastrtps#390).
+            future = client.call_async(GetParameters.Request(names=names))
+            resend = min(deadline, time.monotonic() + 2.0)
+            while not future.done() and time.monotonic() < resend:
+                time.sleep(0.01)
+        if future is None or not future.done() or future.result() is None:
             return None
         return {n: v.double_value for n, v in zip(names, future.result().values)}
     finally:
