@@ -43,4 +43,5 @@ def test_shared_t_d_reaches_each_node_and_a_node_file_overrides_it(tmp_path, ros
     finally:
         probe.close()
         out = stop_process(monitor) + stop_process(planner)
+        print(out)  # shown with a failure above: whether a process died or only the answer was lost
     assert "Traceback" not in out, out
