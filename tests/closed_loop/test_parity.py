@@ -4,8 +4,9 @@ process (``luna-bridge eval``: ``stack_planner.make_stack_planner``) and as real
 (``luna-bridge ros``: ``ros_bridge.RosStackPlanner``) decide and plan the same.
 
 One short synthetic scenario, the same settings on both paths: models/student, the bundled memory bank
-(and, for a lane change, the previous 672-item bank) as built (K = 1: the K the default student was trained with, models/student/README.md, and a prompt
-inside its 2048-token window; read-only, no reload), T_d = 2 s, gamma_p 0.1, replanning every 0.5 s, the
+(and, for a lane change, the previous 672-item bank with the session-11 head, which changes lanes there
+where the default student brakes) as built (K = 1: a K the students were trained with, and a prompt
+inside their 2048-token window; read-only, no reload), T_d = 2 s, gamma_p 0.1, replanning every 0.5 s, the
 deterministic search with a small population. Asserted: the same decision instants, the same scene
 queries (prompt text) and retrieved items, the same distributions and candidate sets, the same planned
 trajectory in every cycle, and hence the same driven ego track. The default case drives the scenario a
@@ -29,6 +30,7 @@ quaternion's error, far below any effect on a decision or a metric).
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -54,10 +56,12 @@ COMMON_PARAMS = REPO / "ros_ws/src/luna_bringup/config/common.param.yaml"
 DURATION = 4.5  # s of sim time: decisions at 0, 2 and 4 s (the last step is recorded, not planned)
 REPLAN = 0.5  # s between planning cycles on both paths
 MISSION_GAP = 10.0  # s of ROS time between consecutive missions on one stack (a multiple of T_d)
-# The previous default bank (672 MiniLM items): with it the default student decides CL at t = 0 here, so
-# the two paths must agree through a lane change too (they did not until the planner stopped reading a
-# steering angle that Odometry does not carry; the default bank's decisions are CK / DK).
+# The previous default bank (672 MiniLM items) and the session-11 default student (its head beside the
+# shared adapter): with them the student decides CL at t = 0 here, so the two paths must agree through a
+# lane change too (they did not until the planner stopped reading a steering angle that Odometry does not
+# carry). The default student decides CK / DK here with either bank.
 LANE_CHANGE_BANK = REPO / "benchmarks" / "data" / "bank_minilm672"
+LANE_CHANGE_HEAD = REPO / "benchmarks" / "data" / "student_s11_head"
 SETTINGS = StackSettings(student=str(REPO / "models/student"), memory_bank=str(default_path("memory_bank")),
                          k=1, gamma_p=0.1, decision_every=20, population=8, iterations=2, time_budget=0.0,
                          device="cpu")
@@ -168,10 +172,19 @@ def _over_ros(tmp_path: Path, ros_context, settings: StackSettings, missions: in
     return runs
 
 
+def _lane_change_student(tmp_path: Path) -> Path:
+    """The session-11 head (its config and file hashes) with the adapter it shares with models/student."""
+    folder = tmp_path / "student_s11"
+    shutil.copytree(LANE_CHANGE_HEAD, folder)
+    shutil.copy(REPO / "models/student/adapter.safetensors", folder)
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("bank", ["default", "lane-change"])
 def test_luna_in_process_and_over_ros_decide_and_plan_the_same(tmp_path, ros_context, bank):
-    settings = SETTINGS if bank == "default" else dataclasses.replace(SETTINGS, memory_bank=str(unpacked(LANE_CHANGE_BANK)))
+    settings = SETTINGS if bank == "default" else dataclasses.replace(
+        SETTINGS, memory_bank=str(unpacked(LANE_CHANGE_BANK)), student=str(_lane_change_student(tmp_path)))
     # The default case drives the scenario twice on one stack: the second mission must not inherit the
     # first one's recent decisions, retrieved items or warm start (the demo's second scenario once did).
     ours, runs = _in_process(settings), _over_ros(tmp_path, ros_context, settings, 2 if bank == "default" else 1)
