@@ -5,7 +5,7 @@ process (``luna-bridge eval``: ``stack_planner.make_stack_planner``) and as real
 
 One short synthetic scenario, the same settings on both paths: models/student, the bundled memory bank
 (and, for a lane change, the previous 672-item bank with the session-11 head, which changes lanes there
-where the default student brakes) as built (K = 1: a K the students were trained with, and a prompt
+where the default student keeps its lane) as built (K = 1: a K the students were trained with, and a prompt
 inside their 2048-token window; read-only, no reload), T_d = 2 s, gamma_p 0.1, replanning every 0.5 s, the
 deterministic search with a small population. Asserted: the same decision instants, the same scene
 queries (prompt text) and retrieved items, the same distributions and candidate sets, the same planned
