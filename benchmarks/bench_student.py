@@ -307,10 +307,11 @@ def compare_students(specs: list[str], bank: str, repeats: int, k: int = 3) -> s
 
     items = _bank_items(bank)
     pool = _pool(items, k, repeats)
-    variants = []
+    variants, read_as = [], []  # read_as: (directory, prompt) of each, for which decisions are compared
     for spec in specs:
         loaded, _, prompt = spec.partition("@")
         directory, _, precision = loaded.partition(":")
+        read_as.append((directory, prompt))
         dtype, _, autocast = (precision or "float32").partition("/")
         student = DualHeadStudent.from_pretrained(directory, PromptManager(), device="cpu", dtype=dtype,
                                                   autocast=autocast or "none")
@@ -321,11 +322,7 @@ def compare_students(specs: list[str], bank: str, repeats: int, k: int = 3) -> s
         label = (f"`{directory}` ({c.prompt_form}, query objects {c.query_objects or 'all'}, example objects "
                  f"{c.example_objects or 'all'}), {dtype} weights" + (f", {autocast} autocast" if autocast else ""))
         variants.append((label, student, pool, _prompt_tokens(student, items, k)))
-    def student_and_prompt(spec: str) -> tuple[str, str]:
-        loaded, _, prompt = spec.partition("@")
-        return loaded.partition(":")[0], prompt
-    same_student = [student_and_prompt(spec) == student_and_prompt(specs[0]) for spec in specs]
-    return _compare(variants, repeats, k, "student", agreement=same_student)
+    return _compare(variants, repeats, k, "student", agreement=[r == read_as[0] for r in read_as])
 
 
 def busy_versus_idle(student: DualHeadStudent, queries: list[str], vectors: list[np.ndarray],
