@@ -15,11 +15,13 @@ Medians over repeats; the machine's 2 cores are shared with other jobs, so absol
 that of a distilled one (same graph), so ``--student`` is optional.
 
     .venv/bin/python benchmarks/bench_student.py --repeats 5 --cot-repeats 1 --docs
+    .venv/bin/python benchmarks/bench_student.py --student models/student --threads 1 --profile-steady  # by operator
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -122,8 +124,11 @@ def main() -> int:
                          "out/brief/student, or in PROMPT = FORM/QUERY_OBJECTS/EXAMPLE_OBJECTS, e.g. "
                          "out/brief/student@rounded/4/1), optionally at a precision as --compare-precisions, "
                          "on the real items of --bank, alternating calls in one run")
+    ap.add_argument("--profile-steady", action="store_true",
+                    help="instead: --repeats steady-state decisions of --student on the real items of --bank, the "
+                         "last under torch.profiler: its operators by CPU time")
     ap.add_argument("--bank", default="models/memory_bank",
-                    help="the bank of --compare-precisions and --compare-students")
+                    help="the bank of --compare-precisions, --compare-students and --profile-steady")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.compare_precisions or args.compare_students:
@@ -137,6 +142,9 @@ def main() -> int:
                else DualHeadStudent.from_base(StudentConfig(device="cpu"), prompts))
     if args.compare_banks:
         print(compare_banks(student, args.compare_banks, args.repeats))
+        return 0
+    if args.profile_steady:
+        print(profile_steady(student, args.bank, args.repeats))
         return 0
     queries = [prompts.decision_query(scene(i)) for i in range(args.repeats + 1)]  # the scene moves on
     vectors = [head_scene_values(scene(i)) for i in range(args.repeats + 1)]  # for a head that reads them
@@ -235,6 +243,32 @@ def _system_tokens(student: DualHeadStudent, query: str) -> int:
     return len(chat_ids(student.tokenizer, student.encoder.messages_fn(query, [])[:1]))
 
 
+def _after_previous_decision(student: DualHeadStudent, pool: Pool, i: int, k: int) -> tuple[MemoryItem, list[MemoryItem]]:
+    """Decide on pool frame ``i`` with the pool's first K items, leaving that prompt's KV cache as the node
+    does; return the frame's next decision and those K items: deciding on it is a steady-state decision."""
+    previous = pool.items[(k + 1) * i]
+    same = pool.items[1:k + 1]
+    student.predict(previous.query, same, scene_vector=item_head_values(previous))
+    return pool.next[previous.id], same
+
+
+def profile_steady(student: DualHeadStudent, bank: str, repeats: int, k: int = 3) -> str:
+    """Where a steady-state decision's time goes: ``repeats`` steady-state decisions on the real items of
+    ``bank`` (as ``_compare`` makes them), the last under ``torch.profiler``, its operators by self CPU time."""
+    pool = _pool(_bank_items(bank), k, repeats)
+    lines = ["| decision | total (s) | prompt tokens | from the KV cache | computed |", "|---|---:|---:|---:|---:|"]
+    for i in range(repeats + 1):
+        current, same = _after_previous_decision(student, pool, i, k)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if i == repeats \
+                else contextlib.nullcontext() as prof:
+            _, lat = student.predict(current.query, same, scene_vector=item_head_values(current))
+        if i:  # the first warms up
+            lines.append(f"| {i}{' (profiled)' if i == repeats else ''} | {lat.total:.3f} | {lat.prompt_tokens} | "
+                         f"{lat.cached_prefix_tokens} | {lat.prompt_tokens - lat.cached_prefix_tokens} |")
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+    return "\n".join(lines) + "\n\n" + table + f"\n(load average {os.getloadavg()[0]:.1f} at the end of the run)"
+
+
 def _compare(variants: list[tuple[str, DualHeadStudent, Pool, list[int]]], repeats: int, k: int,
              first_column: str, agreement: Sequence[bool] = ()) -> str:
     """The steady state and a retrieval change at every call, per variant (label, student, item pool,
@@ -250,12 +284,8 @@ def _compare(variants: list[tuple[str, DualHeadStudent, Pool, list[int]]], repea
     outputs: list[list[np.ndarray]] = [[] for _ in variants]
     for i in tqdm(range(repeats + 1), desc="compare"):
         for v, (_, student, pool, _) in enumerate(variants):
-            previous = pool.items[(k + 1) * i]
-            current = pool.next[previous.id]
-            same = pool.items[1:k + 1]
+            current, same = _after_previous_decision(student, pool, i, k)
             other = pool.items[(k + 1) * i + 1:(k + 1) * (i + 1)]
-            # the previous decision leaves its prompt's KV cache, as in the node
-            student.predict(previous.query, same, scene_vector=item_head_values(previous))
             query, vector = current.query, item_head_values(current)
             probs, lat = student.predict(query, same, scene_vector=vector)
             t0 = time.perf_counter()
