@@ -29,9 +29,10 @@ def main() -> None:
     p.add_argument("--mode", choices=("N", "R"), default="N", help="non-reactive or reactive agents")
     p.add_argument("--replan-every", type=int, default=5)
     p.add_argument("--search-seed", type=int, default=0)
+    p.add_argument("--student", default="", help="student folder (default: the bundled models/student)")
     args = p.parse_args()
     scenario = next(s for s in load_suite(args.suite).scenarios if s.name == args.scenario)
-    stack = StackSettings(search_seed=args.search_seed)
+    stack = StackSettings(search_seed=args.search_seed, student=args.student)
     use_settings(stack)
     beside = []  # per decision cycle: a* not the most likely candidate (what evaluation counts)
 
