@@ -68,7 +68,6 @@ class StackSettings:
     k: int = 3  # retrieved items per decision (the K = 0 variant overrides it)
     min_similarity: float = -1.0  # retrieved items less similar (cosine) are not shown; -1 = all K
     distinct_sources: bool = False  # at most one retrieved item per recording; False = the K nearest, the paper's
-    zero_shot_weight: float = 0.0  # w0 of the student's distribution without examples; 0 = the paper's
     gamma_p: float = 0.1
     lesson_weight: float = DEFAULT_LESSON_WEIGHT  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
     decision_every: int = 20  # simulation steps (0.1 s) between decisions: T_d = 2.0 s (CALMM-Drive C_d)
@@ -90,12 +89,10 @@ class StackSettings:
         if self.k < 0 or self.decision_every < 1 or self.population < 4 or self.iterations < 0 \
                 or self.search_seed < 0 or self.time_budget < 0 or not 0.0 <= self.gamma_p <= 1.0 \
                 or not 0.0 <= self.lesson_weight <= 1.0 or not -1.0 <= self.min_similarity <= 1.0 \
-                or not 0.0 <= self.zero_shot_weight <= 1.0 \
                 or self.autocast not in AUTOCASTS:
             raise StackConfigError(f"invalid stack settings {self}: need k >= 0, decision_every >= 1, "
                                    "population >= 4, iterations >= 0, search_seed >= 0, time_budget >= 0, "
                                    "0 <= gamma_p <= 1, 0 <= lesson_weight <= 1, -1 <= min_similarity <= 1, "
-                                   "0 <= zero_shot_weight <= 1, "
                                    f"autocast one of {', '.join(AUTOCASTS)}")
 
     @property
@@ -110,11 +107,9 @@ class StackSettings:
             return self
         if name in ORACLE_PLANNERS:
             return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, min_similarity=d.min_similarity,
-                           distinct_sources=d.distinct_sources, zero_shot_weight=d.zero_shot_weight,
-                           lesson_weight=d.lesson_weight)
+                           distinct_sources=d.distinct_sources, lesson_weight=d.lesson_weight)
         return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, min_similarity=d.min_similarity,
-                       distinct_sources=d.distinct_sources, zero_shot_weight=d.zero_shot_weight, gamma_p=d.gamma_p,
-                       lesson_weight=d.lesson_weight,
+                       distinct_sources=d.distinct_sources, gamma_p=d.gamma_p, lesson_weight=d.lesson_weight,
                        decision_every=d.decision_every,
                        safety_first=d.safety_first)
 
@@ -129,7 +124,6 @@ class StackSettings:
             return search
         floor = f" at cosine >= {self.min_similarity:g}" if self.min_similarity > -1.0 else ""
         floor += ", one per recording" if self.distinct_sources else ""
-        floor += f", zero-shot weight {self.zero_shot_weight:g}" if self.zero_shot_weight else ""
         eq22 = "safety-first Eq. 22" if self.safety_first else "the paper's Eq. 22"
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
                 f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, "
@@ -151,9 +145,6 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
     group.add_argument("--distinct-sources", action="store_true",
                        help="retrieve at most one item per recording (the most similar frame of each; default: the K "
                             "most similar items, the paper's)")
-    group.add_argument("--zero-shot-weight", type=float, default=d.zero_shot_weight,
-                       help="weight w0 of the student's distribution without examples, mixed with its distribution "
-                            "with them (a second forward pass per decision; default 0: one pass, the paper's)")
     group.add_argument("--lesson-weight", type=float, default=d.lesson_weight,
                        help="weight w of the retrieved reflection items' recommended decisions in each decision, "
                             f"pi' = (1 - w) pi_hat + w q (luna_core.lessons; default {d.lesson_weight:g}); with w > 0 a "
@@ -184,7 +175,6 @@ def stack_settings_from_args(args: argparse.Namespace, **other: Any) -> StackSet
     """StackSettings from the options of ``add_stack_arguments`` (and ``other`` fields, e.g. ``device``)."""
     return StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
                          min_similarity=args.min_similarity, distinct_sources=args.distinct_sources,
-                         zero_shot_weight=args.zero_shot_weight,
                          lesson_weight=args.lesson_weight,
                          decision_every=args.decision_every, population=args.population, iterations=args.iterations,
                          search_seed=args.search_seed, time_budget=args.time_budget, autocast=args.autocast,
@@ -264,8 +254,7 @@ def heuristic_config(settings: StackSettings, k: int | None = None) -> Heuristic
         return HeuristicStackConfig(student=settings.student, memory_bank=settings.memory_bank if k > 0 else NO_BANK,
                                     default_bank="bundled", device=settings.device, autocast=settings.autocast, k=k,
                                     gamma_p=settings.gamma_p, min_similarity=settings.min_similarity,
-                                    distinct_sources=settings.distinct_sources,
-                                    zero_shot_weight=settings.zero_shot_weight, lesson_weight=settings.lesson_weight)
+                                    distinct_sources=settings.distinct_sources, lesson_weight=settings.lesson_weight)
     except CoreConfigError as exc:
         raise StackConfigError(str(exc)) from None
 

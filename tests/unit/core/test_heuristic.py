@@ -188,27 +188,6 @@ def test_distinct_sources_retrieves_the_most_similar_frame_of_each_recording(sys
     assert item_source("reflection-17") == "reflection-17"  # an id without "@" is its own source
 
 
-def test_zero_shot_weight_mixes_in_the_students_distribution_without_examples(system):
-    scene = samples.scene()
-    query = system.prompts.decision_query(scene)
-    mask = scene.action_mask()
-
-    def decided(w0: float) -> T.DecisionDistribution:
-        config = HeuristicConfig(k=2, retrieval_margin=0.0, zero_shot_weight=w0)
-        return HeuristicSystem(system.student, system.prompts, system.bank, config).decide(scene)
-
-    with_examples = decided(0.0)
-    assert len(with_examples.retrieved_ids) == 2
-    alone, _ = system.student.predict(query, [], mask=mask)
-    shown = [system.bank.get(i) for i in with_examples.retrieved_ids]
-    assert not np.allclose(with_examples.probabilities, alone)  # otherwise the mixture could not be told apart
-    np.testing.assert_allclose(decided(1.0).probabilities, alone, atol=1e-6)
-    mixed = decided(0.5)
-    np.testing.assert_allclose(mixed.probabilities, 0.5 * with_examples.probabilities + 0.5 * alone, atol=1e-6)
-    assert mixed.retrieved_ids == with_examples.retrieved_ids and abs(mixed.probabilities.sum() - 1.0) < 1e-9
-    assert system.student.predict(query, shown, mask=mask)[1].examples_used == 2
-
-
 @pytest.mark.slow
 def test_explanation_ends_at_a_sentence_names_no_action_wrongly_and_reports_its_latency(system):
     from luna_core.prompts.parsers import action_name_errors

@@ -98,9 +98,6 @@ class HeuristicConfig:
     # apart, are near-duplicates, and a third of the default bank's top-3 lists are three frames of one
     # scenario). False = the K most similar items, the paper's behaviour.
     distinct_sources: bool = False
-    # w0 of pi_hat = (1 - w0) pi_hat(. | examples) + w0 pi_hat(. | no example): the student read a second time
-    # without its examples (a second forward pass), where examples were shown. 0 = the paper's (one pass).
-    zero_shot_weight: float = 0.0
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
     explanation_max_tokens: int = 200  # on an accelerator
     # On the CPU a token costs tens of ms and waits for each decision: about the first ranked action's
@@ -202,10 +199,6 @@ class HeuristicSystem:
         xi = head_scene_values(scene) if self.student.config.head_scene_dim else None
         mask = scene.action_mask()
         student_p, prompt = self.student.predict(query, [item for item, _ in retrieved], mask=mask, scene_vector=xi)
-        w0 = self.config.zero_shot_weight
-        if w0 > 0.0 and prompt.examples_used:
-            alone, _ = self.student.predict(query, [], mask=mask, scene_vector=xi)
-            student_p = (1.0 - w0) * student_p + w0 * alone
         used = retrieved[:prompt.examples_used]  # the least similar items are dropped first
         lessons = lessons_of(used, scene, mask) if self.config.lesson_weight > 0.0 else []
         probabilities = weigh_lessons(student_p, lessons, self.config.lesson_weight)

@@ -95,7 +95,6 @@ class HeuristicStackConfig:
     retrieval_margin: float = 0.005  # keep the previous K items within this similarity (KV-cache reuse)
     min_similarity: float = -1.0  # retrieved items less similar (cosine) are not shown; -1 = all K
     distinct_sources: bool = False  # at most one retrieved item per recording (HeuristicConfig); False = the paper's
-    zero_shot_weight: float = 0.0  # w0 of the student's distribution without examples (HeuristicConfig); 0 = the paper's
     lesson_weight: float = DEFAULT_LESSON_WEIGHT  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
 
     def __post_init__(self) -> None:
@@ -111,7 +110,6 @@ class HeuristicStackConfig:
         _check_finite(self, "gamma_p", 0.0, 1.0)
         _check_finite(self, "retrieval_margin", 0.0, 1.0)
         _check_finite(self, "min_similarity", -1.0, 1.0)
-        _check_finite(self, "zero_shot_weight", 0.0, 1.0)
         _check_finite(self, "lesson_weight", 0.0, 1.0)
 
     @property
@@ -124,7 +122,7 @@ class HeuristicStackConfig:
 
         return HeuristicConfig(k=self.k, gamma_p=self.gamma_p, retrieval_margin=self.retrieval_margin,
                                min_similarity=self.min_similarity, distinct_sources=self.distinct_sources,
-                               zero_shot_weight=self.zero_shot_weight, lesson_weight=self.lesson_weight)
+                               lesson_weight=self.lesson_weight)
 
 
 def load_student(config: HeuristicStackConfig) -> DualHeadStudent:
