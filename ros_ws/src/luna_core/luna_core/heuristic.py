@@ -71,8 +71,9 @@ def retrieval_key(bank: MemoryBank, scene: SceneDescriptor, query: str) -> str |
     return scene_vector(scene) if name.startswith("scene-vector:") else query
 
 
-# distinct_sources searches the DISTINCT_POOL x K nearest items for K recordings: a 15-s scenario of the
-# default bank has 31 frames at 2 Hz, so that many items span more than K recordings.
+# distinct_sources: the nearest DISTINCT_POOL x K items are searched for K of distinct recordings (a 15-s
+# scenario has 31 frames at 2 Hz, so K recordings' frames can fill the pool only where K recordings are all
+# that is near).
 DISTINCT_POOL = 32
 
 
