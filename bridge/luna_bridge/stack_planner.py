@@ -67,7 +67,6 @@ class StackSettings:
     memory_bank: str = ""  # memory bank folder; "" = the bundled default (models/memory_bank)
     k: int = 3  # retrieved items per decision (the K = 0 variant overrides it)
     min_similarity: float = -1.0  # retrieved items less similar (cosine) are not shown; -1 = all K
-    distinct_sources: bool = False  # at most one retrieved item per recording; False = the K nearest, the paper's
     gamma_p: float = 0.1
     lesson_weight: float = DEFAULT_LESSON_WEIGHT  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
     decision_every: int = 20  # simulation steps (0.1 s) between decisions: T_d = 2.0 s (CALMM-Drive C_d)
@@ -107,10 +106,9 @@ class StackSettings:
             return self
         if name in ORACLE_PLANNERS:
             return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, min_similarity=d.min_similarity,
-                           distinct_sources=d.distinct_sources, lesson_weight=d.lesson_weight)
+                           lesson_weight=d.lesson_weight)
         return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, min_similarity=d.min_similarity,
-                       distinct_sources=d.distinct_sources, gamma_p=d.gamma_p, lesson_weight=d.lesson_weight,
-                       decision_every=d.decision_every,
+                       gamma_p=d.gamma_p, lesson_weight=d.lesson_weight, decision_every=d.decision_every,
                        safety_first=d.safety_first)
 
     def describe(self, decisions: bool = True) -> str:
@@ -123,7 +121,6 @@ class StackSettings:
         if not decisions:
             return search
         floor = f" at cosine >= {self.min_similarity:g}" if self.min_similarity > -1.0 else ""
-        floor += ", one per recording" if self.distinct_sources else ""
         eq22 = "safety-first Eq. 22" if self.safety_first else "the paper's Eq. 22"
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
                 f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, "
@@ -142,9 +139,6 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
                        help="retrieved items whose cosine similarity to the scene is below this are not shown, so a "
                             "scene far from every item decides with fewer examples or none (default "
                             f"{d.min_similarity:g}; -1 = all K, the paper's)")
-    group.add_argument("--distinct-sources", action="store_true",
-                       help="retrieve at most one item per recording (the most similar frame of each; default: the K "
-                            "most similar items, the paper's)")
     group.add_argument("--lesson-weight", type=float, default=d.lesson_weight,
                        help="weight w of the retrieved reflection items' recommended decisions in each decision, "
                             f"pi' = (1 - w) pi_hat + w q (luna_core.lessons; default {d.lesson_weight:g}); with w > 0 a "
@@ -174,8 +168,7 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
 def stack_settings_from_args(args: argparse.Namespace, **other: Any) -> StackSettings:
     """StackSettings from the options of ``add_stack_arguments`` (and ``other`` fields, e.g. ``device``)."""
     return StackSettings(student=args.student, memory_bank=args.memory_bank, k=args.k,
-                         min_similarity=args.min_similarity, distinct_sources=args.distinct_sources,
-                         lesson_weight=args.lesson_weight,
+                         min_similarity=args.min_similarity, lesson_weight=args.lesson_weight,
                          decision_every=args.decision_every, population=args.population, iterations=args.iterations,
                          search_seed=args.search_seed, time_budget=args.time_budget, autocast=args.autocast,
                          safety_first=not args.paper_eq22, **other)
@@ -254,7 +247,7 @@ def heuristic_config(settings: StackSettings, k: int | None = None) -> Heuristic
         return HeuristicStackConfig(student=settings.student, memory_bank=settings.memory_bank if k > 0 else NO_BANK,
                                     default_bank="bundled", device=settings.device, autocast=settings.autocast, k=k,
                                     gamma_p=settings.gamma_p, min_similarity=settings.min_similarity,
-                                    distinct_sources=settings.distinct_sources, lesson_weight=settings.lesson_weight)
+                                    lesson_weight=settings.lesson_weight)
     except CoreConfigError as exc:
         raise StackConfigError(str(exc)) from None
 

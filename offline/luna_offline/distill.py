@@ -38,7 +38,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from luna_core.heuristic import item_source
 from luna_core.scene import HEAD_SCENE_PARTS, item_head_values
 from luna_core.student import DualHeadStudent, StudentConfig
 from luna_core.student.config import PROMPT_FORMS
@@ -127,7 +126,7 @@ def split_group(item_id: str) -> str:
     """The unit of the held-out split: the scenario of a frame item (ids ``<scenario>@<time>`` from
     ``luna-offline frames``), else the id itself. Frames of one scenario are near-duplicates of each
     other, so holding out single frames would leak their neighbours into training."""
-    return item_source(item_id)
+    return item_id.split("@", 1)[0]
 
 
 def scenario_draw(item_id: str, salt: str = "") -> float:

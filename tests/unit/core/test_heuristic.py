@@ -154,40 +154,6 @@ def test_items_below_the_similarity_floor_are_not_shown(system):
     assert all(score >= between for _, score in kept)
 
 
-def test_distinct_sources_retrieves_the_most_similar_frame_of_each_recording(system, tmp_path):
-    from luna_core.heuristic import item_source
-    from luna_core.memory.embedders import MiniLMEmbedder
-
-    # Three frames of recording "slow" that read as the 4 m/s scene itself, and one frame of two others.
-    speeds = {"slow@0000.00": 4.0, "slow@0000.50": 4.0, "slow@0001.00": 4.0, "mid@0000.00": 6.0,
-              "fast@0000.00": 9.0}
-    p = np.zeros(T.NUM_ACTIONS)
-    p[T.ACTION_INDEX["CK"]] = 1.0
-    with MemoryBank.create(tmp_path / "bank", MiniLMEmbedder()) as bank:
-        for item_id, speed in speeds.items():
-            scene = samples.scene()
-            scene.ego_speed = speed
-            bank.append(T.MemoryItem(id=item_id, query=system.prompts.decision_query(scene),
-                                     answer="Recommended decisions: CK\nExplanations: keep the lane.", distribution=p))
-    scene = samples.scene()
-    scene.ego_speed = 4.0
-    query = system.prompts.decision_query(scene)
-    with MemoryBank.open(tmp_path / "bank", writable=False) as bank:
-        nearest = [item.id for item, _ in bank.retrieve(query, 3)]
-        assert {item_source(i) for i in nearest} == {"slow"}  # the paper's top 3: one recording three times
-
-        def retrieved(distinct: bool) -> list[str]:
-            config = HeuristicConfig(k=3, retrieval_margin=0.0, distinct_sources=distinct)
-            return [item.id for item, _ in HeuristicSystem(system.student, system.prompts, bank, config)
-                    .retrieve(scene, query)]
-
-        assert retrieved(False) == nearest
-        distinct = retrieved(True)
-        assert item_source(distinct[0]) == "slow" and {item_source(i) for i in distinct} == {"slow", "mid", "fast"}
-        assert distinct[0] == nearest[0]  # a recording's most similar frame, best first
-    assert item_source("reflection-17") == "reflection-17"  # an id without "@" is its own source
-
-
 @pytest.mark.slow
 def test_explanation_ends_at_a_sentence_names_no_action_wrongly_and_reports_its_latency(system):
     from luna_core.prompts.parsers import action_name_errors

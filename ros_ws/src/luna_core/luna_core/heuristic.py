@@ -71,18 +71,6 @@ def retrieval_key(bank: MemoryBank, scene: SceneDescriptor, query: str) -> str |
     return scene_vector(scene) if name.startswith("scene-vector:") else query
 
 
-# distinct_sources: the nearest DISTINCT_POOL x K items are searched for K of distinct recordings (a 15-s
-# scenario has 31 frames at 2 Hz, so K recordings' frames can fill the pool only where K recordings are all
-# that is near).
-DISTINCT_POOL = 32
-
-
-def item_source(item_id: str) -> str:
-    """The recording a memory item was taken from: a frame item's id is ``<scenario>@<time>``; another
-    item (a reflection item) is its own source."""
-    return item_id.split("@", 1)[0]
-
-
 @dataclass(frozen=True)
 class HeuristicConfig:
     k: int = 3  # retrieved examples at inference (LUNA-AD Sec. IV-B)
@@ -95,10 +83,6 @@ class HeuristicConfig:
     # far from every item (e.g. real traffic against a bank of procedural roads) decides with fewer examples
     # or none, as the student was trained to (random K in [0, 3]). -1 = every item, the paper's behaviour.
     min_similarity: float = -1.0
-    # At most one retrieved item per recording (an id's part before "@": the frames of one scenario, 0.5 s
-    # apart, are near-duplicates, and a third of the default bank's top-3 lists are three frames of one
-    # scenario). False = the K most similar items, the paper's behaviour.
-    distinct_sources: bool = False
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
     explanation_max_tokens: int = 200  # on an accelerator
     # On the CPU a token costs tens of ms and waits for each decision: about the first ranked action's
@@ -146,11 +130,11 @@ class HeuristicSystem:
             return []
         with self._bank_lock:
             q = self.bank.embedder.embed_query(retrieval_key(self.bank, scene, query))
-            best = self._nearest(q, set())
+            best = self.bank.retrieve(q, self.config.k)
             excluded: set[str] = set()
             while more := self._out_of_place(best, scene) - excluded:
                 excluded |= more
-                best = self._nearest(q, excluded)
+                best = self.bank.retrieve(q, self.config.k, exclude_ids=excluded)
             best = [(item, score) for item, score in best if score >= self.config.min_similarity]
             previous = [self.bank.get(i) for i in self._previous_ids if i in self.bank]
             if best and len(previous) == len(best) == len(self._previous_ids) \
@@ -161,21 +145,6 @@ class HeuristicSystem:
                     return list(zip(previous, kept))
             self._previous_ids = [item.id for item, _ in best]
             return best
-
-    def _nearest(self, q: np.ndarray, excluded: set[str]) -> list[tuple[MemoryItem, float]]:
-        """The K items most similar to ``q`` not in ``excluded``; with ``distinct_sources`` the most similar
-        of each recording, from the bank's ``DISTINCT_POOL`` x K nearest."""
-        k = self.config.k
-        if not self.config.distinct_sources:
-            return self.bank.retrieve(q, k, exclude_ids=excluded)
-        best, sources = [], set()
-        for item, score in self.bank.retrieve(q, DISTINCT_POOL * k, exclude_ids=excluded):
-            if item_source(item.id) not in sources:
-                sources.add(item_source(item.id))
-                best.append((item, score))
-                if len(best) == k:
-                    break
-        return best
 
     def _out_of_place(self, retrieved: list[tuple[MemoryItem, float]], scene: SceneDescriptor) -> set[str]:
         """The retrieved reflection items not to show for ``scene`` (``retrieve``)."""

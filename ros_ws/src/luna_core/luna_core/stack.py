@@ -94,7 +94,6 @@ class HeuristicStackConfig:
     gamma_p: float = 0.1  # candidate-set threshold (Eq. 19)
     retrieval_margin: float = 0.005  # keep the previous K items within this similarity (KV-cache reuse)
     min_similarity: float = -1.0  # retrieved items less similar (cosine) are not shown; -1 = all K
-    distinct_sources: bool = False  # at most one retrieved item per recording (HeuristicConfig); False = the paper's
     lesson_weight: float = DEFAULT_LESSON_WEIGHT  # w of retrieved reflection lessons (luna_core.lessons); 0 = the paper's
 
     def __post_init__(self) -> None:
@@ -121,8 +120,7 @@ class HeuristicStackConfig:
         from luna_core.heuristic import HeuristicConfig
 
         return HeuristicConfig(k=self.k, gamma_p=self.gamma_p, retrieval_margin=self.retrieval_margin,
-                               min_similarity=self.min_similarity, distinct_sources=self.distinct_sources,
-                               lesson_weight=self.lesson_weight)
+                               min_similarity=self.min_similarity, lesson_weight=self.lesson_weight)
 
 
 def load_student(config: HeuristicStackConfig) -> DualHeadStudent:
