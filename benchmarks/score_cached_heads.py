@@ -21,9 +21,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from luna_core.heuristic import item_source
 from luna_core.scene import head_scene_part
 from luna_core.student.model import load_decision_head
+from luna_offline.distill import split_group
 from luna_offline.distill_head import (SceneJoinedHead, bank_targets, kl_and_accuracy, load_features,
                                       with_scene_vectors)
 
@@ -37,7 +37,7 @@ def bank_items(path: Path) -> dict:
 
 def scenario_type(item_id: str) -> str:
     """``stopping_with_lead`` for ``train_stopping_with_lead_06@0005.00`` (split prefix and index dropped)."""
-    scenario = item_source(item_id)
+    scenario = split_group(item_id)
     return scenario.split("_", 1)[-1].rsplit("_", 1)[0]
 
 
