@@ -243,7 +243,8 @@ def _system_tokens(student: DualHeadStudent, query: str) -> int:
     return len(chat_ids(student.tokenizer, student.encoder.messages_fn(query, [])[:1]))
 
 
-def _after_previous_decision(student: DualHeadStudent, pool: Pool, i: int, k: int) -> tuple[MemoryItem, list[MemoryItem]]:
+def _after_previous_decision(student: DualHeadStudent, pool: Pool, i: int, k: int
+                             ) -> tuple[MemoryItem, list[MemoryItem]]:
     """Decide on pool frame ``i`` with the pool's first K items, leaving that prompt's KV cache as the node
     does; return the frame's next decision and those K items: deciding on it is a steady-state decision."""
     previous = pool.items[(k + 1) * i]
@@ -257,15 +258,15 @@ def profile_steady(student: DualHeadStudent, bank: str, repeats: int, k: int = 3
     ``bank`` (as ``_compare`` makes them), the last under ``torch.profiler``, its operators by self CPU time."""
     pool = _pool(_bank_items(bank), k, repeats)
     lines = ["| decision | total (s) | prompt tokens | from the KV cache | computed |", "|---|---:|---:|---:|---:|"]
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     for i in range(repeats + 1):
         current, same = _after_previous_decision(student, pool, i, k)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if i == repeats \
-                else contextlib.nullcontext() as prof:
+        with profiler if i == repeats else contextlib.nullcontext():  # only the last decision is profiled
             _, lat = student.predict(current.query, same, scene_vector=item_head_values(current))
         if i:  # the first warms up
             lines.append(f"| {i}{' (profiled)' if i == repeats else ''} | {lat.total:.3f} | {lat.prompt_tokens} | "
                          f"{lat.cached_prefix_tokens} | {lat.prompt_tokens - lat.cached_prefix_tokens} |")
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+    table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
     return "\n".join(lines) + "\n\n" + table + f"\n(load average {os.getloadavg()[0]:.1f} at the end of the run)"
 
 

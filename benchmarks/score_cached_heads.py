@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             target = bank_targets(rows, items, "held-out", target)
         scored, inputs = head, hidden
         if head.scene_dim:
-            scored, inputs = SceneJoinedHead(head), with_scene_vectors(hidden, rows, items, head_scene_part(head.scene_dim))
+            scored = SceneJoinedHead(head)
+            inputs = with_scene_vectors(hidden, rows, items, head_scene_part(head.scene_dim))
         kl, acc = kl_and_accuracy(scored, inputs, target)
         ks = json.dumps(sorted({k for _, k in rows}))
         print(f"| {folder} | {len(rows)} | {ks} | {100 * acc:.1f} | {kl:.3f} |")
