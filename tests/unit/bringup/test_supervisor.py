@@ -179,18 +179,29 @@ time.sleep(600)
 """
 
 
+def _autogroup_nice(pid: int) -> str:
+    return Path(f"/proc/{pid}/autogroup").read_text().split()[-1]
+
+
 def test_a_dead_process_is_replaced_by_its_warm_standby_and_a_new_standby_follows():
     sup = supervisor({"planner": NODE, "map_server": SERVE}, {}, RestartPolicy(delay=0.05, standby_delay=0.3),
-                     standby=("planner",))
+                     standby=("planner",), nice={"planner": 5})
+    autogroups = Path("/proc/self/autogroup").exists()
     with sup:
         planner, map_server = sup.processes
         assert map_server.standby is None and map_server.standby_due is None, "only processes marked standby"
         # The standby's own line (the log also echoes the script, which contains the words).
         wait_until(lambda: planner.standby is not None and "[planner standby] loaded, waiting" in sup.out.getvalue())
         standby_pid, primary_pid = planner.standby.popen.pid, planner.popen.pid
+        if autogroups:  # a waiting standby's load yields to the running stack; the process keeps its own nice
+            assert _autogroup_nice(standby_pid) == "19" and _autogroup_nice(primary_pid) == "5"
         planner.popen.kill()
         wait_until(lambda: planner.restarts)
         assert planner.popen.pid == standby_pid, "the restart promoted the standby instead of starting a process"
+        if autogroups:
+            assert _autogroup_nice(standby_pid) == "5", "the promoted standby runs at its process's nice"
+        else:
+            print("no /proc/self/autogroup (kernel without autogroups): the standby's autogroup nice not checked")
         wait_until(lambda: f"[planner] serving {standby_pid}" in sup.out.getvalue())
         wait_until(lambda: planner.standby is not None)  # the next one, standby_delay later
         assert planner.standby.popen.pid not in (standby_pid, primary_pid)
