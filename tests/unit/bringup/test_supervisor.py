@@ -179,29 +179,18 @@ time.sleep(600)
 """
 
 
-def _autogroup_nice(pid: int) -> str:
-    return Path(f"/proc/{pid}/autogroup").read_text().split()[-1]
-
-
 def test_a_dead_process_is_replaced_by_its_warm_standby_and_a_new_standby_follows():
     sup = supervisor({"planner": NODE, "map_server": SERVE}, {}, RestartPolicy(delay=0.05, standby_delay=0.3),
-                     standby=("planner",), nice={"planner": 5})
-    autogroups = Path("/proc/self/autogroup").exists()
+                     standby=("planner",))
     with sup:
         planner, map_server = sup.processes
         assert map_server.standby is None and map_server.standby_due is None, "only processes marked standby"
         # The standby's own line (the log also echoes the script, which contains the words).
         wait_until(lambda: planner.standby is not None and "[planner standby] loaded, waiting" in sup.out.getvalue())
         standby_pid, primary_pid = planner.standby.popen.pid, planner.popen.pid
-        if autogroups:  # a waiting standby's load yields to the running stack; the process keeps its own nice
-            assert _autogroup_nice(standby_pid) == "19" and _autogroup_nice(primary_pid) == "5"
         planner.popen.kill()
         wait_until(lambda: planner.restarts)
         assert planner.popen.pid == standby_pid, "the restart promoted the standby instead of starting a process"
-        if autogroups:
-            assert _autogroup_nice(standby_pid) == "5", "the promoted standby runs at its process's nice"
-        else:
-            print("no /proc/self/autogroup (kernel without autogroups): the standby's autogroup nice not checked")
         wait_until(lambda: f"[planner] serving {standby_pid}" in sup.out.getvalue())
         wait_until(lambda: planner.standby is not None)  # the next one, standby_delay later
         assert planner.standby.popen.pid not in (standby_pid, primary_pid)
@@ -229,3 +218,28 @@ def test_a_standby_that_dies_is_reported_and_the_restart_starts_a_fresh_process(
         assert planner.popen.pid != primary
         wait_until(lambda: "[planner] serving" in sup.out.getvalue().split("restarting it")[-1])
     assert "its standby" not in sup.out.getvalue().replace("the standby of planner exited", "")
+
+
+def test_nice_session_retries_the_kernels_rate_limit_with_a_faked_eagain(monkeypatch):
+    # Faked: root (as the tests run) is exempt from the kernel's one autogroup write per 0.1 s, so the
+    # EAGAIN an unprivileged `luna up` meets when two niced processes start together is raised here.
+    import errno
+
+    from luna_bringup import supervisor as sup_module
+
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("no /proc/self/autogroup (kernel without autogroups): nothing to rate-limit")
+    writes: list[str] = []
+
+    def write_text(self, text, *args, **kwargs):
+        writes.append(text)
+        if len(writes) == 1:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        return len(text)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert sup_module.nice_session(os.getpid(), 10) is None and writes == ["10", "10"]
+    writes.clear()
+    monkeypatch.setattr(Path, "write_text", lambda self, text, *a, **k: (_ for _ in ()).throw(
+        OSError(errno.EACCES, "Permission denied")))
+    assert "Permission denied" in sup_module.nice_session(os.getpid(), 10), "other errors are reported at once"

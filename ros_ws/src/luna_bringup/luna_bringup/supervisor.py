@@ -35,9 +35,6 @@ from luna_bringup.topology import ProcessSpec, Topology, config_dir, executable_
 #: The environment variable that makes a process a standby (luna_nodes.base.STANDBY_ENV; not imported:
 #: luna_bringup does not depend on the nodes' package).
 STANDBY_ENV = "LUNA_STANDBY"
-#: The autogroup nice of a waiting standby: its load (imports, models: 18-30 s of CPU on a loaded 2-core
-#: machine) yields to the running stack; promotion gives it its process's own nice back (``nice_session``).
-STANDBY_NICE = 19
 #: s between two writes of an autogroup's nice that an unprivileged process may make (sched(7), the kernel's
 #: rate limit of /proc/<pid>/autogroup).
 AUTOGROUP_WRITE_INTERVAL = 0.1
@@ -123,10 +120,8 @@ class Supervisor:
             env[STANDBY_ENV] = "1"
         popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                  start_new_session=True, stdin=subprocess.PIPE if standby else None)
-        nice = STANDBY_NICE if standby else spec.nice
-        if nice and (problem := nice_session(popen.pid, nice)):
-            self.log(f"{spec.name}{' standby' if standby else ''} runs at nice {nice} only inside its own session: "
-                     f"{problem}")
+        if spec.nice and (problem := nice_session(popen.pid, spec.nice)):
+            self.log(f"{spec.name} runs at nice {spec.nice} only inside its own session: {problem}")
         label = [f"{spec.name} standby" if standby else spec.name]
         reader = threading.Thread(target=self._pump, args=(label, popen, index), daemon=True)
         reader.start()
@@ -213,8 +208,6 @@ class Supervisor:
         if standby is None or standby.popen.poll() is not None:
             return None
         standby.label[0] = p.spec.name  # before it is told: its first line as the process is labelled so
-        if problem := nice_session(standby.popen.pid, p.spec.nice):
-            self.log(f"{p.spec.name}: its standby keeps the standby's nice {STANDBY_NICE}: {problem}")
         try:
             standby.popen.stdin.write("take over\n")
             standby.popen.stdin.flush()
@@ -281,9 +274,9 @@ def nice_session(pid: int, nice: int) -> str | None:
     as one group, and a process's own nice weighs only against the other processes of its session: a
     process alone in its session at ``nice -n 10`` still gets as much CPU as the planner's. The autogroup's
     own nice (``/proc/<pid>/autogroup``, sched(7)) is what weighs against the other sessions. Setting it to
-    any value from 0 to 19, lower or higher, needs no privileges (only a negative one does), so a promoted
-    standby gets its process's nice back. Without autogroups there is no such file, and ``nice -n`` alone
-    does the job (a standby then runs at its process's nice: a process's own nice cannot be lowered).
+    0..19 needs no privileges, but without CAP_SYS_ADMIN the kernel takes one such write per 0.1 s,
+    machine-wide (EAGAIN), so two niced processes started together would leave the second un-niced: the
+    write is retried. Without autogroups there is no such file, and ``nice -n`` alone does the job.
     """
     path = Path(f"/proc/{pid}/autogroup")
     if not path.exists():
@@ -293,7 +286,6 @@ def nice_session(pid: int, nice: int) -> str | None:
             path.write_text(str(nice))
             return None
         except OSError as exc:
-            # Without CAP_SYS_ADMIN the kernel takes one such write per 0.1 s, machine-wide (EAGAIN).
             if exc.errno != errno.EAGAIN or attempt == 2:
                 return f"cannot set the nice of its autogroup ({exc})"
             time.sleep(AUTOGROUP_WRITE_INTERVAL)
