@@ -4,6 +4,7 @@ down after the limit, a critical one never; only an explicit stop ends the stack
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from luna_bringup.supervisor import Supervisor, run_until_stopped
+from luna_bringup.supervisor import Supervisor, nice_session, run_until_stopped
 from luna_bringup.topology import ProcessSpec, RestartPolicy, Topology, TopologyError, load_topology
 
 CRASH = "import sys; print('up', flush=True); sys.exit(3)"
@@ -223,23 +224,22 @@ def test_a_standby_that_dies_is_reported_and_the_restart_starts_a_fresh_process(
 def test_nice_session_retries_the_kernels_rate_limit_with_a_faked_eagain(monkeypatch):
     # Faked: root (as the tests run) is exempt from the kernel's one autogroup write per 0.1 s, so the
     # EAGAIN an unprivileged `luna up` meets when two niced processes start together is raised here.
-    import errno
-
-    from luna_bringup import supervisor as sup_module
-
     if not Path("/proc/self/autogroup").exists():
         pytest.skip("no /proc/self/autogroup (kernel without autogroups): nothing to rate-limit")
     writes: list[str] = []
 
+    failures = [errno.EAGAIN]  # the errors the next writes raise, in order
+
     def write_text(self, text, *args, **kwargs):
         writes.append(text)
-        if len(writes) == 1:
-            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        if failures:
+            code = failures.pop(0)
+            raise OSError(code, os.strerror(code))
         return len(text)
 
     monkeypatch.setattr(Path, "write_text", write_text)
-    assert sup_module.nice_session(os.getpid(), 10) is None and writes == ["10", "10"]
+    assert nice_session(os.getpid(), 10) is None and writes == ["10", "10"]
     writes.clear()
-    monkeypatch.setattr(Path, "write_text", lambda self, text, *a, **k: (_ for _ in ()).throw(
-        OSError(errno.EACCES, "Permission denied")))
-    assert "Permission denied" in sup_module.nice_session(os.getpid(), 10), "other errors are reported at once"
+    failures[:] = [errno.EACCES, errno.EACCES]
+    assert "Permission denied" in nice_session(os.getpid(), 10)
+    assert writes == ["10"], "an error other than the rate limit is reported at once, not retried"

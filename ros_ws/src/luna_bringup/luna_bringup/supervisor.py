@@ -281,15 +281,17 @@ def nice_session(pid: int, nice: int) -> str | None:
     path = Path(f"/proc/{pid}/autogroup")
     if not path.exists():
         return None
-    for attempt in range(3):
+    problem = None
+    for _ in range(3):
         try:
             path.write_text(str(nice))
             return None
         except OSError as exc:
-            if exc.errno != errno.EAGAIN or attempt == 2:
-                return f"cannot set the nice of its autogroup ({exc})"
+            problem = f"cannot set the nice of its autogroup ({exc})"
+            if exc.errno != errno.EAGAIN:
+                break
             time.sleep(AUTOGROUP_WRITE_INTERVAL)
-    return None
+    return problem
 
 
 def _kill_group(popen: subprocess.Popen) -> None:
