@@ -145,7 +145,8 @@ def stack(tmp_path_factory):
                           env=ros_env({"LUNA_DATA": str(tmp / "data")}), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
     s = Stack(up, [], started)
-    threading.Thread(target=lambda: s.log.extend(up.stdout), daemon=True).start()
+    reader = threading.Thread(target=lambda: s.log.extend(up.stdout), daemon=True)
+    reader.start()
     node = Node("supervision_probe", context=context)
     node.create_subscription(lm.Trajectory, "planning/trajectory", lambda _: s.trajectories.append(time.monotonic()),
                              qos.RELIABLE)
@@ -194,7 +195,11 @@ def stack(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(up.pid, signal.SIGKILL)
             up.wait()
-    assert up.returncode == 0, "\n".join(s.log[-50:])
+        reader.join(timeout=10.0)
+    print("\n" + "\n".join(line.rstrip() for line in s.log if "stopped on SIG" in line))
+    # A process that outlived SIGINT printed its threads' stacks (the supervisor's SIGUSR1): show them last.
+    hung = next((i for i, line in enumerate(s.log) if "their threads' stacks follow" in line), len(s.log))
+    assert up.returncode == 0, "\n".join(s.log[max(0, hung - 50):hung] + s.log[hung:][-400:])
 
 
 def _wait(predicate, timeout: float, what) -> None:

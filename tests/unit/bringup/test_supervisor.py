@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import signal
 import sys
 import time
@@ -243,3 +244,23 @@ def test_nice_session_retries_the_kernels_rate_limit_with_a_faked_eagain(monkeyp
     failures[:] = [errno.EACCES, errno.EACCES]
     assert "Permission denied" in nice_session(os.getpid(), 10)
     assert writes == ["10"], "an error other than the rate limit is reported at once, not retried"
+
+
+def test_a_process_that_outlives_sigint_prints_its_threads_stacks_before_sigterm():
+    # Stands in for a node whose shutdown hangs: it ignores SIGINT and prints its stacks on SIGUSR1, as
+    # luna_nodes.base.run registers faulthandler.
+    stuck = ("import faulthandler, signal, sys, time; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+             "signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True)\n"
+             "def hung_shutdown():\n    time.sleep(600)\nhung_shutdown()")
+    sup = supervisor({"planner": stuck, "map_server": SERVE}, {}, RestartPolicy())
+    with sup:
+        wait_until(lambda: sup.out.getvalue().count("] up") == 2)
+    codes = {p.spec.name: p.popen.returncode for p in sup.processes}
+    log = sup.out.getvalue()
+    assert codes == {"planner": -signal.SIGTERM, "map_server": -signal.SIGINT}, (codes, log)
+    assert "planner: still running 10.0 s after SIGINT; their threads' stacks follow" in log, log
+    assert "in hung_shutdown" in log and "sent SIGTERM to planner" in log, log
+    assert log.index("in hung_shutdown") < log.index("sent SIGTERM to planner"), "the stacks come before SIGTERM"
+    # How long each process took to stop, per signal.
+    assert re.search(r"stopped on SIGINT after: map_server \d+\.\d s\n", log), log
+    assert re.search(r"stopped on SIGTERM after: planner \d+\.\d s\n", log), log

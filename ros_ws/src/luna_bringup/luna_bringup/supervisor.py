@@ -239,6 +239,8 @@ class Supervisor:
                 p.expected_exit = True
             if not alive:
                 break
+            if sig is signal.SIGTERM:
+                self._show_stacks(alive, timeout)
             for p in alive:
                 try:
                     os.killpg(p.popen.pid, sig)
@@ -246,17 +248,33 @@ class Supervisor:
                     pass
             if sig is not signal.SIGINT:
                 self.log(f"sent {sig.name} to {', '.join(p.spec.name for p in alive)}")
-            deadline = time.monotonic() + grace
-            for p in alive:
-                try:
-                    p.popen.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
+            sent = time.monotonic()
+            took: dict[str, float] = {}
+            while len(took) < len(alive) and time.monotonic() < sent + grace:
+                for p in alive:
+                    if p.spec.name not in took and p.popen.poll() is not None:
+                        took[p.spec.name] = time.monotonic() - sent
+                time.sleep(0.02)
+            if took:
+                self.log(f"stopped on {sig.name} after: "
+                         f"{', '.join(f'{name} {t:.1f} s' for name, t in sorted(took.items(), key=lambda x: x[1]))}")
         # Children of a process (e.g. model workers) share its group: make sure none survive.
         for p in self.processes:
             self._kill_group(p)
             p.child.reader.join(timeout=2.0)
         return {p.spec.name: p.popen.returncode for p in self.processes}
+
+    def _show_stacks(self, alive: list[RunningProcess], timeout: float) -> None:
+        """Have the processes that outlived SIGINT print their threads' stacks (SIGUSR1: luna_nodes.base.run
+        registers faulthandler for it) into their output, so a stop that needs SIGTERM says where it hung."""
+        self.log(f"{', '.join(p.spec.name for p in alive)}: still running {timeout:.1f} s after SIGINT; "
+                 f"their threads' stacks follow")
+        for p in alive:
+            try:
+                os.kill(p.popen.pid, signal.SIGUSR1)  # the process itself: its children may not handle SIGUSR1
+            except ProcessLookupError:
+                pass
+        time.sleep(1.0)  # for the stacks to reach the output before SIGTERM
 
     def __enter__(self) -> "Supervisor":
         self.start()

@@ -9,9 +9,11 @@ applied, or refused with the reason (``SetParametersResult(successful=False, rea
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -416,6 +418,8 @@ def run(factories: Sequence[Callable[[], Node]], args: Sequence[str] | None = No
     waits for its promotion (``await_promotion``) before it creates anything.
     """
     limit_blas_for_good()  # a node works in bursts: idle BLAS helper threads would spin on its cores
+    # SIGUSR1 prints every thread's stack: what a supervisor asks of a process that does not stop on SIGINT.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if os.environ.pop(STANDBY_ENV, "") == "1" and not await_promotion(preload, sys.argv if args is None else args):
         return 0
     rclpy.init(args=args)
