@@ -83,6 +83,9 @@ class StackSettings:
     # Eq. 22 safety first (DecisionGuidedConfig.safety_first): a* among the candidates that keep the TTC bound,
     # when any does; False = the paper's Eq. 22 over every candidate.
     safety_first: bool = True
+    # A lane change the map does not allow gives its probability to keeping the lane at its speed
+    # (DecisionGuidedConfig.blocked_lateral_to_keep); False drops it.
+    blocked_lateral_to_keep: bool = True
 
     def __post_init__(self) -> None:
         if self.k < 0 or self.decision_every < 1 or self.population < 4 or self.iterations < 0 \
@@ -109,7 +112,7 @@ class StackSettings:
                            lesson_weight=d.lesson_weight)
         return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, min_similarity=d.min_similarity,
                        gamma_p=d.gamma_p, lesson_weight=d.lesson_weight, decision_every=d.decision_every,
-                       safety_first=d.safety_first)
+                       safety_first=d.safety_first, blocked_lateral_to_keep=d.blocked_lateral_to_keep)
 
     def describe(self, decisions: bool = True) -> str:
         """One line for result tables (``decisions``: also how the stack decides)."""
@@ -122,6 +125,8 @@ class StackSettings:
             return search
         floor = f" at cosine >= {self.min_similarity:g}" if self.min_similarity > -1.0 else ""
         eq22 = "safety-first Eq. 22" if self.safety_first else "the paper's Eq. 22"
+        if not self.blocked_lateral_to_keep:
+            eq22 += ", lane changes the map does not allow dropped"
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
                 f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, "
                 f"K = {self.k}{floor}, lesson weight {self.lesson_weight:g}, {eq22}); {search}")
@@ -160,6 +165,9 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
                        help="arbitrate the candidate actions by the paper's Eq. 22 over all of them (default: safety "
                             "first, a* among those whose best trajectory keeps the time-to-collision bound, when any "
                             "does; docs/nodes/planner.md)")
+    group.add_argument("--drop-blocked-lateral", action="store_true",
+                       help="drop a candidate lane change the map does not allow here (default: its probability goes "
+                            "to keeping the lane at its speed, CL -> CK; docs/nodes/planner.md)")
     group.add_argument("--autocast", choices=AUTOCASTS, default=d.autocast,
                        help="the matrix products of the denoiser and the student in this dtype (torch autocast; "
                             f"faster on AVX512-BF16 / AMX CPUs, changes results); default {d.autocast}")
@@ -171,7 +179,8 @@ def stack_settings_from_args(args: argparse.Namespace, **other: Any) -> StackSet
                          min_similarity=args.min_similarity, lesson_weight=args.lesson_weight,
                          decision_every=args.decision_every, population=args.population, iterations=args.iterations,
                          search_seed=args.search_seed, time_budget=args.time_budget, autocast=args.autocast,
-                         safety_first=not args.paper_eq22, **other)
+                         safety_first=not args.paper_eq22, blocked_lateral_to_keep=not args.drop_blocked_lateral,
+                         **other)
 
 
 _settings = StackSettings()
@@ -358,6 +367,7 @@ def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
                      seed=settings.search_seed)
     return make_planner("luna" if use_decisions else "diffusion-es", dict(
         search=search, gamma_p=settings.gamma_p, safety_first=settings.safety_first,
+        blocked_lateral_to_keep=settings.blocked_lateral_to_keep,
         deterministic=settings.time_budget == 0, time_budget=settings.time_budget or 0.4,
         decision_period=settings.decision_period, autocast=settings.autocast))  # the timeout derives from T_d (luna_core.decision)
 

@@ -124,6 +124,22 @@ def test_the_search_seed_reaches_the_search_of_every_search_planner() -> None:
         StackSettings(search_seed=-1)
 
 
+def test_drop_blocked_lateral_reaches_the_planner_and_the_result_line() -> None:
+    import argparse
+
+    from luna_bridge.stack_planner import add_stack_arguments, search_planner, stack_settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_stack_arguments(parser.add_argument_group())
+    dropped = stack_settings_from_args(parser.parse_args(["--drop-blocked-lateral", "--population", "8"]))
+    assert not dropped.blocked_lateral_to_keep and stack_settings_from_args(parser.parse_args([])).blocked_lateral_to_keep
+    assert search_planner(True, dropped).config.blocked_lateral_to_keep is False
+    assert search_planner(True, StackSettings(population=8)).config.blocked_lateral_to_keep is True
+    assert "lane changes the map does not allow dropped" in dropped.describe()
+    assert "dropped" not in StackSettings().describe()
+    assert dropped.for_planner("pdm").blocked_lateral_to_keep, "a planner without decisions keeps the default"
+
+
 def test_settings_are_validated() -> None:
     with pytest.raises(StackConfigError, match="population >= 4"):
         StackSettings(population=2)

@@ -129,10 +129,22 @@ def test_missing_stale_or_invalid_decision_falls_back_to_j_gen(prior, dec, reaso
 
 
 
-def test_impossible_lane_change_is_dropped_with_a_reason(prior) -> None:
+def test_impossible_lane_change_gives_its_probability_to_keeping_the_lane_at_its_speed(prior) -> None:
+    # In the leftmost lane: no left lane. CL's speed intent (cruise) moves to CK, which is not in C_t as
+    # published; DL's to DK (in C_t); Eq. 22 then sees CK 0.65 (0.45 + its own 0.2) and DK 0.35.
+    dec = decision({"CL": 0.45, "DK": 0.2, "DL": 0.15, "CK": 0.2}, candidates=["CL", "DK", "DL"])
+    res = planner(prior).plan_detailed(make_input(dec=dec, hist=history(y=3.5)))
+    assert res.mode == MODE_DECISION
+    assert [(c.action, round(c.probability, 6)) for c in res.candidates] == [("CK", 0.65), ("DK", 0.35)]
+    assert any("CL: no lane on that side" in r and "goes to CK" in r for r in res.reasons), res.reasons
+    assert any("DL: no lane on that side" in r and "goes to DK" in r for r in res.reasons), res.reasons
+
+
+def test_impossible_lane_change_is_dropped_with_a_reason_when_asked(prior) -> None:
     pi = make_input(dec=decision({"CL": 0.6, "CK": 0.4}), hist=history(y=3.5))
-    res = planner(prior).plan_detailed(pi)
+    res = planner(prior, blocked_lateral_to_keep=False).plan_detailed(pi)
     assert [c.action for c in res.candidates] == ["CK"]
+    assert res.candidates[0].probability == pytest.approx(0.4)
     assert any("CL dropped" in r for r in res.reasons)
     assert res.mode == MODE_DECISION and res.action == "CK"
 

@@ -9,7 +9,8 @@ Each call (``plan`` / ``plan_detailed``):
 2. its reference paths per lateral decision (``reference_paths``); off the map -> comfortable stop;
 3. the decision in force (``luna_core.decision``): validated once, with the candidate set C_t as
    published (Eq. 19) and the speed intervals V^k latched from the ego speed at the decision's stamp;
-   actions without a lane on their side are dropped. No decision, a stale one (older than
+   a lane change without a lane on its side gives its probability to keeping the lane at its speed
+   (``blocked_lateral_to_keep``; or is dropped). No decision, a stale one (older than
    ``decision_timeout``, 2 T_d) or an invalid one -> the fallback objective: one search under J_gen
    alone, warm-started by PDM-Closed's proposals along the current lane (exactly the "Diffusion-ES
    without decisions" baseline, which is this class with ``use_decisions=False``);
@@ -117,6 +118,10 @@ class DecisionGuidedConfig:
     # Safety-first arbitration (our addition to Eq. 22): a* only among the candidates whose X*_a keeps the
     # TTC bound, when any does. False: the paper's Eq. 22 over every candidate.
     safety_first: bool = True
+    # A candidate lane change the map does not allow here (no lane on that side) gives its probability to
+    # the keep-lane action of its speed mode (CL -> CK), so its speed intent still counts; False drops it
+    # and Eq. 22 weighs the rest as published.
+    blocked_lateral_to_keep: bool = True
     # PDM-Closed's emergency brake (``pdm_closed``): the least-bad trajectory collides at fault within
     # this time (s) while the ego is at most this fast (m/s).
     emergency_time: float = 2.0
@@ -506,20 +511,33 @@ class DecisionGuidedPlanner:
             reasons.append(f"{notes[-1]}: J_gen-only fallback")
             return (*fallback, MODE_FALLBACK, None)
         reasons.extend(notes)
-        chosen, group_paths = [], []
+        probability: dict[str, float] = {}  # the candidates that stay, in C_t's order, with their pi(a)
+        keys: dict[str, str] = {}
         for code in decision.candidate_set:
             # The lanes the action named when decided, wherever the ego is now (halfway through a lane
             # change, "left" at the decision is the ego's own lane).
             key = decision.target_lane(_lateral(code), lanes)
-            if key is None:
+            if key is not None:
+                probability[code] = probability.get(code, 0.0) + decision.probability(code)
+                keys[code] = key
+                continue
+            keep = code[0] + "K"
+            keep_key = decision.target_lane("K", lanes) if c.blocked_lateral_to_keep else None
+            if keep_key is None:
                 reasons.append(f"candidate {code} dropped: no lane on that side (or it leaves the route too soon)")
-            else:
-                chosen.append(code)
-                group_paths.append(paths[key])
-        if not chosen:
+                continue
+            # pi(CK) as published counts once: where CK comes up in C_t, or here if C_t lacks it.
+            own = 0.0 if keep in decision.candidate_set or keep in probability else decision.probability(keep)
+            probability[keep] = probability.get(keep, 0.0) + decision.probability(code) + own
+            keys[keep] = keep_key
+            reasons.append(f"candidate {code}: no lane on that side (or it leaves the route too soon): "
+                           f"its probability goes to {keep}")
+        if not probability:
             reasons.append("no candidate action is possible here: J_gen-only fallback")
             return (*fallback, MODE_FALLBACK, None)
-        return chosen, [decision.probability(a) for a in chosen], group_paths, MODE_DECISION, decision
+        chosen = sorted(probability, key=lambda a: -probability[a])  # Eq. 25's order, stable on ties
+        return (chosen, [probability[a] for a in chosen], [paths[keys[a]] for a in chosen], MODE_DECISION,
+                decision)
 
     def _previous_plan(self, ego: EgoState, every: int, steps: int) -> np.ndarray | None:
         """The last published trajectory from now on, as map-frame poses every dt (1, steps+1, 3),
