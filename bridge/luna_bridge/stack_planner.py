@@ -124,9 +124,8 @@ class StackSettings:
         if not decisions:
             return search
         floor = f" at cosine >= {self.min_similarity:g}" if self.min_similarity > -1.0 else ""
-        eq22 = "safety-first Eq. 22" if self.safety_first else "the paper's Eq. 22"
-        if not self.blocked_lateral_to_keep:
-            eq22 += ", lane changes the map does not allow dropped"
+        eq22 = ("safety-first Eq. 22" if self.safety_first else "the paper's Eq. 22") + \
+            ("" if self.blocked_lateral_to_keep else ", lane changes the map does not allow dropped")
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
                 f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, "
                 f"K = {self.k}{floor}, lesson weight {self.lesson_weight:g}, {eq22}); {search}")

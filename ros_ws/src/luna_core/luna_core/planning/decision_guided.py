@@ -511,27 +511,25 @@ class DecisionGuidedPlanner:
             reasons.append(f"{notes[-1]}: J_gen-only fallback")
             return (*fallback, MODE_FALLBACK, None)
         reasons.extend(notes)
-        probability: dict[str, float] = {}  # the candidates that stay, in C_t's order, with their pi(a)
+        probability: dict[str, float] = {}  # pi(a) per candidate; a blocked lane change joins its keep action
         keys: dict[str, str] = {}
         for code in decision.candidate_set:
             # The lanes the action named when decided, wherever the ego is now (halfway through a lane
             # change, "left" at the decision is the ego's own lane).
-            key = decision.target_lane(_lateral(code), lanes)
-            if key is not None:
-                probability[code] = probability.get(code, 0.0) + decision.probability(code)
-                keys[code] = key
-                continue
-            keep = code[0] + "K"
-            keep_key = decision.target_lane("K", lanes) if c.blocked_lateral_to_keep else None
-            if keep_key is None:
+            target, key = code, decision.target_lane(_lateral(code), lanes)
+            if key is None and c.blocked_lateral_to_keep:
+                target, key = code[0] + "K", decision.target_lane("K", lanes)
+                if key is not None:
+                    reasons.append(f"candidate {code}: no lane on that side (or it leaves the route too soon): "
+                                   f"its probability goes to {target}")
+            if key is None:
                 reasons.append(f"candidate {code} dropped: no lane on that side (or it leaves the route too soon)")
                 continue
-            # pi(CK) as published counts once: where CK comes up in C_t, or here if C_t lacks it.
-            own = 0.0 if keep in decision.candidate_set or keep in probability else decision.probability(keep)
-            probability[keep] = probability.get(keep, 0.0) + decision.probability(code) + own
-            keys[keep] = keep_key
-            reasons.append(f"candidate {code}: no lane on that side (or it leaves the route too soon): "
-                           f"its probability goes to {keep}")
+            probability[target] = probability.get(target, 0.0) + decision.probability(code)
+            keys[target] = key
+        for a in probability:  # a keep action that C_t lacked brings its own pi(a) as well
+            if a not in decision.candidate_set:
+                probability[a] += decision.probability(a)
         if not probability:
             reasons.append("no candidate action is possible here: J_gen-only fallback")
             return (*fallback, MODE_FALLBACK, None)
