@@ -1,12 +1,14 @@
 """Progress monitor (LUNA-AD Sec. III-E1): collision and stall capture, failure tuple (Eq. 23-24).
 
-Every decision period T_d the monitor checks the last T_d of driving:
+Every decision period T_d the monitor checks the driving since its last check (the last T_d when on time):
 
 * Collisions (Algorithm 1): the ego box and the tracked objects' boxes over the window
   ``(now - T_d, now]``, aligned by stamp, go to :func:`luna_core.geometry.colliding_objects`. The time
   grid is the object frames' stamps (perception is the slower stream); the ego pose at each of those
   stamps is interpolated from the odometry buffer. An object absent from a frame is masked, not
-  guessed. Consecutive windows partition time, so with regular checks each frame is checked once.
+  guessed. Each window starts where the last check ended, so consecutive windows partition time and
+  every frame is checked once however the checks jitter: a check that a timer held up by load runs
+  late covers all it missed (the buffers' history bounds how far back that reaches).
   Each contact is also classified by nuPlan's rules at its first frame (``luna_core.collision_kinds``:
   the monitor reports every overlap, the metrics count only the at-fault ones; the type says which).
 * Stalls (Eq. 23): over the window W = {now - h T_d | h = 0..H-1}, Theta = 1 when the mean ego speed
@@ -131,6 +133,7 @@ class ProgressMonitor:
         self._decisions = StampedBuffer()
         self._contacts: dict[str, CollisionType] = {}  # objects overlapping in the last check: type at first contact
         self._collided: set[str] = set()  # every object that ever touched the ego: no near miss any more
+        self._checked_until: float | None = None  # ``now`` of the last check: where the next window starts
         self.diagnostics = MonitorDiagnostics()
 
     # ------------------------------------------------------------------ inputs
@@ -180,7 +183,7 @@ class ProgressMonitor:
         _check_stamp(now, "check time")
         started = time.perf_counter()
         self._prune(now)
-        window = self._aligned_frames(now)  # the collision and near-miss checks read the same frames
+        window = self._aligned_frames(self._window_start(now), now)  # collision and near-miss checks share it
         colliding = self._colliding_ids(*window)
         near_misses = self._near_misses(*window)
         stall, blocked_by = self.progress(now)
@@ -190,14 +193,15 @@ class ProgressMonitor:
             event = FailureEvent(stamp=now, issued_decision=code, decision_stamp=decision_stamp,
                                  colliding_ids=colliding, stall=stall, blocked_by=blocked_by,
                                  collision_kinds=dict(self.diagnostics.collision_kinds), near_misses=near_misses)
+        self._checked_until = now
         self.diagnostics.stamp = now
         self.diagnostics.failure = event is not None
         self.diagnostics.latency = time.perf_counter() - started
         return event
 
     def _colliding_ids(self, frames: list[list[TrackedObject]], egos: list["_EgoAt"], stamps: list[float]) -> list[str]:
-        """I_coll: ids of objects whose box overlapped the ego box in the window's frames (``(now - T_d,
-        now]``, :meth:`_aligned_frames`); the diagnostics get each one's collision type at first contact
+        """I_coll: ids of objects whose box overlapped the ego box in the collision window's frames
+        (:meth:`_window_start`, :meth:`_aligned_frames`); the diagnostics get each one's collision type at first contact
         (``collision_kinds``)."""
         ego_boxes = [ego.box for ego in egos]
         ids = sorted({o.id for objects in frames for o in objects})
@@ -319,10 +323,21 @@ class ProgressMonitor:
 
     # ------------------------------------------------------------------ helpers
 
-    def _aligned_frames(self, now: float) -> tuple[list[list[TrackedObject]], list["_EgoAt"], list[float]]:
-        """The object frames of ``(now - T_d, now]`` that have an ego pose, those poses and the stamps."""
+    def _window_start(self, now: float) -> float:
+        """Where the collision window ending at ``now`` starts: the last check's time, so that windows
+        partition time however the checks jitter (a timer held up by load), no further back than the
+        buffers' history; ``now - T_d`` at the first check and when the clock went back (a replay
+        started again)."""
+        last = self._checked_until
+        if last is None or last >= now:
+            return now - self.params.decision_period
+        return max(last, now - self.params.history)
+
+    def _aligned_frames(self, start: float, now: float
+                        ) -> tuple[list[list[TrackedObject]], list["_EgoAt"], list[float]]:
+        """The object frames of ``(start, now]`` that have an ego pose, those poses and the stamps."""
         frames, egos, stamps = [], [], []
-        for sample in self._objects.between(now - self.params.decision_period, now):
+        for sample in self._objects.between(start, now):
             ego = self._ego_at(sample.stamp)
             if ego is not None:
                 frames.append(sample.value)

@@ -20,7 +20,8 @@ HOLD_PARAMS = ("hold_gap", "hold_headway", "hold_deceleration", "stopped_speed",
 
 INTERFACE = NodeInterface(
     name="progress_monitor",
-    summary="Every decision period T_d checks the last T_d of ego and object boxes for collisions "
+    summary="Every decision period T_d checks the ego and object boxes since its last check (the last T_d; a "
+            "check that load held up covers all it missed) for collisions "
             "(SAT, Algorithm 1; each classified by nuPlan's at-fault rules) and for near misses (a projected time "
             "to collision below nuPlan's 0.95 s bound), and the last H cycles for a stall "
             "(Eq. 23: low progress while no red light, no stopped or slower leader within the stopping "
