@@ -96,8 +96,6 @@ INTERFACE = NodeInterface(
                   "trajectory keeps the time-to-collision bound, when any does; false = the paper's Eq. 22 over all."),
         ParamSpec("blocked_lateral_to_keep", bool, True, "A candidate lane change the map does not allow here "
                   "gives its probability to keeping the lane at its speed (CL -> CK; luna); false = it is dropped."),
-        ParamSpec("lane_following_on_plan", bool, True, "J_dec's lane following (CALMM-Drive Eq. 4) on the planned "
-                  "poses, its speed following on the tracked states (luna); false = both on the tracked states."),
         ParamSpec("diffusion_model", str, "", "Folder of the diffusion prior; empty = the bundled default."),
         ParamSpec("device", str, "cpu", "Torch device of the diffusion denoiser (luna, diffusion-es); auto = CUDA "
                   "when present. The search's noise is drawn on the CPU, so devices differ only by rounding.",
@@ -297,8 +295,7 @@ def planner_options(p: dict, timing: DecisionTiming, deterministic: bool) -> dic
     options = {"population": p["population"], "gamma_p": p["gamma_p"], "time_budget": p["time_budget"],
                "deterministic": deterministic, "decision_period": timing.period, "decision_timeout": timing.timeout,
                "device": p["device"], "autocast": p["autocast"], "safety_first": p["safety_first"],
-               "blocked_lateral_to_keep": p["blocked_lateral_to_keep"],
-               "lane_following_on_plan": p["lane_following_on_plan"]}
+               "blocked_lateral_to_keep": p["blocked_lateral_to_keep"]}
     if p["diffusion_model"]:
         options["model_path"] = p["diffusion_model"]
     return options
