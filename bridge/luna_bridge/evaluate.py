@@ -583,10 +583,8 @@ def _job_files(job: Job) -> dict[str, bytes]:
 
 # Stack settings whose behaviour before the field existed is not today's default: a result file without the
 # field ran with this value (before session 43 every run arbitrated by the paper's Eq. 22; before session 51
-# a lane change the map did not allow was dropped; before session 52 J_dec's lane following read the tracked
-# states).
-SETTINGS_BEFORE_THEIR_FIELD = {"safety_first": False, "blocked_lateral_to_keep": False,
-                               "lane_following_on_plan": False}
+# a lane change the map did not allow was dropped).
+SETTINGS_BEFORE_THEIR_FIELD = {"safety_first": False, "blocked_lateral_to_keep": False}
 
 
 def _finished(job: Job) -> bool:

@@ -86,9 +86,6 @@ class StackSettings:
     # A lane change the map does not allow gives its probability to keeping the lane at its speed
     # (DecisionGuidedConfig.blocked_lateral_to_keep); False drops it.
     blocked_lateral_to_keep: bool = True
-    # J_dec's lane following on the planned poses (DecisionGuidedConfig.lane_following_on_plan); False: on the
-    # tracked states.
-    lane_following_on_plan: bool = True
 
     def __post_init__(self) -> None:
         if self.k < 0 or self.decision_every < 1 or self.population < 4 or self.iterations < 0 \
@@ -115,8 +112,7 @@ class StackSettings:
                            lesson_weight=d.lesson_weight)
         return replace(self, student=d.student, memory_bank=d.memory_bank, k=d.k, min_similarity=d.min_similarity,
                        gamma_p=d.gamma_p, lesson_weight=d.lesson_weight, decision_every=d.decision_every,
-                       safety_first=d.safety_first, blocked_lateral_to_keep=d.blocked_lateral_to_keep,
-                       lane_following_on_plan=d.lane_following_on_plan)
+                       safety_first=d.safety_first, blocked_lateral_to_keep=d.blocked_lateral_to_keep)
 
     def describe(self, decisions: bool = True) -> str:
         """One line for result tables (``decisions``: also how the stack decides)."""
@@ -129,8 +125,7 @@ class StackSettings:
             return search
         floor = f" at cosine >= {self.min_similarity:g}" if self.min_similarity > -1.0 else ""
         eq22 = ("safety-first Eq. 22" if self.safety_first else "the paper's Eq. 22") + \
-            ("" if self.blocked_lateral_to_keep else ", lane changes the map does not allow dropped") + \
-            ("" if self.lane_following_on_plan else ", J_dec's lane following on the tracked states")
+            ("" if self.blocked_lateral_to_keep else ", lane changes the map does not allow dropped")
         return (f"decisions every T_d = {self.decision_period:.1f} s of sim time (student "
                 f"{self.student or 'models/student'}, bank {self.memory_bank or 'models/memory_bank'}, "
                 f"K = {self.k}{floor}, lesson weight {self.lesson_weight:g}, {eq22}); {search}")
@@ -172,9 +167,6 @@ def add_stack_arguments(group: argparse._ArgumentGroup, memory_bank_help: str = 
     group.add_argument("--drop-blocked-lateral", action="store_true",
                        help="drop a candidate lane change the map does not allow here (default: its probability goes "
                             "to keeping the lane at its speed, CL -> CK; docs/nodes/planner.md)")
-    group.add_argument("--lane-following-tracked", action="store_true",
-                       help="measure J_dec's lane following on the tracker's simulated states (default: on the "
-                            "planned poses; docs/nodes/planner.md)")
     group.add_argument("--autocast", choices=AUTOCASTS, default=d.autocast,
                        help="the matrix products of the denoiser and the student in this dtype (torch autocast; "
                             f"faster on AVX512-BF16 / AMX CPUs, changes results); default {d.autocast}")
@@ -187,7 +179,7 @@ def stack_settings_from_args(args: argparse.Namespace, **other: Any) -> StackSet
                          decision_every=args.decision_every, population=args.population, iterations=args.iterations,
                          search_seed=args.search_seed, time_budget=args.time_budget, autocast=args.autocast,
                          safety_first=not args.paper_eq22, blocked_lateral_to_keep=not args.drop_blocked_lateral,
-                         lane_following_on_plan=not args.lane_following_tracked, **other)
+                         **other)
 
 
 _settings = StackSettings()
@@ -374,7 +366,7 @@ def search_planner(use_decisions: bool, settings: StackSettings) -> Any:
                      seed=settings.search_seed)
     return make_planner("luna" if use_decisions else "diffusion-es", dict(
         search=search, gamma_p=settings.gamma_p, safety_first=settings.safety_first,
-        blocked_lateral_to_keep=settings.blocked_lateral_to_keep, lane_following_on_plan=settings.lane_following_on_plan,
+        blocked_lateral_to_keep=settings.blocked_lateral_to_keep,
         deterministic=settings.time_budget == 0, time_budget=settings.time_budget or 0.4,
         decision_period=settings.decision_period, autocast=settings.autocast))  # the timeout derives from T_d (luna_core.decision)
 

@@ -200,12 +200,10 @@ def test_named_evaluation_sets_fix_the_suites_and_their_counts() -> None:
     assert sum(-(-count // every) for _, every, count in standard) == 28 + 28 + 27
 
 
-@pytest.mark.parametrize("field, then", [("safety_first", False), ("blocked_lateral_to_keep", False),
-                                         ("lane_following_on_plan", False)])
+@pytest.mark.parametrize("field, then", [("safety_first", False), ("blocked_lateral_to_keep", False)])
 def test_a_result_file_that_predates_a_setting_is_taken_for_the_behaviour_before_it(tmp_path: Path, field: str,
                                                                                      then: bool) -> None:
-    # Before session 43 every run used the paper's Eq. 22; before session 51 a blocked lane change was dropped;
-    # before session 52 J_dec's lane following read the tracked states.
+    # Before session 43 every run used the paper's Eq. 22; before session 51 a blocked lane change was dropped.
     ref = ScenarioRef("s0", "s0.json", "synthetic")
     job = Job(ref, "luna", False, str(tmp_path), replan_every=5, stack=StackSettings())
     job.result_path.parent.mkdir(parents=True)

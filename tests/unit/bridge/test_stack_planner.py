@@ -140,21 +140,6 @@ def test_drop_blocked_lateral_reaches_the_planner_and_the_result_line() -> None:
     assert dropped.for_planner("pdm").blocked_lateral_to_keep, "a planner without decisions keeps the default"
 
 
-def test_lane_following_tracked_reaches_the_planner_and_the_result_line() -> None:
-    import argparse
-
-    from luna_bridge.stack_planner import add_stack_arguments, search_planner, stack_settings_from_args
-
-    parser = argparse.ArgumentParser()
-    add_stack_arguments(parser.add_argument_group())
-    tracked = stack_settings_from_args(parser.parse_args(["--lane-following-tracked", "--population", "8"]))
-    assert not tracked.lane_following_on_plan and stack_settings_from_args(parser.parse_args([])).lane_following_on_plan
-    assert search_planner(True, tracked).config.lane_following_on_plan is False
-    assert search_planner(True, StackSettings(population=8)).config.lane_following_on_plan is True
-    assert "lane following on the tracked states" in tracked.describe()
-    assert "tracked" not in StackSettings().describe()
-
-
 def test_settings_are_validated() -> None:
     with pytest.raises(StackConfigError, match="population >= 4"):
         StackSettings(population=2)

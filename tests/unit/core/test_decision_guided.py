@@ -253,36 +253,6 @@ def test_the_following_speed_cap_binds_behind_a_leader_only() -> None:
             assert np.all(np.isinf(cap))
 
 
-def test_lane_following_reads_the_planned_poses_and_speed_following_the_tracked_states(prior) -> None:
-    # CALMM-Drive Eq. 4 on the plan's x_tau (lane_following_on_plan, the default) or on the tracked states.
-    from luna_core.planning.decision_guided import PlannerObjective
-    from luna_core.planning.diffusion import history_from_states
-    from luna_core.planning.objectives import ObjectiveConfig, decision_following
-    from luna_core.planning.scorer import CLS_WEIGHTS
-
-    pi = make_input()
-    ctx = build_planning_context(pi)
-    _, seed = history_from_states(pi.ego_history, prior.config)
-    path = ctx.paths["K"]
-    # Waypoints 0.6 m left of the lane centre at 10 m/s: the plan is there at once, the tracked ego gets there late.
-    n, dtw = prior.config.num_waypoints, prior.config.waypoint_dt
-    poses = np.zeros((1, n, 3))
-    poses[0, :, 0] = 10.0 * dtw * np.arange(1, n + 1)
-    poses[0, :, 1] = 0.6
-    j_dec = {}
-    for on_plan in (True, False):
-        objective = PlannerObjective(ctx.ego, seed, dtw, ctx.scoring, CLS_WEIGHTS, ["CK"], [path], ObjectiveConfig(),
-                                     None, on_plan)
-        batch = objective.evaluate(poses)
-        j_dec[on_plan] = float(objective.group_terms(0, batch, np.array([0]))["j_dec"][0])
-        positions = (batch.planned if on_plan else batch.states)[:, 1:, :2]
-        expected = decision_following("CK", path.lateral_offset(positions), batch.states[:, 1:, StateIndex.VELOCITY],
-                                      ctx.ego.velocity, ObjectiveConfig(), path.speed_limit)
-        assert j_dec[on_plan] == pytest.approx(float(expected[0]))
-    assert batch.planned.shape == (1, 41, 3) and np.allclose(batch.planned[0, 10:, 1], 0.6, atol=0.05)
-    assert j_dec[True] < j_dec[False]  # the plan is off the centre sooner than the ego it moves
-
-
 def test_the_unscored_tail_stops_at_a_stopped_car_where_idm_braking_comes_too_late(prior) -> None:
     # Issue 17: the 4-8 s tail is an IDM continuation from the scored trajectory's last state. Ending 4 s
     # at 4 m/s with 1.3 m to a stopped car, IDM's bounded braking ran the published tail into the car.

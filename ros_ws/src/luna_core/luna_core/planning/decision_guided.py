@@ -122,12 +122,6 @@ class DecisionGuidedConfig:
     # the keep-lane action of its speed mode (CL -> CK), so its speed intent still counts; False drops it
     # and Eq. 22 weighs the rest as published.
     blocked_lateral_to_keep: bool = True
-    # J_dec's lane following (CALMM-Drive Eq. 4) measured on the planned poses x_tau (the member's waypoints
-    # densified), not on the states the tracker simulates from them: in a curve the tracker's lateral
-    # transient puts IDM warm starts 0.2-0.35 m off the centre, which omega_dec = 5 weighs far above progress,
-    # so the slower plan the ego already follows kept winning. Its speed following stays on the tracked
-    # states (what the car will do). False: both on the tracked states.
-    lane_following_on_plan: bool = True
     # PDM-Closed's emergency brake (``pdm_closed``): the least-bad trajectory collides at fault within
     # this time (s) while the ego is at most this fast (m/s).
     emergency_time: float = 2.0
@@ -232,7 +226,6 @@ class ScoredBatch(Evaluation):
     """An ``Evaluation`` with the raw scorer terms of its tracked members (for the least-bad fallback)."""
 
     poses: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3)))  # (M, N, 3) ego-frame waypoints
-    planned: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3)))  # (M, T+1, 3) map-frame, every dt
     scores: ProposalScores | None = None  # of the tracked members (rows ``tracked``)
     tracked: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     ttc: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (M,) J_gen's TTC term; 0 where not tracked
@@ -256,8 +249,7 @@ class PlannerObjective:
 
     def __init__(self, ego: EgoState, seed: np.ndarray, waypoint_dt: float, ctx: ScoringContext,
                  weights: ScorerWeights, groups: list[str], paths: list[ReferencePath],
-                 config: ObjectiveConfig, decision: DecisionInForce | None = None,
-                 lane_following_on_plan: bool = True) -> None:
+                 config: ObjectiveConfig, decision: DecisionInForce | None = None) -> None:
         self.ego = ego
         self.origin = (ego.x, ego.y, ego.heading)
         self.seed = seed
@@ -267,7 +259,6 @@ class PlannerObjective:
         self.groups = groups  # action codes; "" = J_gen only
         self.paths = paths  # each group's reference path
         self.config = config
-        self.lane_following_on_plan = lane_following_on_plan
         self.state0 = state_from_ego(ego)
         # V^k from the speed at the decision's stamp, as far into Stop's ramp as the decision's age.
         self.reference_speed = decision.reference_speed if decision is not None else ego.velocity
@@ -289,7 +280,7 @@ class PlannerObjective:
         ok = np.all(np.isfinite(ref), axis=(1, 2))
         states = np.zeros((m, steps + 1, len(StateIndex)))
         states[:] = self.state0
-        batch = ScoredBatch(states, np.zeros(m), np.asarray(poses, dtype=np.float64), planned=ref, ttc=np.zeros(m))
+        batch = ScoredBatch(states, np.zeros(m), np.asarray(poses, dtype=np.float64), ttc=np.zeros(m))
         if ok.any():
             sim = simulate_proposals(self.state0, ref[ok], self.ctx.vehicle)
             good = np.all(np.isfinite(sim), axis=(1, 2))
@@ -341,11 +332,7 @@ class PlannerObjective:
             return {"score": action_objective(None, j_gen, self.config), "j_gen": j_gen, "ttc": ttc}
         path = self.paths[group]
         states = evaluation.states[rows, 1:]
-        positions = states[..., :2]
-        if self.lane_following_on_plan:  # members whose poses were not finite keep their (untracked) states
-            planned = evaluation.planned[rows, 1:, :2]
-            positions = np.where(np.isfinite(planned), planned, positions)
-        j_dec = decision_following(action, path.lateral_offset(positions), states[..., StateIndex.VELOCITY],
+        j_dec = decision_following(action, path.lateral_offset(states[..., :2]), states[..., StateIndex.VELOCITY],
                                    self.reference_speed, self.config, path.speed_limit, self.elapsed,
                                    self.speed_cap(group))
         return {"score": action_objective(j_dec, j_gen, self.config), "j_dec": j_dec, "j_gen": j_gen, "ttc": ttc}
@@ -498,7 +485,7 @@ class DecisionGuidedPlanner:
         groups, probs, group_paths, mode, decision = self._candidates(planner_input, paths, reasons)
         hist, seed = history_from_states(planner_input.ego_history, self.prior.config)
         objective = PlannerObjective(ego, seed, self.prior.config.waypoint_dt, context.scoring, c.scorer_weights,
-                                     groups, group_paths, c.objective, decision, c.lane_following_on_plan)
+                                     groups, group_paths, c.objective, decision)
         warm = self._warm_starts(groups, group_paths, ego, context.forecast, steps_out, planner_input.vehicle,
                                  objective)
         gen = torch.Generator().manual_seed(c.search.seed * 1_000_003 + self.calls)
