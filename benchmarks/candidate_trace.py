@@ -6,7 +6,7 @@ the choice of action or inside the search:
 
     .venv/bin/python benchmarks/candidate_trace.py synthetic-hard hard_high_lateral_acceleration_05 luna --mode N
     .venv/bin/python benchmarks/candidate_trace.py synthetic-random random_starting_left_turn_00 luna --mode R \
-        --lane-following-tracked          # any of luna-bridge eval's stack options
+        --paper-eq22          # any of luna-bridge eval's stack options
 
 The run is ``luna-bridge eval``'s (``evaluate.closed_loop_run``: decisions every T_d, the search seed of
 ``--search-seed``); the last line is its CLS.
