@@ -3,12 +3,13 @@
 Every decision period T_d the monitor checks the driving since its last check (the last T_d when on time):
 
 * Collisions (Algorithm 1): the ego box and the tracked objects' boxes over the window
-  ``(now - T_d, now]``, aligned by stamp, go to :func:`luna_core.geometry.colliding_objects`. The time
-  grid is the object frames' stamps (perception is the slower stream); the ego pose at each of those
-  stamps is interpolated from the odometry buffer. An object absent from a frame is masked, not
-  guessed. Each window starts where the last check ended, so consecutive windows partition time and
-  every frame is checked once however the checks jitter: a check that a timer held up by load runs
-  late covers all it missed (the buffers' history bounds how far back that reaches).
+  ``(last check, now]`` (``(now - T_d, now]`` with the checks on time), aligned by stamp, go to
+  :func:`luna_core.geometry.colliding_objects`. The time grid is the object frames' stamps (perception is
+  the slower stream); the ego pose at each of those stamps is interpolated from the odometry buffer. An
+  object absent from a frame is masked, not guessed. Because each window starts where the last check
+  ended, consecutive windows partition time and every frame is checked once however the checks jitter:
+  a check that a timer held up by load runs late covers all it missed (the buffers' history bounds how
+  far back that reaches).
   Each contact is also classified by nuPlan's rules at its first frame (``luna_core.collision_kinds``:
   the monitor reports every overlap, the metrics count only the at-fault ones; the type says which).
 * Stalls (Eq. 23): over the window W = {now - h T_d | h = 0..H-1}, Theta = 1 when the mean ego speed
@@ -201,8 +202,8 @@ class ProgressMonitor:
 
     def _colliding_ids(self, frames: list[list[TrackedObject]], egos: list["_EgoAt"], stamps: list[float]) -> list[str]:
         """I_coll: ids of objects whose box overlapped the ego box in the collision window's frames
-        (:meth:`_window_start`, :meth:`_aligned_frames`); the diagnostics get each one's collision type at first contact
-        (``collision_kinds``)."""
+        (:meth:`_window_start`, :meth:`_aligned_frames`); the diagnostics get each one's collision type at
+        first contact (``collision_kinds``)."""
         ego_boxes = [ego.box for ego in egos]
         ids = sorted({o.id for objects in frames for o in objects})
         self.diagnostics.frames_checked = len(frames)
