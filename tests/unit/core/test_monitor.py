@@ -103,11 +103,14 @@ def test_consecutive_windows_partition_time() -> None:
 def test_a_late_check_covers_the_frames_since_the_last_one() -> None:
     # A timer held up by load: the check due at 1.0 s runs at 1.6 s. Its window starts at the last check
     # (0.5 s), not at 1.6 - T_d = 1.1 s, which would skip the frame at 0.9 s; the check on time at 2.0 s
-    # after it starts at 1.6 s (each frame once).
+    # after it starts at 1.6 s (each frame once). a~ is the decision in force at the late window's start.
     m = ProgressMonitor(PARAMS)
+    for stamp, code in ((0.4, "CK"), (1.2, "DK")):
+        m.on_decision(_decision(stamp, code))
     _feed(m, 2.0, 5.0, lambda t: [_car("blip", 5.0 * t + 2.0, 0.0)] if abs(t - 0.9) < 1e-6 else [])
     assert m.check(0.5) is None
-    assert m.check(1.6).colliding_ids == ["blip"]
+    event = m.check(1.6)
+    assert event.colliding_ids == ["blip"] and (event.issued_decision, event.decision_stamp) == ("CK", 0.4)
     assert m.diagnostics.frames_checked == 11  # (0.5, 1.6] at 10 Hz
     assert m.check(2.0) is None and m.diagnostics.frames_checked == 4  # (1.6, 2.0]
     # Beyond the buffers' history the window reaches back only as far as they do; a clock that went

@@ -31,7 +31,8 @@ Every decision period T_d the monitor checks the driving since its last check (t
   waiting behind a car that does not move for H T_d may call for going around it, which reflection
   decides; it is not a stall, and accelerating into it is never the answer.
 * The failure tuple zeta_t = <a~, I_coll, Theta> (Eq. 24) with a~ the decision in force over the
-  window, issued at about now - T_d (see :meth:`ProgressMonitor.issued_decision`).
+  window, issued at about its start (now - T_d with the checks on time; see
+  :meth:`ProgressMonitor.issued_decision`).
 
 Pure Python for the ``progress_monitor`` node: feed it with ``update_ego``, ``update_objects``,
 ``update_scene`` and ``on_decision`` as messages arrive (any order; late stamps are inserted in order),
@@ -134,7 +135,6 @@ class ProgressMonitor:
         self._decisions = StampedBuffer()
         self._contacts: dict[str, CollisionType] = {}  # objects overlapping in the last check: type at first contact
         self._collided: set[str] = set()  # every object that ever touched the ego: no near miss any more
-        self._checked_until: float | None = None  # ``now`` of the last check: where the next window starts
         self.diagnostics = MonitorDiagnostics()
 
     # ------------------------------------------------------------------ inputs
@@ -184,18 +184,18 @@ class ProgressMonitor:
         _check_stamp(now, "check time")
         started = time.perf_counter()
         self._prune(now)
-        window = self._aligned_frames(self._window_start(now), now)  # collision and near-miss checks share it
+        start = self._window_start(now)
+        window = self._aligned_frames(start, now)  # the collision and near-miss checks read the same frames
         colliding = self._colliding_ids(*window)
         near_misses = self._near_misses(*window)
         stall, blocked_by = self.progress(now)
         event = None
         if colliding or near_misses or stall or blocked_by:
-            code, decision_stamp = self.issued_decision(now)
+            code, decision_stamp = self.issued_decision(now, start)
             event = FailureEvent(stamp=now, issued_decision=code, decision_stamp=decision_stamp,
                                  colliding_ids=colliding, stall=stall, blocked_by=blocked_by,
                                  collision_kinds=dict(self.diagnostics.collision_kinds), near_misses=near_misses)
-        self._checked_until = now
-        self.diagnostics.stamp = now
+        self.diagnostics.stamp = now  # where the next check's window starts (``_window_start``)
         self.diagnostics.failure = event is not None
         self.diagnostics.latency = time.perf_counter() - started
         return event
@@ -307,14 +307,15 @@ class ProgressMonitor:
             return False, latest.object_id
         return False, ""
 
-    def issued_decision(self, now: float) -> tuple[str, float]:
-        """a~ of Eq. 24: the decision issued at about ``now - T_d`` and executed until ``now``.
+    def issued_decision(self, now: float, start: float | None = None) -> tuple[str, float]:
+        """a~ of Eq. 24: the decision issued at about the window start (``start``, by default
+        ``now - T_d``; a late check's window starts at the last check) and executed until ``now``.
 
         The latest decision issued no later than half a period after the window start (decisions
         come out with some latency after their tick); failing that, the earliest one issued inside
         the window; ("", 0.0) when there is none.
         """
-        start = now - self.params.decision_period
+        start = now - self.params.decision_period if start is None else start
         sample = self._decisions.at_or_before(start + 0.5 * self.params.decision_period)
         if sample is None:
             sample = self._decisions.after(start)
@@ -325,12 +326,12 @@ class ProgressMonitor:
     # ------------------------------------------------------------------ helpers
 
     def _window_start(self, now: float) -> float:
-        """Where the collision window ending at ``now`` starts: the last check's time, so that windows
-        partition time however the checks jitter (a timer held up by load), no further back than the
-        buffers' history; ``now - T_d`` at the first check and when the clock went back (a replay
-        started again)."""
-        last = self._checked_until
-        if last is None or last >= now:
+        """Where the collision window ending at ``now`` starts: the last check's time (its diagnostics'
+        stamp), so that windows partition time however the checks jitter (a timer held up by load), no
+        further back than the buffers' history; ``now - T_d`` at the first check and when the clock went
+        back (a replay started again)."""
+        last = self.diagnostics.stamp
+        if math.isnan(last) or last >= now:
             return now - self.params.decision_period
         return max(last, now - self.params.history)
 
