@@ -1,6 +1,6 @@
 """Eq. 22 at every planner cycle of one closed-loop stack run: the decision's top action, the candidate
-actions with their probability, J_dec, J_gen, Eq. 22 score and X*_a's planned speed at 1, 2 and 4 s (m/s),
-the action picked (a*) and the mode. It
+actions with their probability, J_dec, J_gen, J_gen's TTC term (1: X*_a keeps the bound under the forecast),
+Eq. 22 score and X*_a's planned speed at 1, 2 and 4 s (m/s), the action picked (a*) and the mode. It
 tells whether two rows that part (``luna`` and ``luna-onehot``, docs/benchmarks.md "Session 23") part in
 the choice of action or inside the search:
 
@@ -55,7 +55,8 @@ def main() -> None:
         if "beside_argmax" in info:
             beside.append(info["beside_argmax"])
         candidates = "  ".join(f"{c.action}: p {c.probability:.2f} J_dec {c.j_dec:.3f} J_gen {c.j_gen:.3f} "
-                               f"Eq.22 {c.selection_score:.3f} v {_speeds(c.trajectory)}" for c in last.candidates)
+                               f"TTC {c.ttc:.0f} Eq.22 {c.selection_score:.3f} v {_speeds(c.trajectory)}"
+                               for c in last.candidates)
         print(f"t={planner_input.time:5.1f} s  v={planner_input.ego.velocity:5.2f} m/s  top={top}  "
               f"a*={last.action or '-'}  mode={last.mode}  |  {candidates}", flush=True)
 
