@@ -601,7 +601,8 @@ class DecisionGuidedPlanner:
     def _warm_starts(self, groups: list[str], group_paths: list[ReferencePath], ego: EgoState,
                      forecast: ObjectBoxes, steps: int, vehicle: VehicleParameters,
                      objective: PlannerObjective) -> list[np.ndarray]:
-        """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals),
+        """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals; for a
+        keep-lane action also the last plan's path at the same IDM speed profiles, ``_retimed_last_plan``),
         then the previous cycle's plan (so consecutive cycles can keep a manoeuvre). It comes last: the
         best member wins ties by scoring order, and a plan made for the last cycle's forecast must not
         win them over the IDM proposals of this one (a constant-speed plan behind a lead that has begun
