@@ -2,8 +2,7 @@
 its stamp and capped at the speed limit, warm starts never exceed the limit, progress is normalised by
 the best feasible progress of the proposals (PDM-Closed), a* does not flip on near-ties under one decision,
 a likely lane change whose best trajectory breaks the TTC bound loses to a safe candidate (safety first),
-the published tail stops behind a car the scored horizon never reached, and keep-lane warm starts re-time
-the path the ego follows."""
+and the published tail stops behind a car the scored horizon never reached."""
 
 from __future__ import annotations
 
@@ -267,42 +266,6 @@ def test_a_jump_of_the_ego_drops_the_last_plan_as_a_warm_start(prior) -> None:
     res = pl.plan_detailed(PlannerInput(10.5, back, TrackedObjects(10.5, []), TrafficLights(10.5), road(),
                                         Route(0.0, ["A"])))
     assert res.trajectory.velocity.max() < 16.0
-
-
-def test_keep_lane_warm_starts_retime_the_followed_path(prior) -> None:
-    # A keep-lane action also drives the last plan's path at its IDM speed profiles (the path the tracker
-    # already follows, not the lane centre it tracks 0.2-0.35 m off in a curve): the poses stay on that path,
-    # start where the ego is on it and cover the distance each profile drives; none after a jump.
-    arc = [[60.0 * math.sin(a), 60.0 - 60.0 * math.cos(a)] for a in np.linspace(0.0, 2.0, 300)]
-    g = LaneGraph()
-    g.add(make_lane("C", arc, 3.5, 15.0, "C"))
-    pl = DecisionGuidedPlanner(DecisionGuidedConfig(search=replace(SEARCH, warm_starts=21), time_budget=60.0),
-                               prior=prior)
-    hist = [EgoState(9.0 + 0.1 * k, 60.0 * math.sin(0.1 * k * 8.0 / 60.0),
-                     60.0 - 60.0 * math.cos(0.1 * k * 8.0 / 60.0), 0.1 * k * 8.0 / 60.0, 8.0) for k in range(11)]
-    d = decision({"CK": 1.0}, stamp=10.0)
-    pl.plan_detailed(PlannerInput(10.0, hist, TrackedObjects(10.0, []), TrafficLights(10.0), g, Route(0.0, ["C"]), d))
-    last = pl.last.trajectory
-    ego = EgoState(10.5, float(np.interp(0.5, last.t, last.x)), float(np.interp(0.5, last.t, last.y)),
-                   float(np.interp(0.5, last.t, last.heading)), float(np.interp(0.5, last.t, last.velocity)))
-    velocity = np.array([np.full(41, 6.0), np.full(41, 10.0)])
-    poses = pl._retimed_last_plan(ego, velocity)
-    assert poses.shape == (2, 41, 3)
-    assert np.hypot(poses[:, 0, 0] - ego.x, poses[:, 0, 1] - ego.y).max() < 0.05
-    dense = np.column_stack([np.interp(np.linspace(0, 8, 4001), last.t, last.x),
-                             np.interp(np.linspace(0, 8, 4001), last.t, last.y)])
-    off_path = np.hypot(poses[..., None, 0] - dense[:, 0], poses[..., None, 1] - dense[:, 1]).min(axis=-1)
-    assert off_path.max() < 0.05
-    driven = np.hypot(*np.diff(poses[..., :2], axis=1).transpose(2, 0, 1)).sum(axis=1)
-    assert driven == pytest.approx([24.0, 40.0], rel=0.01)  # 4 s at 6 and at 10 m/s
-    paths = reference_paths(g, Route(0.0, ["C"]), ego, ahead=200.0)
-    dec = latch(d, hist)
-    ctx = ScoringContext(lane_map(g), paths["K"].centerline, ObjectBoxes.empty(41), 15.0)
-    obj = PlannerObjective(ego, np.zeros((2, 3)), 0.5, ctx, CLS_WEIGHTS, ["CK"], [paths["K"]], CFG, dec)
-    warm = pl._warm_starts(["CK"], [paths["K"]], ego, ObjectBoxes.empty(81), 80, VehicleParameters(), obj)
-    assert len(warm[0]) == 15 + 5 + 1  # IDM speeds x blends, the re-timed last plan, the last plan
-    jumped = EgoState(10.5, ego.x - 5.0, ego.y, ego.heading, ego.velocity)
-    assert pl._retimed_last_plan(jumped, velocity) is None
 
 
 def test_a_lane_change_keeps_its_target_lane_after_the_ego_crossed_into_it(prior) -> None:

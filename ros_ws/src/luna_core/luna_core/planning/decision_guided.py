@@ -395,16 +395,6 @@ def blended_poses(path_poses: np.ndarray, velocity: np.ndarray, start_offset: fl
     return out
 
 
-def _along_path(traj: Trajectory, s: np.ndarray, s_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Map-frame x, y (m) at arc lengths ``s_at`` along ``traj`` (arc length ``s`` per point), continued
-    straight along its final heading past its end."""
-    x = np.interp(s_at, s, traj.x)
-    y = np.interp(s_at, s, traj.y)
-    beyond = np.maximum(s_at - s[-1], 0.0)
-    h_end = float(traj.heading[-1])
-    return x + beyond * math.cos(h_end), y + beyond * math.sin(h_end)
-
-
 def _to_waypoints(poses: np.ndarray, origin: tuple[float, float, float], every: int) -> np.ndarray:
     """Map-frame poses every dt (P, K+1, 3) -> ego-frame waypoints (P, N, 3), headings continuous."""
     local = to_ego_frame(poses[:, every::every], origin)
@@ -547,62 +537,34 @@ class DecisionGuidedPlanner:
         return (chosen, [probability[a] for a in chosen], [paths[keys[a]] for a in chosen], MODE_DECISION,
                 decision)
 
-    def _last_plan_path(self, ego: EgoState) -> tuple[Trajectory, np.ndarray, float] | None:
-        """The last published trajectory, its arc length (m) at each point and the arc length where it puts
-        the ego now; None without one, when now lies outside it, or when the ego is not within
-        PREVIOUS_PLAN_TOLERANCE of that place (a jump, a reset: nothing to keep)."""
-        last = self.last
-        if last is None or len(last.trajectory) < 2:
-            return None
-        traj = last.trajectory
-        t0 = ego.stamp - traj.stamp
-        if t0 < traj.t[0] or t0 > traj.t[-1]:
-            return None
-        s = np.concatenate([[0.0], np.cumsum(np.hypot(np.diff(traj.x), np.diff(traj.y)))])
-        s0 = float(np.interp(t0, traj.t, s))
-        if math.hypot(np.interp(s0, s, traj.x) - ego.x, np.interp(s0, s, traj.y) - ego.y) > PREVIOUS_PLAN_TOLERANCE:
-            return None
-        return traj, s, s0
-
     def _previous_plan(self, ego: EgoState, every: int, steps: int) -> np.ndarray | None:
         """The last published trajectory from now on, as map-frame poses every dt (1, steps+1, 3),
         continued at its final speed and heading past its end; None without one."""
-        if self.last is None or self.last.mode in (MODE_EMERGENCY, MODE_STOP):
+        last = self.last
+        if last is None or last.mode in (MODE_EMERGENCY, MODE_STOP):
             return None
-        found = self._last_plan_path(ego)
-        if found is None:
+        traj = last.trajectory
+        dt = self.config.objective.dt
+        t = (ego.stamp - traj.stamp) + np.arange(steps + 1) * dt
+        if t[0] < traj.t[0] or t[0] > traj.t[-1]:
             return None
-        traj, s, _ = found
-        t = (ego.stamp - traj.stamp) + np.arange(steps + 1) * self.config.objective.dt
+        s = np.concatenate([[0.0], np.cumsum(np.hypot(np.diff(traj.x), np.diff(traj.y)))])
         s_at = np.interp(t, traj.t, s) + np.maximum(t - traj.t[-1], 0.0) * max(float(traj.velocity[-1]), 0.0)
-        x, y = _along_path(traj, s, s_at)
+        x = np.interp(s_at, s, traj.x, right=np.nan)
+        y = np.interp(s_at, s, traj.y, right=np.nan)
+        beyond = np.isnan(x)
+        h_end = float(traj.heading[-1])
+        x[beyond] = traj.x[-1] + (s_at[beyond] - s[-1]) * math.cos(h_end)
+        y[beyond] = traj.y[-1] + (s_at[beyond] - s[-1]) * math.sin(h_end)
+        if math.hypot(x[0] - ego.x, y[0] - ego.y) > PREVIOUS_PLAN_TOLERANCE:
+            return None  # the ego is not where the last plan put it (a jump, a reset): nothing to keep
         h = np.interp(t, traj.t, np.unwrap(traj.heading))
         return np.column_stack([x, y, h])[None]
-
-    def _retimed_last_plan(self, ego: EgoState, velocity: np.ndarray) -> np.ndarray | None:
-        """The last plan's path from the ego's place on it, driven at each speed profile of ``velocity``
-        (P, K+1; m/s every dt): map-frame poses (P, K+1, 3); None without a usable last plan.
-
-        The path is the one the tracker already follows (the search shaped it for the tracker); the
-        IDM warm starts along the lane centre are tracked up to 0.35 m off it in a curve, which J_lane
-        (omega_dec = 5) charges more than a faster profile gains (docs/benchmarks.md "Session 52"). So a
-        keep-lane action can change its speed without leaving the followed path."""
-        found = self._last_plan_path(ego)
-        if found is None:
-            return None
-        traj, s, s0 = found
-        v = np.maximum(np.asarray(velocity, dtype=np.float64), 0.0)
-        travelled = np.cumsum(0.5 * (v[:, 1:] + v[:, :-1]) * self.config.objective.dt, axis=1)
-        s_at = s0 + np.concatenate([np.zeros((len(v), 1)), travelled], axis=1)
-        x, y = _along_path(traj, s, s_at)
-        h = np.interp(s_at, s, np.unwrap(traj.heading))
-        return np.stack([x, y, h], axis=-1)
 
     def _warm_starts(self, groups: list[str], group_paths: list[ReferencePath], ego: EgoState,
                      forecast: ObjectBoxes, steps: int, vehicle: VehicleParameters,
                      objective: PlannerObjective) -> list[np.ndarray]:
-        """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals; for a
-        keep-lane action also the last plan's path at the same IDM speed profiles, ``_retimed_last_plan``),
+        """Ego-frame waypoints (W, N, 3) of each group's warm starts ("" = PDM-Closed's proposals),
         then the previous cycle's plan (so consecutive cycles can keep a manoeuvre). It comes last: the
         best member wins ties by scoring order, and a plan made for the last cycle's forecast must not
         win them over the IDM proposals of this one (a constant-speed plan behind a lead that has begun
@@ -657,10 +619,6 @@ class DecisionGuidedPlanner:
                 poses, velocity = rollouts[g]
                 for off, tb in plans[g][1]:
                     parts.append(blended_poses(poses, velocity, d0, off, tb, dt))
-                if action and path.lateral == "K":  # the same speeds along the path the ego follows
-                    retimed = self._retimed_last_plan(ego, velocity)
-                    if retimed is not None:
-                        parts.append(retimed)
             if previous is not None:
                 parts.append(previous)
             out.append(_to_waypoints(np.concatenate(parts), origin, every)[:, : self.prior.config.num_waypoints])

@@ -44,9 +44,7 @@ PLAN_MARGIN = 0.8  # stages are sized to this share of the time left: costs vary
 @dataclass(frozen=True)
 class DiffusionESConfig:
     population: int = 128  # per group (CALMM-Drive uses 128)
-    # at most this many members per group come from warm starts: 15 IDM, 5 re-timed last plans (keep-lane
-    # actions) and the last plan
-    warm_starts: int = 21
+    warm_starts: int = 16  # at most this many members per group come from warm starts (15 IDM + the last plan)
     iterations: int = 2  # renoise-denoise rounds (the efficient Diffusion-ES)
     renoise_steps: tuple[int, ...] = (5, 1)  # DDIM steps left after renoising, per round (cycled)
     temperature: float = 10.0  # exp(temperature x score) elite resampling (Eq. 7b)
